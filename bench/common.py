@@ -1,0 +1,379 @@
+"""Shared pieces of the txmq benchmark: the System interface, pacing, percentiles, reporting.
+
+Every system under test (txmq and the peers) implements :class:`System`.  The helpers
+here are meant to be used by all of them so that the same work is measured the same way:
+
+* :func:`run_windowed` - publish ``n`` messages keeping at most ``window`` unacknowledged.
+* :func:`run_paced` - publish at a fixed rate scheduled by absolute deadlines.
+* :func:`stamp` / :func:`read_stamp` - put / read the send time (``time.perf_counter_ns``)
+  in the first 8 bytes of a body.  Producer and consumer run in the same process, so the
+  monotonic clock is shared and no clock sync is involved.
+* :class:`LatencyCollector` - records send-to-receive latencies and waits (bounded) until
+  every message has arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import platform
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+MiB = 1024 * 1024
+_STAMP = struct.Struct(">Q")
+STAMP_SIZE = _STAMP.size
+
+
+@runtime_checkable
+class System(Protocol):
+    """One system under test.  All methods run on one asyncio event loop.
+
+    ``name`` is shown in the table, e.g. ``"rabbitmq (durable, confirms)"``.
+    ``durability`` is one line saying what an acknowledgement means, e.g.
+    ``"fsync before ack"`` or ``"page cache, fsync every 500ms"``.
+
+    Optional attributes read with ``getattr``: ``key`` (the ``--systems`` key, e.g.
+    ``"txmq-sync"``) and ``version`` (server/client versions, shown in the report).
+    """
+
+    name: str
+    durability: str
+
+    async def setup(self) -> None:
+        """Connect; create a fresh queue/stream/topic (delete or purge leftovers)."""
+        ...
+
+    async def produce(self, n: int, body: bytes, window: int) -> float:
+        """Publish ``n`` copies of ``body`` keeping at most ``window`` unacknowledged in
+        flight; return elapsed seconds from the first send until the last ack."""
+        ...
+
+    async def consume(self, n: int) -> float:
+        """Receive and ack exactly the ``n`` messages produce() stored; return seconds."""
+        ...
+
+    async def latency(self, rate: int, duration: float, body_size: int) -> list[float]:
+        """Run a consumer concurrently with a producer publishing ``rate`` msg/s for
+        ``duration`` seconds (see :func:`run_paced`); return per-message send-to-receive
+        latencies in milliseconds.  Every message must arrive (bounded wait)."""
+        ...
+
+    async def teardown(self) -> None:
+        """Delete what setup() created and close connections."""
+        ...
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def stamp(body_size: int) -> bytes:
+    """A body of ``body_size`` bytes whose first 8 bytes are ``time.perf_counter_ns()``.
+
+    Call it immediately before handing the body to the client's publish call."""
+    size = max(body_size, STAMP_SIZE)
+    return _STAMP.pack(time.perf_counter_ns()) + b"x" * (size - STAMP_SIZE)
+
+
+def read_stamp(body: bytes) -> int:
+    """The perf_counter_ns send time written by :func:`stamp`."""
+    return int(_STAMP.unpack_from(body)[0])
+
+
+def payload(size: int) -> bytes:
+    """The fixed body used by the throughput phases (not compressible to nothing, not random)."""
+    pattern = b"txmq-bench-0123456789abcdefghijklmnopqrstuvwxyz"
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """``p``-th percentile (0..100) by linear interpolation between closest ranks
+    (numpy's default 'linear' method).  NaN for an empty sequence."""
+    if not values:
+        return math.nan
+    data = sorted(values)
+    if len(data) == 1:
+        return float(data[0])
+    pos = (len(data) - 1) * (p / 100.0)
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    if lo == hi:
+        return float(data[lo])
+    return float(data[lo] + (data[hi] - data[lo]) * (pos - lo))
+
+
+# --------------------------------------------------------------------------- publishing helpers
+
+
+async def run_windowed(n: int, window: int, send_one: Callable[[int], Awaitable[object]]) -> float:
+    """Call ``send_one(i)`` for i in 0..n-1 with at most ``window`` calls outstanding.
+
+    ``send_one`` must return only once the broker acknowledged message ``i``.  Implemented
+    as ``window`` workers pulling from a shared counter, so a slot is refilled as soon as
+    an ack arrives.  Returns elapsed seconds from the first send to the last ack."""
+    if n <= 0:
+        return 0.0
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < n:
+            i = next_i
+            next_i += 1
+            await send_one(i)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, min(window, n)))))
+    return time.perf_counter() - t0
+
+
+@dataclass
+class PaceStats:
+    """What :func:`run_paced` achieved."""
+
+    planned: int
+    sent: int
+    elapsed_s: float
+    max_lag_ms: float  # worst delay of a send behind its scheduled deadline
+
+    @property
+    def achieved_rate(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s > 0 else math.nan
+
+
+# Every run_paced() call appends its stats here; run.py reads the entry of each latency phase.
+PACE_LOG: list[PaceStats] = []
+
+
+async def run_paced(
+    rate: int,
+    duration: float,
+    body_size: int,
+    send: Callable[[bytes], Awaitable[object]],
+    window: int = 256,
+) -> PaceStats:
+    """Publish ``round(rate * duration)`` messages, message ``i`` due at ``t0 + i/rate``.
+
+    Deadlines are absolute, so sleeping late never accumulates drift: a late producer
+    catches up by sending immediately.  Each send runs in its own task (a confirm round
+    trip longer than 1/rate must not hold back the schedule); at most ``window`` sends are
+    unacknowledged at once.  The body is stamped (:func:`stamp`) when the task starts,
+    right before ``send`` is called.  Raises the first send error."""
+    total = max(1, round(rate * duration))
+    interval_ns = 1_000_000_000 / rate
+    sem = asyncio.Semaphore(window)
+    tasks: set[asyncio.Task[None]] = set()
+    errors: list[BaseException] = []
+    max_lag_ns = 0
+
+    async def one() -> None:
+        try:
+            await send(stamp(body_size))
+        except Exception as exc:  # reported after the loop
+            errors.append(exc)
+        finally:
+            sem.release()
+
+    t0 = time.perf_counter_ns()
+    for i in range(total):
+        if errors:
+            break
+        deadline = t0 + int(i * interval_ns)
+        delay = deadline - time.perf_counter_ns()
+        await asyncio.sleep(delay / 1e9 if delay > 0 else 0)
+        await sem.acquire()
+        max_lag_ns = max(max_lag_ns, time.perf_counter_ns() - deadline)
+        task = asyncio.create_task(one())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+    elapsed = (time.perf_counter_ns() - t0) / 1e9
+    if errors:
+        raise errors[0]
+    stats = PaceStats(planned=total, sent=total, elapsed_s=elapsed, max_lag_ms=max_lag_ns / 1e6)
+    PACE_LOG.append(stats)
+    return stats
+
+
+class LatencyCollector:
+    """Consumer side of the latency phase: ``record(body)`` on each received message."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.latencies_ms: list[float] = []
+        self._done = asyncio.Event()
+        if expected <= 0:
+            self._done.set()
+
+    def record(self, body: bytes) -> None:
+        now = time.perf_counter_ns()
+        self.latencies_ms.append((now - read_stamp(body)) / 1e6)
+        if len(self.latencies_ms) >= self.expected:
+            self._done.set()
+
+    async def wait(self, limit_s: float) -> list[float]:
+        """Wait up to ``limit_s`` seconds until ``expected`` messages arrived; TimeoutError
+        naming the shortfall otherwise."""
+        try:
+            await asyncio.wait_for(self._done.wait(), limit_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"latency: only {len(self.latencies_ms)}/{self.expected} messages arrived "
+                f"within {limit_s:.1f}s after the producer finished"
+            ) from None
+        return self.latencies_ms
+
+
+def expected_messages(rate: int, duration: float) -> int:
+    """How many messages :func:`run_paced` sends for ``rate`` and ``duration``."""
+    return max(1, round(rate * duration))
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Result:
+    key: str
+    name: str
+    durability: str
+    version: str = ""
+    messages: int = 0
+    size: int = 0
+    window: int = 0
+    produce_s: float | None = None
+    consume_s: float | None = None
+    rate: int = 0
+    duration: float = 0.0
+    latency_count: int = 0
+    latency_send_rate: float | None = None  # achieved by run_paced, if the system used it
+    latency_max_lag_ms: float | None = None  # worst send delay behind schedule
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def produce_msgs(self) -> float | None:
+        return self.messages / self.produce_s if self.produce_s else None
+
+    @property
+    def produce_mib(self) -> float | None:
+        return self.messages * self.size / MiB / self.produce_s if self.produce_s else None
+
+    @property
+    def consume_msgs(self) -> float | None:
+        return self.messages / self.consume_s if self.consume_s else None
+
+    def set_latencies(self, lat: Sequence[float]) -> None:
+        self.latency_count = len(lat)
+        if lat:
+            self.latency_ms = {
+                "p50": percentile(lat, 50),
+                "p90": percentile(lat, 90),
+                "p99": percentile(lat, 99),
+                "p999": percentile(lat, 99.9),
+                "max": max(lat),
+                "min": min(lat),
+                "mean": sum(lat) / len(lat),
+            }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["produce_msgs_per_s"] = self.produce_msgs
+        d["produce_mib_per_s"] = self.produce_mib
+        d["consume_msgs_per_s"] = self.consume_msgs
+        return d
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """One row per system: produce msg/s and MiB/s, consume msg/s, latency p50/p99/max."""
+    headers = [
+        "system",
+        "produce msg/s",
+        "produce MiB/s",
+        "consume msg/s",
+        "lat p50 ms",
+        "lat p99 ms",
+        "lat max ms",
+        "durability",
+    ]
+    rows = []
+    for r in results:
+        lat = r.latency_ms
+        rows.append(
+            [
+                r.name + (" [errors]" if r.errors else ""),
+                _fmt(r.produce_msgs),
+                _fmt(r.produce_mib, 1),
+                _fmt(r.consume_msgs),
+                _fmt(lat.get("p50"), 2),
+                _fmt(lat.get("p99"), 2),
+                _fmt(lat.get("max"), 2),
+                r.durability,
+            ]
+        )
+    widths = [
+        max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
+        for i, h in enumerate(headers)
+    ]
+    right = {1, 2, 3, 4, 5, 6}
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, c in enumerate(cells):
+            if i == len(cells) - 1:
+                out.append(c)
+            elif i in right:
+                out.append(c.rjust(widths[i]))
+            else:
+                out.append(c.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
+
+
+def dump_json(path: str, results: Sequence[Result], params: dict[str, Any]) -> None:
+    doc = {
+        "machine": machine_info(),
+        "params": params,
+        "results": [r.to_dict() for r in results],
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2, default=str)
+        f.write("\n")

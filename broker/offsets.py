@@ -1,0 +1,59 @@
+"""Consumer-group offsets kept by the broker (CLUSTERING), persisted every few seconds."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from broker.jsonfile import read_json, write_json_atomic
+
+__all__ = ["ConsumerOffsetManager"]
+
+
+class ConsumerOffsetManager:
+    """Offsets by ``group`` and ``topic`` and queue id, in ``<store>/config/offsets.json``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        raw = read_json(path, {})
+        self._offsets: dict[str, dict[str, dict[int, int]]] = {
+            group: {
+                topic: {int(q): int(o) for q, o in queues.items()}
+                for topic, queues in topics.items()
+            }
+            for group, topics in raw.get("offsets", {}).items()
+        }
+        self._dirty = False
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with self._lock:
+            self._offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+            self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 if the group never committed one for that queue."""
+        return self._offsets.get(group, {}).get(topic, {}).get(queue_id, -1)
+
+    def snapshot(self) -> dict[str, dict[str, dict[int, int]]]:
+        with self._lock:
+            return {g: {t: dict(q) for t, q in ts.items()} for g, ts in self._offsets.items()}
+
+    def remove_topic(self, topic: str) -> None:
+        with self._lock:
+            for topics in self._offsets.values():
+                if topics.pop(topic, None) is not None:
+                    self._dirty = True
+
+    def persist(self, force: bool = False) -> None:
+        with self._lock:
+            if not (self._dirty or force):
+                return
+            data = {
+                "offsets": {
+                    g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+                    for g, ts in self._offsets.items()
+                }
+            }
+            self._dirty = False
+        write_json_atomic(self.path, data)

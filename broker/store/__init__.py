@@ -1,0 +1,34 @@
+"""The broker's storage engine: commit log, consume queues, key index, checkpoint.
+
+See :class:`MessageStore`; the layout and recovery rules follow Apache RocketMQ's
+``DefaultMessageStore`` (DESIGN.md, "Storage").
+"""
+
+from .recovery import CQ_TAG_PROPERTY
+from .store import MAX_PROPERTIES_SIZE, MessageStore
+from .types import (
+    FlushMode,
+    GetResult,
+    GetStatus,
+    MessageTooLarge,
+    PutResult,
+    PutStatus,
+    RecoveryStats,
+    StoreConfig,
+    StoreError,
+)
+
+__all__ = [
+    "CQ_TAG_PROPERTY",
+    "MAX_PROPERTIES_SIZE",
+    "FlushMode",
+    "GetResult",
+    "GetStatus",
+    "MessageStore",
+    "MessageTooLarge",
+    "PutResult",
+    "PutStatus",
+    "RecoveryStats",
+    "StoreConfig",
+    "StoreError",
+]

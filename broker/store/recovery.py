@@ -1,0 +1,201 @@
+"""Start-up recovery: validate the commit log's tail and rebuild what depends on it.
+
+1. The checkpoint says below which commit-log offset everything is durable and dispatched.
+2. Consume queues and index files are opened; every entry pointing at or past the scan
+   start is dropped (with a partial or never-written trailing entry).
+3. Queues holding fewer entries than the checkpoint recorded (files deleted or truncated)
+   are rebuilt from the commit log, from just after their last surviving entry.
+4. The commit log is scanned from the checkpoint, each record checked (magic, size, CRC)
+   and dispatched again; at the first bad record the log is cut and a WARNING logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from txmq.codec import HEADER, read_header, record_topic_and_props
+from txmq.message import Prop, tag_hash
+
+from .checkpoint import Checkpoint, read_checkpoint
+from .commitlog import CommitLog, Scanner
+from .consumequeue import ConsumeQueue
+from .index import IndexService, key_hash, uniq_key_hash
+from .types import RecoveryStats
+
+__all__ = ["CQ_TAG_PROPERTY", "Recovery", "index_keys", "tag_code_of"]
+
+log = logging.getLogger("txmq.broker.store")
+
+#: property holding an explicit consume-queue tag code (put's ``cq_tag_code``, e.g. the
+#: delivery time of a delayed message) so that recovery can dispatch it again
+CQ_TAG_PROPERTY = "__CQ_TAG_CODE"
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_BODY_LEN_AT = HEADER.size - 4
+
+
+def tag_code_of(props: dict[str, str]) -> int:
+    explicit = props.get(CQ_TAG_PROPERTY)
+    if explicit is not None:
+        try:
+            return int(explicit)
+        except ValueError:
+            pass
+    return tag_hash(props.get(Prop.TAGS))
+
+
+def index_keys(index: IndexService, props: dict[str, str], phy: int, ts: int) -> None:
+    """Add the key-index entries of one record (its UNIQ_KEY and each of its KEYS)."""
+    uniq = props.get(Prop.UNIQ_KEY)
+    if uniq:
+        index.put(uniq_key_hash(uniq), phy, ts)
+    keys = props.get(Prop.KEYS)
+    if keys:
+        if " " in keys:
+            for key in dict.fromkeys(keys.split(" ")):
+                if key:
+                    index.put(key_hash(key), phy, ts)
+        else:
+            index.put(key_hash(keys), phy, ts)
+
+
+def _topic_of(buf: bytes, pos: int) -> str:
+    p = pos + HEADER.size + _U32.unpack_from(buf, pos + _BODY_LEN_AT)[0]
+    (tlen,) = _U16.unpack_from(buf, p)
+    return buf[p + 2 : p + 2 + tlen].decode()
+
+
+@dataclass
+class Recovery:
+    root: Path
+    commit_log: CommitLog
+    index: IndexService
+    cq_root: Path
+    cq_entries_per_file: int
+    cqs: dict[tuple[str, int], ConsumeQueue]
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(self.cq_root, topic, queue_id, self.cq_entries_per_file)
+            self.cqs[(topic, queue_id)] = cq
+        return cq
+
+    def run(self, clean: bool) -> RecoveryStats:
+        t0 = time.perf_counter()
+        cl = self.commit_log
+        ckpt = read_checkpoint(self.root / "checkpoint")
+        cl.load()
+        cl_min = cl.min_offset
+        disk_end = cl.disk_end()
+        if ckpt is not None and ckpt.offset > disk_end:
+            log.warning(
+                "checkpoint offset %d is past the end of the commit log (%d); "
+                "rebuilding consume queues and index from offset %d",
+                ckpt.offset,
+                disk_end,
+                cl_min,
+            )
+            ckpt = None
+        scan_from = cl_min if ckpt is None else max(ckpt.offset, cl_min)
+        trusted = clean and ckpt is not None
+        self._load_queues(ckpt, scan_from, trusted)
+        self.index.load()
+        self.index.truncate(scan_from, trust_slots=trusted)
+        redispatched = self._rebuild_damaged(ckpt, scan_from)
+
+        scanner = Scanner(cl, scan_from)
+        for phy, buf, pos, size in scanner:
+            self._dispatch(buf, pos, phy, size, with_index=True)
+            redispatched += 1
+        truncated = 0
+        if scanner.error is not None:
+            truncated = cl.truncate(scanner.end)
+            log.warning(
+                "commit log: truncated %d bytes at offset %d (%s)",
+                truncated,
+                scanner.end,
+                scanner.error,
+            )
+        for cq in self.cqs.values():
+            cq.correct_min(cl.min_offset)
+        return RecoveryStats(
+            scanned_from=scan_from,
+            redispatched=redispatched,
+            truncated_bytes=truncated,
+            clean=clean,
+            took_ms=(time.perf_counter() - t0) * 1000,
+        )
+
+    def _load_queues(self, ckpt: Checkpoint | None, scan_from: int, trusted: bool) -> None:
+        self.cq_root.mkdir(parents=True, exist_ok=True)
+        for topic_dir in sorted(self.cq_root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for qdir in sorted(topic_dir.iterdir()):
+                if not qdir.name.isdigit() or not qdir.is_dir():
+                    continue
+                key = (topic_dir.name, int(qdir.name))
+                cq = self.queue(*key)
+                expected = ckpt.queues.get(key) if ckpt is not None else None
+                cq.load(expected if trusted else None)
+                # entries past the checkpoint's count point past it, whatever they say
+                upper = ckpt.queues.get(key, 0) if ckpt is not None else None
+                cq.truncate_phy(scan_from, upper)
+
+    def _rebuild_damaged(self, ckpt: Checkpoint | None, scan_from: int) -> int:
+        """Re-create consume-queue entries lost below the checkpoint (deleted/cut files)."""
+        if ckpt is None:
+            return 0
+        cl_min = self.commit_log.min_offset
+        damaged: set[tuple[str, int]] = set()
+        start = scan_from
+        for key, expected in ckpt.queues.items():
+            cq = self.queue(*key)
+            have = cq.max_offset
+            if have >= expected:
+                continue
+            damaged.add(key)
+            last = cq.entry(have - 1) if have > 0 else None
+            begin = last[0] + last[1] if last is not None and last[1] else cl_min
+            start = min(start, max(begin, cl_min))
+            log.warning(
+                "consume queue %s/%d has %d entries, the checkpoint recorded %d; "
+                "rebuilding it from the commit log",
+                key[0],
+                key[1],
+                have,
+                expected,
+            )
+        if not damaged or start >= scan_from:
+            return 0
+        count = 0
+        scanner = Scanner(self.commit_log, start, stop=scan_from)
+        for phy, buf, pos, size in scanner:
+            key = (_topic_of(buf, pos), read_header(buf, pos).queue_id)
+            if key in damaged:
+                count += self._dispatch(buf, pos, phy, size, with_index=False)
+        if scanner.error is not None:
+            log.error(
+                "commit log below the checkpoint is unreadable at offset %d (%s); "
+                "consume queues were rebuilt only up to there",
+                scanner.end,
+                scanner.error,
+            )
+        return count
+
+    def _dispatch(self, buf: bytes, pos: int, phy: int, size: int, *, with_index: bool) -> int:
+        head = read_header(buf, pos)
+        topic, props = record_topic_and_props(buf, pos)
+        cq = self.queue(topic, head.queue_id)
+        if head.queue_offset < cq.max_offset and not with_index:
+            return 0
+        cq.put(head.queue_offset, phy, size, tag_code_of(props))
+        if with_index:
+            index_keys(self.index, props, phy, head.store_timestamp)
+        return 1

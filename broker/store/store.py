@@ -1,0 +1,637 @@
+"""The message store: RocketMQ's DefaultMessageStore in miniature.
+
+One commit log holds every record; per-queue consume queues and a key index are
+dispatched synchronously by ``put`` (so a message is readable the moment ``put``
+returns); background threads flush the commit log (ASYNC: periodically, SYNC: group
+commit), flush consume queues and index and write the checkpoint, and delete expired
+segments.  ``put``/``put_batch`` are serialised by one lock; reads take no lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from txmq.codec import HEADER, PREFIX, encode_record, read_header, record_topic_and_props
+from txmq.message import Prop, tag_hash, validate_topic_name
+
+from .checkpoint import Checkpoint, write_checkpoint
+from .commitlog import CommitLog, fsync_dir
+from .consumequeue import CQ_ENTRY, ConsumeQueue
+from .flush import CommitLogFlusher, PeriodicThread
+from .index import IndexService, key_hash, uniq_key_hash
+from .recovery import CQ_TAG_PROPERTY, Recovery, index_keys
+from .types import (
+    GetResult,
+    GetStatus,
+    MessageTooLarge,
+    PutResult,
+    PutStatus,
+    RecoveryStats,
+    StoreConfig,
+    StoreError,
+)
+
+__all__ = ["MessageStore"]
+
+log = logging.getLogger("txmq.broker.store")
+
+MAX_PROPERTIES_SIZE = 32767  # RocketMQ's limit on the encoded properties
+_MAX_QUEUE_ID = 1 << 31
+_I64 = 1 << 63
+_U16 = struct.Struct("<H")
+_MAX_FILTER_SCAN = 800  # consume-queue entries examined per get (RocketMQ: 16000 bytes)
+_READ_GAP = 16 * 1024  # read neighbouring records with one pread when this close together
+_READ_SPAN = 8 * 1024 * 1024
+_NOT_AVAILABLE = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, -1, -1, 0, 0)
+_ILLEGAL = PutResult(PutStatus.MESSAGE_ILLEGAL, -1, -1, 0, 0)
+_PROPS_TOO_BIG = PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, -1, -1, 0, 0)
+_TAGS = Prop.TAGS
+_KEYS = Prop.KEYS
+_UNIQ = Prop.UNIQ_KEY
+
+# (topic, queue id, body, properties, born ts, sys flag, flag, reconsume times,
+#  prepared transaction offset, consume-queue tag code)
+_Prepared = tuple[str, int, bytes, dict[str, str], int, int, int, int, int, int]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _props_size(record: bytes, body_len: int) -> int:
+    p = HEADER.size + body_len
+    topic_len: int = _U16.unpack_from(record, p)[0]
+    return len(record) - p - 2 - topic_len - 4
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        root = config.root
+        self._root = root
+        self._lock = threading.Lock()
+        self._ckpt_lock = threading.Lock()
+        self._retention_lock = threading.Lock()
+        self._cl = CommitLog(root / "commitlog", config.segment_size)
+        self._index = IndexService(
+            root / "index", config.index_slots, config.index_entries_per_file
+        )
+        self._cq_root = root / "consumequeue"
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._flusher = CommitLogFlusher(self._cl, config.flush_mode, config.flush_interval_ms)
+        self._threads: list[PeriodicThread] = []
+        self._running = False
+        self._closed = False
+        self._lock_fd = -1
+        self._tag_cache: dict[str | None, int] = {}
+        self._last_ckpt = -1
+        self._max_body = config.max_message_size
+        self.last_recovery = RecoveryStats(0, 0, 0, True, 0.0)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._running or self._closed:
+            raise StoreError("a MessageStore can be started once; create a new one")
+        root = self._root
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise StoreError(f"store directory {root} is in use by another store") from None
+        abort = root / "abort"
+        clean = not abort.exists()
+        abort.write_text(f"{os.getpid()}\n")
+        fsync_dir(root)
+        rec = Recovery(
+            root,
+            self._cl,
+            self._index,
+            self._cq_root,
+            self.config.cq_entries_per_file,
+            self._cqs,
+        )
+        try:
+            self.last_recovery = rec.run(clean)
+        except BaseException:
+            self._close()
+            raise
+        if not self.last_recovery.clean or self.last_recovery.truncated_bytes:
+            log.info("store recovered: %s", self.last_recovery)
+        # what recovery read may have lived only in the page cache of a killed process
+        self._flusher.flushed = self.last_recovery.scanned_from
+        self._flusher.flush_now()
+        self._running = True
+        self._checkpoint()
+        self._flusher.start(self._flusher.flushed)
+        cfg = self.config
+        self._threads = [
+            PeriodicThread(
+                "txmq-store-checkpoint", cfg.cq_flush_interval_ms / 1000, self._checkpoint
+            ),
+            PeriodicThread(
+                "txmq-store-retention", cfg.retention_check_interval_s, self.delete_expired
+            ),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if not self._running:
+                return
+            self._running = False
+        for t in self._threads:
+            t.stop()
+        self._flusher.stop()
+        self._checkpoint()
+        (self._root / "abort").unlink(missing_ok=True)
+        fsync_dir(self._root)
+        self._close()
+
+    def _close(self) -> None:
+        self._closed = True
+        for cq in self._cqs.values():
+            cq.close()
+        self._index.close()
+        self._cl.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> MessageStore:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _tag_code(self, tags: str | None) -> int:
+        code = self._tag_cache.get(tags)
+        if code is None:
+            if len(self._tag_cache) > 65536:
+                self._tag_cache.clear()
+            code = self._tag_cache[tags] = tag_hash(tags)
+        return code
+
+    def _props_and_code(
+        self, body: bytes, properties: dict[str, str], cq_tag_code: int | None
+    ) -> tuple[dict[str, str], int] | None:
+        """Check the body size; the properties to store and the consume-queue tag code."""
+        if len(body) > self._max_body:
+            raise MessageTooLarge(
+                f"message body is {len(body)} bytes, more than max_message_size "
+                f"({self._max_body} bytes)"
+            )
+        tags = properties.get(_TAGS)
+        tag_code = self._tag_cache.get(tags)
+        if tag_code is None:
+            tag_code = self._tag_code(tags)
+        if cq_tag_code is None:
+            if CQ_TAG_PROPERTY in properties:
+                properties = {k: v for k, v in properties.items() if k != CQ_TAG_PROPERTY}
+            return properties, tag_code
+        if not -_I64 <= cq_tag_code < _I64:
+            return None
+        if cq_tag_code != tag_code or CQ_TAG_PROPERTY in properties:
+            properties = {**properties, CQ_TAG_PROPERTY: str(cq_tag_code)}
+        return properties, cq_tag_code
+
+    def _prepare(
+        self,
+        *,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: dict[str, str],
+        born_timestamp: int,
+        sys_flag: int = 0,
+        flag: int = 0,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        cq_tag_code: int | None = None,
+    ) -> _Prepared | None:
+        pc = self._props_and_code(body, properties, cq_tag_code)
+        if pc is None:
+            return None
+        properties, code = pc
+        return (
+            topic,
+            queue_id,
+            body,
+            properties,
+            born_timestamp,
+            sys_flag,
+            flag,
+            reconsume_times,
+            prepared_transaction_offset,
+            code,
+        )
+
+    def _queue_for_put(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue to append to, created on first use; None for an illegal name/id."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            if (
+                validate_topic_name(topic) is not None
+                or topic in (".", "..")
+                or not isinstance(queue_id, int)
+                or not 0 <= queue_id < _MAX_QUEUE_ID
+            ):
+                return None
+            cq = ConsumeQueue(self._cq_root, topic, queue_id, self.config.cq_entries_per_file)
+            self._cqs[(topic, queue_id)] = cq
+        return cq
+
+    def put(
+        self,
+        *,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: dict[str, str],
+        born_timestamp: int,
+        sys_flag: int = 0,
+        flag: int = 0,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+        cq_tag_code: int | None = None,
+    ) -> PutResult:
+        """Append one message and dispatch it; thread-safe."""
+        pc = self._props_and_code(body, properties, cq_tag_code)
+        if pc is None:
+            return _ILLEGAL
+        props, code = pc
+        cl = self._cl
+        with self._lock:
+            if not self._running:
+                return _NOT_AVAILABLE
+            cq = self._cqs.get((topic, queue_id)) or self._queue_for_put(topic, queue_id)
+            if cq is None:
+                return _ILLEGAL
+            qoff = cq.max_offset
+            phy = cl.write_pos
+            ts = time.time_ns() // 1_000_000
+            rec = encode_record(
+                topic=topic,
+                queue_id=queue_id,
+                body=body,
+                properties=props,
+                queue_offset=qoff,
+                commit_log_offset=phy,
+                born_timestamp=born_timestamp,
+                store_timestamp=ts,
+                sys_flag=sys_flag,
+                flag=flag,
+                reconsume_times=reconsume_times,
+                prepared_transaction_offset=prepared_transaction_offset,
+            )
+            size = len(rec)
+            if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
+                return _PROPS_TOO_BIG
+            if not cl.fits(size):
+                self._check_size(rec, len(body))
+                cl.roll()
+                phy = cl.write_pos
+                rec = encode_record(
+                    topic=topic,
+                    queue_id=queue_id,
+                    body=body,
+                    properties=props,
+                    queue_offset=qoff,
+                    commit_log_offset=phy,
+                    born_timestamp=born_timestamp,
+                    store_timestamp=ts,
+                    sys_flag=sys_flag,
+                    flag=flag,
+                    reconsume_times=reconsume_times,
+                    prepared_transaction_offset=prepared_transaction_offset,
+                )
+            cl.append(rec, ts)
+            cq.put(qoff, phy, size, code)
+            if props:
+                index_keys(self._index, props, phy, ts)
+        return PutResult(PutStatus.PUT_OK, phy, qoff, ts, size)
+
+    def _check_size(self, record: bytes, body_len: int) -> None:
+        if len(record) + PREFIX.size > self._cl.segment_size:
+            raise MessageTooLarge(
+                f"record of {len(record)} bytes (body {body_len}) does not fit in a "
+                f"commit-log segment of {self._cl.segment_size} bytes"
+            )
+
+    def put_batch(self, items: list[dict[str, Any]]) -> list[PutResult]:
+        """Append several messages under one lock with one write per segment touched."""
+        prepared = [self._prepare(**item) for item in items]
+        results: list[PutResult] = [_ILLEGAL] * len(prepared)
+        cl = self._cl
+        with self._lock:
+            if not self._running:
+                return [_NOT_AVAILABLE] * len(prepared)
+            ts = time.time_ns() // 1_000_000
+            bufs: list[bytes] = []
+            todo: list[tuple[int, ConsumeQueue, int, int, int, int, dict[str, str]]] = []
+            pos = cl.write_pos
+            next_off: dict[ConsumeQueue, int] = {}
+            for i, p in enumerate(prepared):
+                if p is None:
+                    continue
+                topic, qid, body, props, born, sflag, flag, rtimes, prep, code = p
+                cq = self._queue_for_put(topic, qid)
+                if cq is None:
+                    continue
+                qoff = next_off.get(cq, cq.max_offset)
+                for attempt in (0, 1):
+                    rec = encode_record(
+                        topic=topic,
+                        queue_id=qid,
+                        body=body,
+                        properties=props,
+                        queue_offset=qoff,
+                        commit_log_offset=pos,
+                        born_timestamp=born,
+                        store_timestamp=ts,
+                        sys_flag=sflag,
+                        flag=flag,
+                        reconsume_times=rtimes,
+                        prepared_transaction_offset=prep,
+                    )
+                    if cl.fits(pos - cl.write_pos + len(rec)) or attempt:
+                        break
+                    self._check_size(rec, len(body))
+                    self._write_batch(bufs, todo, results, ts)
+                    cl.roll()
+                    pos = cl.write_pos
+                if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
+                    results[i] = _PROPS_TOO_BIG
+                    continue
+                bufs.append(rec)
+                todo.append((i, cq, qoff, pos, len(rec), code, props))
+                next_off[cq] = qoff + 1
+                pos += len(rec)
+            self._write_batch(bufs, todo, results, ts)
+        return results
+
+    def _write_batch(
+        self,
+        bufs: list[bytes],
+        todo: list[tuple[int, ConsumeQueue, int, int, int, int, dict[str, str]]],
+        results: list[PutResult],
+        ts: int,
+    ) -> None:
+        if not bufs:
+            return
+        self._cl.append(bufs[0] if len(bufs) == 1 else b"".join(bufs), ts)
+        index = self._index
+        for i, cq, qoff, phy, size, code, props in todo:
+            cq.put(qoff, phy, size, code)
+            if props:
+                index_keys(index, props, phy, ts)
+            results[i] = PutResult(PutStatus.PUT_OK, phy, qoff, ts, size)
+        bufs.clear()
+        todo.clear()
+
+    # -- flushing --------------------------------------------------------------------------
+
+    async def wait_flushed(self, end_offset: int) -> None:
+        """Return once the commit log is fsynced through ``end_offset`` (group commit)."""
+        if self._flusher.flushed >= end_offset:
+            return
+        if not self._running:
+            raise StoreError("the store is not running")
+        await self._flusher.wait(end_offset)
+
+    def flush_wait(self, end_offset: int, timeout: float | None = None) -> bool:
+        """Blocking :meth:`wait_flushed`; False if ``timeout`` passed first."""
+        if self._flusher.flushed >= end_offset:
+            return True
+        if not self._running:
+            return False
+        return self._flusher.wait_blocking(end_offset, timeout)
+
+    def _checkpoint(self) -> None:
+        """Flush consume queues and index, make sure the log is flushed, write the checkpoint."""
+        with self._ckpt_lock:
+            with self._lock:
+                upto = self._cl.write_pos
+                if upto == self._last_ckpt:
+                    return
+                cqs = list(self._cqs.values())
+                queues = {(cq.topic, cq.queue_id): cq.max_offset for cq in cqs}
+            for cq in cqs:
+                cq.flush()
+            self._index.flush()
+            if self._flusher.flushed < upto:
+                self._flusher.flush_now()
+            write_checkpoint(self._root / "checkpoint", Checkpoint(upto, _now_ms(), queues))
+            self._last_ckpt = upto
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_codes: set[int] | None = None,
+    ) -> GetResult:
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        hi = cq.max_offset
+        lo = cq.min_offset
+        if hi == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
+        cl_min = self._cl.min_offset
+        status = GetStatus.NO_MATCHED_MESSAGE
+        picked: list[tuple[int, int]] = []
+        total = 0
+        cur = offset
+        budget = max(_MAX_FILTER_SCAN, max_count)
+        full = False
+        while cur < hi and budget > 0 and not full:
+            raw = cq.read(cur, min(budget, hi - cur))
+            if not raw:  # the file holding ``cur`` is gone: skip to the next one
+                if not picked:
+                    status = GetStatus.OFFSET_FOUND_NULL
+                    cur = min(hi, (cur // cq.per_file + 1) * cq.per_file)
+                break
+            budget -= len(raw) // CQ_ENTRY.size
+            for phy, size, tag in CQ_ENTRY.iter_unpack(raw):
+                if size <= 0 or phy < cl_min:
+                    if not picked:
+                        status = GetStatus.OFFSET_FOUND_NULL
+                elif tag_codes is not None and tag not in tag_codes:
+                    if not picked:
+                        status = GetStatus.NO_MATCHED_MESSAGE
+                elif picked and total + size > max_bytes:
+                    full = True
+                    break
+                else:
+                    picked.append((phy, size))
+                    total += size
+                    if len(picked) >= max_count:
+                        full = True
+                        cur += 1
+                        break
+                cur += 1
+        records = self._read_records(picked)
+        if records:
+            status = GetStatus.FOUND
+        elif picked:
+            status = GetStatus.OFFSET_FOUND_NULL
+        return GetResult(status, records, cur, lo, hi)
+
+    def _read_records(self, picked: list[tuple[int, int]]) -> list[bytes]:
+        out: list[bytes] = []
+        cl = self._cl
+        ss = cl.segment_size
+        n = len(picked)
+        i = 0
+        while i < n:
+            start, size = picked[i]
+            end = start + size
+            seg = start // ss
+            j = i + 1
+            while j < n:
+                p, s = picked[j]
+                if p - end > _READ_GAP or (p + s - 1) // ss != seg or p + s - start > _READ_SPAN:
+                    break
+                end = p + s
+                j += 1
+            data = cl.read(start, end - start) if j > i + 1 else None
+            for k in range(i, j):
+                p, s = picked[k]
+                if data is not None:
+                    out.append(data[p - start : p - start + s])
+                else:
+                    one = cl.read(p, s)
+                    if one is not None:
+                        out.append(one)
+            i = j
+        return out
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset to be written (0 for an unknown queue)."""
+        cq = self._cqs.get((topic, queue_id))
+        return cq.max_offset if cq is not None else 0
+
+    def queue_offsets(self) -> dict[str, dict[int, tuple[int, int]]]:
+        out: dict[str, dict[int, tuple[int, int]]] = {}
+        for (topic, qid), cq in list(self._cqs.items()):
+            out.setdefault(topic, {})[qid] = (cq.min_offset, cq.max_offset)
+        return out
+
+    def look_message_by_offset(self, commit_log_offset: int) -> bytes | None:
+        return self._cl.read_record(commit_log_offset)
+
+    def query_by_key(
+        self, key: str, max_num: int = 32, begin_ts: int = 0, end_ts: int = 2**63 - 1
+    ) -> list[bytes]:
+        """Records whose KEYS contain ``key``, newest first."""
+        out: list[bytes] = []
+        if not key or max_num <= 0:
+            return out
+        for rec in self._candidates(key_hash(key), begin_ts, end_ts):
+            _topic, props = record_topic_and_props(rec)
+            if key in props.get(_KEYS, "").split(" "):
+                out.append(rec)
+                if len(out) >= max_num:
+                    break
+        return out
+
+    def query_by_uniq_key(self, msg_id: str) -> bytes | None:
+        if not msg_id:
+            return None
+        for rec in self._candidates(uniq_key_hash(msg_id), 0, 2**63 - 1):
+            if record_topic_and_props(rec)[1].get(_UNIQ) == msg_id:
+                return rec
+        return None
+
+    def _candidates(self, h: int, begin_ts: int, end_ts: int) -> Iterator[bytes]:
+        """Distinct, CRC-checked records in the index under hash ``h``, newest first."""
+        seen: set[int] = set()
+        for phy in self._index.lookup(h, begin_ts, end_ts):
+            if phy in seen or phy < self._cl.min_offset:
+                continue
+            seen.add(phy)
+            rec = self._cl.read_record(phy)
+            if rec is not None and begin_ts <= read_header(rec).store_timestamp <= end_ts:
+                yield rec
+
+    @property
+    def commit_log_min_offset(self) -> int:
+        return self._cl.min_offset
+
+    @property
+    def commit_log_max_offset(self) -> int:
+        return self._cl.write_pos
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flusher.flushed
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    # -- retention -------------------------------------------------------------------------
+
+    def delete_expired(self, now_ms: int | None = None) -> int:
+        """Delete commit-log segments older than the retention time; return how many."""
+        now = _now_ms() if now_ms is None else now_ms
+        cutoff = now - int(self.config.retention_hours * 3_600_000)
+        with self._retention_lock:
+            if self._closed:
+                return 0
+            victims = self._cl.expired_segments(cutoff)
+            if not victims:
+                return 0
+            self._cl.drop_segments(victims, self._lock)
+            cl_min = self._cl.min_offset
+            gone = 0
+            for cq in list(self._cqs.values()):
+                with self._lock:
+                    files = cq.expired_files(cl_min)
+                    cq.forget(files)
+                    cq.correct_min(cl_min)
+                for f in files:
+                    f.path.unlink(missing_ok=True)
+                gone += len(files)
+            with self._lock:
+                index_files = self._index.expired_files(cl_min)
+                self._index.forget(index_files)
+            log.info(
+                "retention: deleted %d commit-log segments, %d consume-queue files and "
+                "%d index files; commit log now starts at %d",
+                len(victims),
+                gone,
+                len(index_files),
+                cl_min,
+            )
+            return len(victims)

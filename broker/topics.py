@@ -1,0 +1,86 @@
+"""Topic configuration: name -> number of queues, persisted in ``<store>/config/topics.json``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from broker.jsonfile import read_json, write_json_atomic
+from txmq.errors import InvalidTopic, NoPermission, TopicNotFound
+from txmq.message import is_system_topic, validate_topic_name
+
+__all__ = ["MAX_QUEUE_NUMS", "TopicConfig", "TopicManager"]
+
+MAX_QUEUE_NUMS = 1024
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    name: str
+    queue_nums: int
+    system: bool = False
+
+
+class TopicManager:
+    def __init__(self, path: Path, *, auto_create: bool, default_queue_nums: int) -> None:
+        self.path = path
+        self.auto_create = auto_create
+        self.default_queue_nums = default_queue_nums
+        self._lock = threading.Lock()
+        raw = read_json(path, {})
+        self._topics: dict[str, TopicConfig] = {
+            name: TopicConfig(**cfg) for name, cfg in raw.get("topics", {}).items()
+        }
+
+    def _persist(self) -> None:
+        write_json_atomic(self.path, {"topics": {n: asdict(c) for n, c in self._topics.items()}})
+
+    def all(self) -> list[TopicConfig]:
+        return sorted(self._topics.values(), key=lambda c: c.name)
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    @staticmethod
+    def check_name(name: object, *, allow_system: bool = False) -> str:
+        if not isinstance(name, str):
+            raise InvalidTopic("topic name is missing or not a string")
+        why = validate_topic_name(name)
+        if why:
+            raise InvalidTopic(why)
+        if not allow_system and is_system_topic(name):
+            raise NoPermission(f"topic {name!r} is a reserved system topic")
+        return name
+
+    def create_or_update(self, name: str, queue_nums: int, *, system: bool = False) -> TopicConfig:
+        self.check_name(name, allow_system=system)
+        if not isinstance(queue_nums, int) or not 1 <= queue_nums <= MAX_QUEUE_NUMS:
+            raise InvalidTopic(f"queue count must be between 1 and {MAX_QUEUE_NUMS}")
+        with self._lock:
+            cfg = TopicConfig(name, queue_nums, system)
+            if self._topics.get(name) != cfg:
+                self._topics[name] = cfg
+                self._persist()
+            return cfg
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            if self._topics.pop(name, None) is None:
+                return False
+            self._persist()
+            return True
+
+    def for_send(
+        self, name: str, *, create: bool = True, allow_system: bool = False
+    ) -> TopicConfig:
+        """The topic a message may be sent to, auto-created if that is switched on."""
+        cfg = self._topics.get(name)
+        if cfg is not None:
+            if cfg.system and not allow_system:
+                raise NoPermission(f"topic {name!r} is a reserved system topic")
+            return cfg
+        self.check_name(name, allow_system=allow_system)
+        if not (create and self.auto_create) and not allow_system:
+            raise TopicNotFound(f"topic {name!r} does not exist and auto-creation is off")
+        return self.create_or_update(name, self.default_queue_nums, system=is_system_topic(name))

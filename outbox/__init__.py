@@ -1,0 +1,3 @@
+"""The transactional outbox (table, relay, retention) — arrives with its issue."""
+
+__all__: list[str] = []

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's second command: install everything the tests need, then lint, type-check
+# and run the whole test suite.  Safe to run again and again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
+
+# Debian packages: the PostgreSQL JDBC driver (for the Spark reconciliation jobs).
+if ! dpkg -s libpostgresql-jdbc-java >/dev/null 2>&1; then
+    echo "== installing Debian packages"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libpostgresql-jdbc-java >/dev/null
+fi
+
+# PostgreSQL: start the local cluster if it is down (tests use TXMQ_TEST_DATABASE_URL).
+if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    echo "== starting PostgreSQL"
+    $SUDO pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+fi
+
+echo "== setting up .venv"
+scripts/setup.sh dev
+
+echo "== ruff"
+.venv/bin/ruff check txmq broker outbox tests bench
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+exec .venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,130 @@
+"""Shared fixtures: embedded brokers and broker processes on temporary stores."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.server import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def embedded_broker(tmp_path: Path) -> Iterator[Callable[..., EmbeddedBroker]]:
+    """Factory: ``embedded_broker(**config_overrides)`` starts a broker in this process."""
+    started: list[EmbeddedBroker] = []
+
+    def start(**overrides: Any) -> EmbeddedBroker:
+        overrides.setdefault("store", tmp_path / f"store{len(started)}")
+        overrides.setdefault("port", 0)
+        broker = EmbeddedBroker(BrokerConfig(**overrides)).start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
+@dataclass
+class BrokerProcess:
+    store: Path
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    address: str = ""
+    logs: list[str] = field(default_factory=list)
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        ready = self.store.parent / f"{self.store.name}.ready"
+        ready.unlink(missing_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "txmq.cli",
+                "broker",
+                "start",
+                "--store",
+                str(self.store),
+                "--port",
+                "0",
+                "--ready-file",
+                str(ready),
+                *self.args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        proc = self.proc
+
+        def is_ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"broker exited with {proc.returncode}:\n{self.output()}")
+            return ready.exists() and bool(ready.read_text())
+
+        wait_for(is_ready, timeout)
+        self.address = ready.read_text()
+        return self
+
+    def output(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Factory: ``broker_process(*cli_args, store=...)`` runs ``txmq broker start``."""
+    procs: list[BrokerProcess] = []
+
+    def make(*args: str, store: Path | None = None) -> BrokerProcess:
+        bp = BrokerProcess(store or tmp_path / "store", list(args), tmp_path / "broker.log")
+        procs.append(bp)
+        return bp
+
+    yield make
+    for bp in procs:
+        if bp.proc is not None and bp.proc.poll() is None:
+            bp.proc.kill()
+            bp.proc.wait(10)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

@@ -1,0 +1,73 @@
+"""The txmq command: broker start/stop and the admin views, as a person would run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, BrokerProcess
+from txmq.message import Message
+from txmq.sync import Producer, PullConsumer
+
+
+def txmq(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "txmq", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=check,
+    )
+
+
+def admin_json(address: str, *args: str) -> Any:
+    return json.loads(txmq("admin", "--broker", address, "--json", *args).stdout)
+
+
+def test_admin_views(broker_process: Callable[..., BrokerProcess]) -> None:
+    bp = broker_process().start()
+    with Producer(bp.address) as p:
+        r = p.send(Message("cli-topic", b"hello cli", tags="t1", keys=["order-1"]), queue_id=2)
+        p.send(Message("cli-topic", b"second", keys=["order-1"]), queue_id=2)
+    with PullConsumer(bp.address, "cli-group") as c:
+        c.commit_offset("cli-topic", 2, 1)
+
+    topics = {t["topic"]: t for t in admin_json(bp.address, "topics")}
+    assert topics["cli-topic"]["queue_nums"] == 4 and topics["cli-topic"]["messages"] == 2
+    stats = admin_json(bp.address, "topic-stats", "cli-topic")
+    assert [(q["queue_id"], q["max_offset"]) for q in stats] == [(0, 0), (1, 0), (2, 2), (3, 0)]
+    [found] = admin_json(bp.address, "message", "--id", r.msg_id)
+    assert found["body"] == "hello cli" and found["tags"] == "t1" and found["queue_offset"] == 0
+    by_key = admin_json(bp.address, "message", "--key", "order-1")
+    assert sorted(m["body"] for m in by_key) == ["hello cli", "second"]
+    [off] = admin_json(bp.address, "offsets")
+    assert (off["group"], off["offset"], off["max_offset"], off["lag"]) == ("cli-group", 1, 2, 1)
+    created = admin_json(bp.address, "topic-create", "wide", "--queues", "16")
+    assert created == [{"topic": "wide", "queue_nums": 16}]
+
+    table = txmq("admin", "--broker", bp.address, "topics").stdout
+    assert table.splitlines()[0].split() == ["TOPIC", "QUEUE_NUMS", "MESSAGES", "SYSTEM"]
+    missing = txmq("admin", "--broker", bp.address, "message", "--id", "NOPE", check=False)
+    assert missing.returncode == 1 and "no message with id 'NOPE'" in missing.stderr
+    assert bp.terminate() == 0
+    assert "received SIGTERM" in bp.output() and "broker stopped" in bp.output()
+
+
+def test_clear_errors_for_bad_configuration_and_unreachable_broker(tmp_path: Any) -> None:
+    bad = tmp_path / "b.toml"
+    bad.write_text("[broker]\nflush = 'sometimes'\n")
+    out = txmq("broker", "start", "--store", str(tmp_path / "s"), "--config", str(bad), check=False)
+    assert out.returncode == 1 and "flush" in out.stderr and "Traceback" not in out.stderr
+    out = txmq("admin", "--broker", "127.0.0.1:1", "topics", check=False)
+    assert out.returncode == 1 and "cannot connect to broker 127.0.0.1:1" in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help"])
+def test_help(flag: str) -> None:
+    assert "broker" in txmq(flag).stdout

@@ -1,0 +1,217 @@
+"""The ``txmq`` command: run a broker, inspect it, try it out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from txmq.errors import TxmqError
+from txmq.settings import SettingsError
+
+__all__ = ["format_table", "main"]
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A plain-text table with a header row; numbers right-aligned."""
+    if not rows:
+        return "(none)"
+    cols = list(columns or rows[0].keys())
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    numeric = [all(isinstance(r.get(c), int | float) for r in rows) for c in cols]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line([c.upper() for c in cols]), line(["-" * w for w in widths])]
+    out += [line(row) for row in cells]
+    return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+# -- broker -----------------------------------------------------------------------------------
+
+
+def _broker_start(args: argparse.Namespace) -> int:
+    from broker.config import BrokerConfig
+    from broker.server import Broker
+
+    overrides: dict[str, Any] = {
+        "store": args.store,
+        "host": args.host,
+        "port": args.port,
+        "flush": args.flush,
+        "segment_size": args.segment_size,
+    }
+    if args.no_auto_create_topic:
+        overrides["auto_create_topic"] = False
+    config = BrokerConfig.load(args.config, **overrides)
+    broker = Broker(config)
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        logging.getLogger("txmq.broker").info(
+                            "received %s; shutting down", signal.Signals(signum).name
+                        )
+                        broker.request_stop()
+                        return
+
+            async def serve(*, task_status: anyio.abc.TaskStatus[Any]) -> None:
+                await broker.serve(task_status=task_status)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(on_signal)
+            await tg.start(serve)
+            if args.ready_file:
+                Path(args.ready_file).write_text(broker.address)  # noqa: ASYNC240
+            print(f"txmq broker listening on {broker.address}", flush=True)
+
+    anyio.run(run)
+    return 0
+
+
+# -- admin ------------------------------------------------------------------------------------
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from txmq.admin import AdminClient
+
+    async def run() -> Any:
+        async with AdminClient(args.broker) as admin:
+            cmd = args.admin_cmd
+            if cmd == "topics":
+                return await admin.topics(), ["topic", "queue_nums", "messages", "system"]
+            if cmd == "topic-stats":
+                return await admin.topic_stats(args.topic), None
+            if cmd == "topic-create":
+                return [await admin.create_topic(args.topic, args.queues)], None
+            if cmd == "offsets":
+                return await admin.offsets(), None
+            if cmd == "broker-info":
+                info = await admin.runtime_info()
+                return [{"key": k, "value": v} for k, v in info.items()], None
+            if cmd == "message":
+                if args.id:
+                    msgs = [await admin.message_by_id(args.id)]
+                else:
+                    msgs = await admin.messages_by_key(args.key, args.max)
+                return [m.to_dict() for m in msgs], [
+                    "msg_id",
+                    "topic",
+                    "queue_id",
+                    "queue_offset",
+                    "tags",
+                    "keys",
+                    "store_timestamp",
+                    "body",
+                ]
+            raise SystemExit(f"unknown admin command {cmd}")
+
+    rows, columns = anyio.run(run)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    elif args.admin_cmd == "message" and rows:
+        for row in rows:
+            for key, value in row.items():
+                print(f"{key:>18}: {_cell(value)}")
+            print()
+    else:
+        print(format_table(rows, columns))
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="txmq", description="Transactional messaging for Python.")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("broker", help="run a broker").add_subparsers(
+        dest="broker_cmd", required=True
+    )
+    start = b.add_parser("start", help="start a broker in the foreground")
+    start.add_argument("--store", type=Path, help="storage folder (created if missing)")
+    start.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    start.add_argument("--port", type=int, help="port (default 10911; 0 picks a free one)")
+    start.add_argument("--flush", choices=["sync", "async"], help="commit-log flush mode")
+    start.add_argument("--config", type=Path, help="TOML file with a [broker] table")
+    start.add_argument("--segment-size", type=int, help="commit-log segment bytes")
+    start.add_argument("--no-auto-create-topic", action="store_true")
+    start.add_argument("--ready-file", help="write the bound address here once listening")
+    start.set_defaults(func=_broker_start)
+
+    a = sub.add_parser("admin", help="inspect a broker")
+    a.add_argument("--broker", help="HOST:PORT (default $TXMQ_BROKER_ADDRESS or 127.0.0.1:10911)")
+    a.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    asub = a.add_subparsers(dest="admin_cmd", required=True)
+    asub.add_parser("topics", help="list topics")
+    ts = asub.add_parser("topic-stats", help="per-queue offsets of a topic")
+    ts.add_argument("topic")
+    tc = asub.add_parser("topic-create", help="create or update a topic")
+    tc.add_argument("topic")
+    tc.add_argument("--queues", type=int, default=4)
+    asub.add_parser("offsets", help="consumer-group offsets and lag")
+    asub.add_parser("broker-info", help="broker runtime information")
+    m = asub.add_parser("message", help="look a message up by id or key")
+    g = m.add_mutually_exclusive_group(required=True)
+    g.add_argument("--id", help="message id (or offset message id)")
+    g.add_argument("--key", help="message key")
+    m.add_argument("--max", type=int, default=32, help="most messages to show for --key")
+    a.set_defaults(func=_admin)
+
+    q = sub.add_parser("quickstart", help="broker in a temporary folder; send and receive")
+    q.add_argument("--messages", type=int, default=1000)
+    q.set_defaults(func=_quickstart)
+    return p
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from txmq.quickstart import run_quickstart
+
+    return run_quickstart(args.messages)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except (TxmqError, SettingsError, OSError, ValueError) as exc:
+        print(f"txmq: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The base of every txmq client: broker connection, lifecycle and the topic-route cache."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import AsyncExitStack
+from typing import Any, Self
+
+import anyio
+
+from txmq.errors import BrokerUnavailable
+from txmq.protocol import DEFAULT_MAX_FRAME_SIZE, Frame, RequestCode
+from txmq.remoting import Handler, RemotingClient
+
+__all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address"]
+
+DEFAULT_ADDRESS = "127.0.0.1:10911"
+
+
+def default_address() -> str:
+    """``$TXMQ_BROKER_ADDRESS`` or 127.0.0.1:10911."""
+    return os.environ.get("TXMQ_BROKER_ADDRESS", DEFAULT_ADDRESS)
+
+
+class BrokerClient:
+    """Connection to one broker, started with ``start()``/``stop()`` or ``async with``.
+
+    ``start()`` and ``stop()`` must be called from the same task (the client owns a task
+    group); the synchronous facade in :mod:`txmq.sync` takes care of that for you.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        request_timeout: float = 3.0,
+        connect_timeout: float = 3.0,
+        route_ttl: float = 30.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        handler: Handler | None = None,
+    ) -> None:
+        self.address = address or default_address()
+        self.request_timeout = request_timeout
+        self.route_ttl = route_ttl
+        self.remoting = RemotingClient(
+            self.address,
+            handler,
+            connect_timeout=connect_timeout,
+            max_frame_size=max_frame_size,
+        )
+        self._routes: dict[str, tuple[int, float]] = {}
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._stack is not None
+
+    async def start(self) -> None:
+        if self._stack is not None:
+            return
+        stack = AsyncExitStack()
+        await stack.enter_async_context(self.remoting)
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
+        try:
+            await self._on_start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _on_start(self) -> None:
+        """Connect eagerly so that a wrong address fails at start, not at first use."""
+        await self.remoting.connection()
+
+    async def _on_stop(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        try:
+            await self._on_stop()
+        finally:
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            self._tg = None
+            await stack.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _task_group(self) -> anyio.abc.TaskGroup:
+        if self._tg is None:
+            raise BrokerUnavailable("client is not started: call start() or use 'async with'")
+        return self._tg
+
+    async def request(
+        self,
+        code: int,
+        header: dict[str, Any] | None = None,
+        body: bytes = b"",
+        *,
+        timeout: float | None = None,
+    ) -> Frame:
+        self._task_group()
+        return await self.remoting.request(
+            code, header, body, timeout=self.request_timeout if timeout is None else timeout
+        )
+
+    async def queue_nums(self, topic: str, *, create: bool = False, refresh: bool = False) -> int:
+        """How many queues ``topic`` has (cached for ``route_ttl`` seconds)."""
+        cached = self._routes.get(topic)
+        now = time.monotonic()
+        if cached is not None and not refresh and now - cached[1] < self.route_ttl:
+            return cached[0]
+        frame = await self.request(RequestCode.GET_ROUTE_INFO, {"topic": topic, "create": create})
+        nums = int(frame.header["queue_nums"])
+        self._routes[topic] = (nums, now)
+        return nums
+
+    async def queues(self, topic: str) -> list[int]:
+        return list(range(await self.queue_nums(topic)))

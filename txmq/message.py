@@ -1,0 +1,240 @@
+"""The message model shared by clients and the broker.
+
+A :class:`Message` is what a producer sends; a :class:`MessageExt` is what the broker
+stored and a consumer receives (RocketMQ's ``MessageExt``).  System properties use
+RocketMQ's names so that the semantics read the same as the Java documentation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = [
+    "SYSTEM_TOPIC_PREFIXES",
+    "Message",
+    "MessageExt",
+    "Prop",
+    "SysFlag",
+    "is_system_topic",
+    "new_message_id",
+    "stable_hash",
+    "tag_hash",
+    "validate_topic_name",
+]
+
+
+class Prop:
+    """Reserved property names (RocketMQ's ``MessageConst``)."""
+
+    KEYS = "KEYS"
+    TAGS = "TAGS"
+    UNIQ_KEY = "UNIQ_KEY"
+    DELAY = "DELAY"
+    WAIT_STORE = "WAIT"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QID = "REAL_QID"
+    TRAN_MSG = "TRAN_MSG"
+    PRODUCER_GROUP = "PGROUP"
+    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+    CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+    SHARDING_KEY = "SHARDING_KEY"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    CONSUME_START_TIME = "CONSUME_START_TIME"
+
+    ALL: frozenset[str] = frozenset(
+        {
+            KEYS,
+            TAGS,
+            UNIQ_KEY,
+            DELAY,
+            WAIT_STORE,
+            RETRY_TOPIC,
+            REAL_TOPIC,
+            REAL_QID,
+            TRAN_MSG,
+            PRODUCER_GROUP,
+            ORIGIN_MESSAGE_ID,
+            TRANSACTION_CHECK_TIMES,
+            CHECK_IMMUNITY_TIME_IN_SECONDS,
+            SHARDING_KEY,
+            MAX_RECONSUME_TIMES,
+            CONSUME_START_TIME,
+        }
+    )
+
+
+class SysFlag:
+    """Bits of a record's system flag (RocketMQ's ``MessageSysFlag``)."""
+
+    TRANSACTION_NOT_TYPE = 0x0
+    TRANSACTION_PREPARED_TYPE = 0x4
+    TRANSACTION_COMMIT_TYPE = 0x8
+    TRANSACTION_ROLLBACK_TYPE = 0xC
+    TRANSACTION_MASK = 0xC
+
+    @staticmethod
+    def transaction_value(flag: int) -> int:
+        return flag & SysFlag.TRANSACTION_MASK
+
+
+SYSTEM_TOPIC_PREFIXES = ("RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC_", "TRANS_CHECK_MAX_TIME")
+_TOPIC_MAX_LEN = 127
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%|.")
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+def validate_topic_name(topic: str) -> str | None:
+    """Return why ``topic`` is not a valid topic name, or ``None`` if it is."""
+    if not isinstance(topic, str) or not topic:
+        return "topic name is empty"
+    if len(topic) > _TOPIC_MAX_LEN:
+        return f"topic name is longer than {_TOPIC_MAX_LEN} characters"
+    bad = set(topic) - _TOPIC_CHARS
+    if bad:
+        return f"topic name {topic!r} has characters outside [A-Za-z0-9_.|%-]: {sorted(bad)!r}"
+    return None
+
+
+def stable_hash(key: str | bytes) -> int:
+    """A 63-bit hash that is the same in every process (unlike the salted ``hash()``)."""
+    data = key.encode() if isinstance(key, str) else key
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
+def tag_hash(tag: str | None) -> int:
+    """The tag code stored in consume-queue entries (0 for "no tag")."""
+    if not tag:
+        return 0
+    return stable_hash(tag)
+
+
+_ID_PREFIX = (os.urandom(4) + (os.getpid() & 0xFFFF).to_bytes(2, "big")).hex().upper()
+_ID_COUNTER = itertools.count(int.from_bytes(os.urandom(2), "big"))
+_ID_LOCK = threading.Lock()
+
+
+def new_message_id() -> str:
+    """A unique message id: process prefix (random 4 bytes + pid), time, counter — 32 hex."""
+    with _ID_LOCK:
+        n = next(_ID_COUNTER) & 0xFFFFFFFF
+    millis = int(time.time() * 1000) & 0xFFFFFFFFFFFF
+    return f"{_ID_PREFIX}{millis:012X}{n:08X}"
+
+
+def _check_property(name: str, value: str) -> None:
+    if not isinstance(name, str) or not isinstance(value, str):
+        raise TypeError(f"message property {name!r} must map a str to a str")
+    if name in Prop.ALL:
+        raise ValueError(f"message property name {name!r} is reserved by txmq")
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send: topic, body bytes, optional tag, keys and user properties."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: tuple[str, ...] | list[str] | str = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    delay_level: int = 0
+
+    def key_list(self) -> list[str]:
+        if isinstance(self.keys, str):
+            return [k for k in self.keys.split(" ") if k]
+        return [k for k in self.keys if k]
+
+    def wire_properties(self, msg_id: str) -> dict[str, str]:
+        """All properties as stored: the user's and the system ones."""
+        props: dict[str, str] = {}
+        for name, value in self.properties.items():
+            _check_property(name, value)
+            props[name] = value
+        props[Prop.UNIQ_KEY] = msg_id
+        if self.tags:
+            props[Prop.TAGS] = self.tags
+        keys = self.key_list()
+        if keys:
+            props[Prop.KEYS] = " ".join(keys)
+        if self.delay_level:
+            props[Prop.DELAY] = str(self.delay_level)
+        return props
+
+
+@dataclass(slots=True)
+class MessageExt:
+    """A stored message as a consumer or an operator sees it."""
+
+    topic: str
+    body: bytes
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_size: int
+    born_timestamp: int
+    store_timestamp: int
+    sys_flag: int = 0
+    flag: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    all_properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def msg_id(self) -> str:
+        return self.all_properties.get(Prop.UNIQ_KEY) or self.offset_msg_id
+
+    @property
+    def offset_msg_id(self) -> str:
+        return f"{self.commit_log_offset:016X}"
+
+    @property
+    def tags(self) -> str | None:
+        return self.all_properties.get(Prop.TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.all_properties.get(Prop.KEYS, "")
+        return [k for k in raw.split(" ") if k]
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The user's properties (system ones removed)."""
+        return {k: v for k, v in self.all_properties.items() if k not in Prop.ALL}
+
+    def get_property(self, name: str) -> str | None:
+        return self.all_properties.get(name)
+
+    def to_dict(self, body_limit: int | None = 200) -> dict[str, object]:
+        body: object
+        try:
+            text = self.body.decode()
+            body = text if body_limit is None else text[:body_limit]
+        except UnicodeDecodeError:
+            body = self.body.hex() if body_limit is None else self.body[:body_limit].hex()
+        return {
+            "msg_id": self.msg_id,
+            "offset_msg_id": self.offset_msg_id,
+            "topic": self.topic,
+            "queue_id": self.queue_id,
+            "queue_offset": self.queue_offset,
+            "commit_log_offset": self.commit_log_offset,
+            "store_size": self.store_size,
+            "tags": self.tags,
+            "keys": self.keys,
+            "properties": self.properties,
+            "born_timestamp": self.born_timestamp,
+            "store_timestamp": self.store_timestamp,
+            "reconsume_times": self.reconsume_times,
+            "sys_flag": self.sys_flag,
+            "body": body,
+        }

@@ -1,0 +1,253 @@
+"""The producer: sync send with retries, async send, oneway, batch; queue selection."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from txmq.client import BrokerClient
+from txmq.errors import InvalidTopic, MessageTooLarge, TxmqError
+from txmq.message import Message, Prop, is_system_topic, new_message_id, stable_hash
+from txmq.message import validate_topic_name as _why_bad_topic
+from txmq.protocol import RequestCode
+
+__all__ = [
+    "MessageQueueSelector",
+    "Producer",
+    "SendCallback",
+    "SendResult",
+    "select_by_hash",
+]
+
+log = logging.getLogger("txmq.producer")
+
+MessageQueueSelector = Callable[[int, Message, Any], int]
+"""``selector(queue_count, message, arg) -> queue id``."""
+
+SendCallback = Callable[["SendResult | None", "BaseException | None"], None]
+
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+
+def select_by_hash(queue_nums: int, message: Message, key: Any) -> int:
+    """The sharding-key selector: ``stable_hash(key) % queue_nums`` (same in every process)."""
+    return stable_hash(str(key)) % queue_nums
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    status: str
+    msg_id: str
+    offset_msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int
+    msg_ids: list[str] = field(default_factory=list)
+
+
+class Producer(BrokerClient):
+    """Sends messages to a broker.
+
+    ``send`` waits for the broker's acknowledgement and, when the queue was picked round
+    robin, retries a retriable failure on the next queue (``retry_times`` more attempts).
+    A send with a sharding key or a selector always goes to that queue and is not moved.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        group: str = "DEFAULT_PRODUCER",
+        *,
+        send_timeout: float = 3.0,
+        retry_times: int = 2,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(address, request_timeout=send_timeout, **kwargs)
+        self.group = group
+        self.retry_times = retry_times
+        self.max_message_size = max_message_size
+        self._round_robin = itertools.count()
+
+    # -- validation ------------------------------------------------------------------------
+
+    def _check(self, msg: Message) -> None:
+        why = _why_bad_topic(msg.topic)
+        if why:
+            raise InvalidTopic(why)
+        if is_system_topic(msg.topic):
+            raise InvalidTopic(f"topic {msg.topic!r} is a reserved system topic")
+        if not isinstance(msg.body, bytes | bytearray | memoryview):
+            raise TypeError("message body must be bytes")
+        if len(msg.body) > self.max_message_size:
+            raise MessageTooLarge(
+                f"message body of {len(msg.body)} bytes is over the limit of "
+                f"{self.max_message_size} bytes"
+            )
+
+    async def _pick(
+        self,
+        msg: Message,
+        sharding_key: str | None,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        queue_id: int | None,
+    ) -> tuple[int, bool]:
+        """(queue id, may move to another queue on failure)."""
+        if queue_id is not None:
+            return queue_id, False
+        nums = await self.queue_nums(msg.topic, create=True)
+        if sharding_key is not None:
+            return select_by_hash(nums, msg, sharding_key), False
+        if selector is not None:
+            chosen = selector(nums, msg, arg)
+            if not isinstance(chosen, int) or not 0 <= chosen < nums:
+                raise ValueError(f"selector returned {chosen!r}; expected 0..{nums - 1}")
+            return chosen, False
+        return next(self._round_robin) % nums, True
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send(
+        self,
+        msg: Message,
+        *,
+        sharding_key: str | None = None,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        self._check(msg)
+        props = msg.wire_properties(new_message_id())
+        if sharding_key is not None:
+            props[Prop.SHARDING_KEY] = str(sharding_key)
+        body = bytes(msg.body)
+        qid, movable = await self._pick(msg, sharding_key, selector, arg, queue_id)
+        attempts = 1 + (self.retry_times if movable else 0)
+        born = int(time.time() * 1000)
+        for attempt in range(attempts):
+            header = {
+                "topic": msg.topic,
+                "queue_id": qid,
+                "properties": props,
+                "born_timestamp": born,
+                "group": self.group,
+            }
+            try:
+                frame = await self.request(RequestCode.SEND_MESSAGE, header, body, timeout=timeout)
+            except TxmqError as exc:
+                if not exc.retriable or attempt + 1 >= attempts:
+                    raise
+                log.warning(
+                    "send to %s/%d failed (%s); retrying on the next queue", msg.topic, qid, exc
+                )
+                nums = await self.queue_nums(msg.topic, create=True)
+                qid = next(self._round_robin) % nums
+                continue
+            h = frame.header
+            return SendResult(
+                "SEND_OK",
+                h["msg_id"],
+                h["offset_msg_id"],
+                msg.topic,
+                h["queue_id"],
+                h["queue_offset"],
+                h["store_timestamp"],
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def send_async(
+        self,
+        msg: Message,
+        callback: SendCallback | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Send in the background; ``callback(result, error)`` runs when the answer arrives."""
+        tg = self._task_group()
+
+        async def run() -> None:
+            try:
+                result = await self.send(msg, **kwargs)
+            except Exception as exc:
+                if callback is None:
+                    log.error("async send to %s failed: %s", msg.topic, exc)
+                else:
+                    callback(None, exc)
+                return
+            if callback is not None:
+                callback(result, None)
+
+        tg.start_soon(run)
+
+    async def send_oneway(
+        self,
+        msg: Message,
+        *,
+        sharding_key: str | None = None,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+    ) -> None:
+        """Send without waiting for an answer (no acknowledgement, no retry)."""
+        self._check(msg)
+        props = msg.wire_properties(new_message_id())
+        qid, _ = await self._pick(msg, sharding_key, selector, arg, queue_id)
+        header = {
+            "topic": msg.topic,
+            "queue_id": qid,
+            "properties": props,
+            "born_timestamp": int(time.time() * 1000),
+        }
+        await self.remoting.oneway(RequestCode.SEND_MESSAGE, header, bytes(msg.body))
+
+    async def send_batch(
+        self,
+        msgs: Sequence[Message],
+        *,
+        sharding_key: str | None = None,
+        queue_id: int | None = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Send messages of one topic to one queue in one request; stored contiguously."""
+        if not msgs:
+            raise ValueError("send_batch needs at least one message")
+        topic = msgs[0].topic
+        entries: list[dict[str, Any]] = []
+        bodies: list[bytes] = []
+        born = int(time.time() * 1000)
+        for m in msgs:
+            if m.topic != topic:
+                raise ValueError("all messages of a batch must have the same topic")
+            if m.delay_level:
+                raise ValueError("a batch cannot hold delayed messages")
+            self._check(m)
+            props = m.wire_properties(new_message_id())
+            if sharding_key is not None:
+                props[Prop.SHARDING_KEY] = str(sharding_key)
+            entries.append({"properties": props, "size": len(m.body), "born_timestamp": born})
+            bodies.append(bytes(m.body))
+        body = b"".join(bodies)
+        if len(body) + 65536 > self.remoting.max_frame_size:
+            raise MessageTooLarge(
+                f"batch of {len(body)} bytes is over the frame limit; split it into smaller batches"
+            )
+        qid, _ = await self._pick(msgs[0], sharding_key, None, None, queue_id)
+        header = {"topic": topic, "queue_id": qid, "messages": entries, "group": self.group}
+        frame = await self.request(RequestCode.SEND_BATCH_MESSAGE, header, body, timeout=timeout)
+        h = frame.header
+        return SendResult(
+            "SEND_OK",
+            h["msg_ids"][0],
+            h["offset_msg_ids"][0],
+            topic,
+            h["queue_id"],
+            h["queue_offset"],
+            h["store_timestamp"],
+            list(h["msg_ids"]),
+        )

@@ -1,0 +1,335 @@
+"""Connections that speak the txmq protocol, for clients and the broker alike.
+
+A :class:`Connection` multiplexes requests in both directions over one TCP stream: outgoing
+requests wait for the response with the same request id, incoming requests go to a handler.
+Writes are coalesced by a writer task so that pipelined requests cost few system calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from txmq.errors import (
+    BrokerUnavailable,
+    RequestTimeout,
+    ResponseCode,
+    TxmqError,
+    error_for_code,
+)
+from txmq.protocol import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameKind, encode_frame
+
+__all__ = ["Connection", "Handler", "RemotingClient", "Response", "parse_address"]
+
+log = logging.getLogger("txmq.remoting")
+
+Response = tuple[int, dict[str, Any] | None, bytes]
+HandlerResult = Response | None | Awaitable[Response | None]
+Handler = Callable[["Connection", Frame], HandlerResult]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"broker address {address!r} is not of the form HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class _Pending:
+    __slots__ = ("error", "event", "frame")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.frame: Frame | None = None
+        self.error: BaseException | None = None
+
+
+class Connection:
+    """One protocol connection. Run :meth:`run` in a task group; it returns when closed."""
+
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        handler: Handler | None = None,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        name: str = "",
+    ) -> None:
+        self.stream = stream
+        self.handler = handler
+        self.name = name
+        self.max_frame_size = max_frame_size
+        self.closed = False
+        self.attributes: dict[str, Any] = {}
+        self._decoder = FrameDecoder(max_frame_size)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._out: list[bytes] = []
+        self._out_event = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._close_after_flush = False
+        self.on_close: list[Callable[[Connection], None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._writer)
+                await self._reader()
+                if self._close_after_flush:
+                    # the writer cancels the group once the queued answers are written
+                    with anyio.move_on_after(5):
+                        await anyio.sleep_forever()
+                tg.cancel_scope.cancel()
+        finally:
+            self._mark_closed()
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    def _mark_closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        err = BrokerUnavailable(f"connection {self.name} closed")
+        for pending in self._pending.values():
+            pending.error = err
+            pending.event.set()
+        self._pending.clear()
+        for callback in self.on_close:
+            try:
+                callback(self)
+            except Exception:  # pragma: no cover - a callback's bug must not break closing
+                log.exception("on_close callback failed")
+
+    def close(self) -> None:
+        """Close after what is queued has been written."""
+        self._close_after_flush = True
+        self._out_event.set()
+
+    # -- io loops -------------------------------------------------------------------------
+
+    async def _reader(self) -> None:
+        while True:
+            try:
+                data = await self.stream.receive(256 * 1024)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            except OSError as exc:
+                log.debug("connection %s read error: %s", self.name, exc)
+                return
+            try:
+                frames = self._decoder.feed(data)
+            except TxmqError as exc:
+                log.warning("connection %s: %s; closing it", self.name, exc)
+                request_id = getattr(exc, "request_id", 0)
+                self._enqueue(
+                    encode_frame(FrameKind.RESPONSE, exc.code, request_id, {"error": str(exc)})
+                )
+                self.close()
+                return
+            for frame in frames:
+                if frame.kind == FrameKind.RESPONSE:
+                    pending = self._pending.pop(frame.request_id, None)
+                    if pending is not None:
+                        pending.frame = frame
+                        pending.event.set()
+                else:
+                    self._dispatch(frame)
+            if self._close_after_flush:
+                return
+
+    async def _writer(self) -> None:
+        while True:
+            await self._out_event.wait()
+            self._out_event = anyio.Event()
+            if self._out:
+                data = b"".join(self._out)
+                self._out.clear()
+                try:
+                    await self.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    self._mark_closed()
+                    if self._tg is not None:
+                        self._tg.cancel_scope.cancel()
+                    return
+            if self._close_after_flush and not self._out:
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
+                return
+
+    def _enqueue(self, data: bytes) -> None:
+        if self.closed:
+            raise BrokerUnavailable(f"connection {self.name} is closed")
+        self._out.append(data)
+        self._out_event.set()
+
+    # -- incoming requests ----------------------------------------------------------------
+
+    def _dispatch(self, frame: Frame) -> None:
+        if self.handler is None:
+            self._reply(frame, (ResponseCode.REQUEST_CODE_NOT_SUPPORTED, _err("no handler"), b""))
+            return
+        try:
+            result = self.handler(self, frame)
+        except TxmqError as exc:
+            self._reply(frame, (exc.code, _err(str(exc)), b""))
+            return
+        except Exception as exc:
+            log.exception("handling request code %s failed", frame.code)
+            self._reply(
+                frame, (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
+            )
+            return
+        if inspect.isawaitable(result):
+            assert self._tg is not None
+            self._tg.start_soon(self._await_reply, frame, result)
+        else:
+            self._reply(frame, result)
+
+    async def _await_reply(self, frame: Frame, result: Awaitable[Response | None]) -> None:
+        try:
+            response = await result
+        except TxmqError as exc:
+            response = (exc.code, _err(str(exc)), b"")
+        except Exception as exc:
+            log.exception("handling request code %s failed", frame.code)
+            response = (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
+        self._reply(frame, response)
+
+    def _reply(self, frame: Frame, response: Response | None) -> None:
+        if frame.kind == FrameKind.ONEWAY or response is None or self.closed:
+            return
+        code, header, body = response
+        self._enqueue(encode_frame(FrameKind.RESPONSE, code, frame.request_id, header, body))
+
+    # -- outgoing requests ----------------------------------------------------------------
+
+    async def request(
+        self,
+        code: int,
+        header: dict[str, Any] | None = None,
+        body: bytes = b"",
+        *,
+        timeout: float = 3.0,
+        check: bool = True,
+    ) -> Frame:
+        """Send a request and wait for its answer; error answers raise (unless ``check``)."""
+        request_id = next(self._ids) & 0xFFFFFFFF
+        pending = _Pending()
+        self._pending[request_id] = pending
+        try:
+            self._enqueue(encode_frame(FrameKind.REQUEST, code, request_id, header, body))
+            with anyio.move_on_after(timeout if timeout > 0 else math.inf):
+                await pending.event.wait()
+        finally:
+            self._pending.pop(request_id, None)
+        if pending.error is not None:
+            raise pending.error
+        frame = pending.frame
+        if frame is None:
+            raise RequestTimeout(
+                f"no answer to request {code} within {timeout:.1f}s from {self.name}"
+            )
+        if check and frame.code != ResponseCode.SUCCESS:
+            raise error_for_code(frame.code, str(frame.header.get("error", "")))
+        return frame
+
+    def oneway(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
+        request_id = next(self._ids) & 0xFFFFFFFF
+        self._enqueue(encode_frame(FrameKind.ONEWAY, code, request_id, header, body))
+
+
+def _err(message: str) -> dict[str, Any]:
+    return {"error": message}
+
+
+class RemotingClient:
+    """Keeps one connection to a broker, reconnecting on demand.
+
+    Use it as an async context manager (it owns the task group running the connection).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        handler: Handler | None = None,
+        *,
+        connect_timeout: float = 3.0,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.handler = handler
+        self.connect_timeout = connect_timeout
+        self.max_frame_size = max_frame_size
+        self._conn: Connection | None = None
+        self._lock = anyio.Lock()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
+        self.on_connect: list[Callable[[Connection], Awaitable[None]]] = []
+
+    async def __aenter__(self) -> RemotingClient:
+        stack = AsyncExitStack()
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._stack is not None and self._tg is not None
+        if self._conn is not None:
+            self._conn.close()
+        self._tg.cancel_scope.cancel()
+        await self._stack.aclose()
+        self._stack = None
+        self._tg = None
+
+    async def connection(self) -> Connection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                return conn
+            if self._tg is None:
+                raise BrokerUnavailable("client is not started")
+            try:
+                with anyio.fail_after(self.connect_timeout):
+                    stream = await anyio.connect_tcp(self.host, self.port)
+            except (OSError, TimeoutError) as exc:
+                raise BrokerUnavailable(f"cannot connect to broker {self.address}: {exc}") from exc
+            conn = Connection(
+                stream, self.handler, max_frame_size=self.max_frame_size, name=self.address
+            )
+            self._conn = conn
+            self._tg.start_soon(conn.run)
+            for hook in self.on_connect:
+                await hook(conn)
+            return conn
+
+    async def request(
+        self,
+        code: int,
+        header: dict[str, Any] | None = None,
+        body: bytes = b"",
+        *,
+        timeout: float = 3.0,
+    ) -> Frame:
+        conn = await self.connection()
+        return await conn.request(code, header, body, timeout=timeout)
+
+    async def oneway(
+        self, code: int, header: dict[str, Any] | None = None, body: bytes = b""
+    ) -> None:
+        conn = await self.connection()
+        conn.oneway(code, header, body)
