@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from contextlib import AsyncExitStack
 from typing import Any, Self
 
 import anyio
@@ -26,8 +26,7 @@ def default_address() -> str:
 class BrokerClient:
     """Connection to one broker, started with ``start()``/``stop()`` or ``async with``.
 
-    ``start()`` and ``stop()`` must be called from the same task (the client owns a task
-    group); the synchronous facade in :mod:`txmq.sync` takes care of that for you.
+    Runs on asyncio (which SQLAlchemy's async engines need too).
     """
 
     def __init__(
@@ -50,20 +49,39 @@ class BrokerClient:
             max_frame_size=max_frame_size,
         )
         self._routes: dict[str, tuple[int, float]] = {}
-        self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._stop_event: anyio.Event | None = None
+        self._lifetime: asyncio.Task[None] | None = None
 
     @property
     def started(self) -> bool:
-        return self._stack is not None
+        return self._lifetime is not None
 
     async def start(self) -> None:
-        if self._stack is not None:
+        """Connect and start background work. Any task may later call :meth:`stop`."""
+        if self._lifetime is not None:
             return
-        stack = AsyncExitStack()
-        await stack.enter_async_context(self.remoting)
-        self._tg = await stack.enter_async_context(anyio.create_task_group())
-        self._stack = stack
+        started = anyio.Event()
+        stop = self._stop_event = anyio.Event()
+
+        async def lifetime() -> None:
+            try:
+                async with self.remoting, anyio.create_task_group() as tg:
+                    self._tg = tg
+                    started.set()
+                    await stop.wait()
+                    tg.cancel_scope.cancel()
+            finally:
+                self._tg = None
+                started.set()
+
+        # The client's task group lives in a task of its own, so that start() and stop()
+        # may be called from different tasks (a web framework's startup and shutdown hooks).
+        self._lifetime = asyncio.get_running_loop().create_task(lifetime())
+        await started.wait()
+        if self._lifetime.done():
+            task, self._lifetime = self._lifetime, None
+            task.result()
         try:
             await self._on_start()
         except BaseException:
@@ -78,16 +96,15 @@ class BrokerClient:
         return None
 
     async def stop(self) -> None:
-        stack, self._stack = self._stack, None
-        if stack is None:
+        task, self._lifetime = self._lifetime, None
+        if task is None:
             return
         try:
             await self._on_stop()
         finally:
-            assert self._tg is not None
-            self._tg.cancel_scope.cancel()
-            self._tg = None
-            await stack.aclose()
+            if self._stop_event is not None:
+                self._stop_event.set()
+            await task
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -47,6 +47,7 @@ class Prop:
     SHARDING_KEY = "SHARDING_KEY"
     MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
     CONSUME_START_TIME = "CONSUME_START_TIME"
+    CQ_TAG_CODE = "__CQ_TAG_CODE"  # the consume-queue tag code when it is not the tag's hash
 
     ALL: frozenset[str] = frozenset(
         {
@@ -66,6 +67,7 @@ class Prop:
             SHARDING_KEY,
             MAX_RECONSUME_TIMES,
             CONSUME_START_TIME,
+            CQ_TAG_CODE,
         }
     )
 

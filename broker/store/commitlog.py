@@ -191,9 +191,6 @@ class CommitLog:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def segment_at(self, pos: int) -> Segment | None:
-        return self._segs.get(pos - pos % self.segment_size)
-
     def read(self, pos: int, size: int) -> bytes | None:
         """``size`` bytes at ``pos`` if they are completely written and still on disk."""
         if pos < self.min_offset or pos + size > self.write_pos or size <= 0:

@@ -10,6 +10,7 @@ offset is zero, and an entry of size 0 is a hole (never written).
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -23,6 +24,8 @@ __all__ = ["CQ_ENTRY", "ConsumeQueue", "CqFile"]
 CQ_ENTRY = struct.Struct("<qiq")  # commit-log offset, size, tag code
 ENTRY = CQ_ENTRY.size
 _PAGE = mmap.PAGESIZE
+
+log = logging.getLogger("txmq.broker.store")
 
 
 def map_file(fd: int, size: int) -> mmap.mmap:
@@ -105,6 +108,8 @@ class ConsumeQueue:
             name = path.name
             if len(name) == NAME_WIDTH and name.isdigit() and int(name) % (per * ENTRY) == 0:
                 found[int(name) // (per * ENTRY)] = path
+            else:
+                log.warning("consume queue: ignoring unexpected file %s", path)
         prev: int | None = None
         for idx in sorted(found):
             if prev is not None and idx != prev + 1:
@@ -227,7 +232,8 @@ class ConsumeQueue:
         """
         hi = self.max_offset
         last = self.entry(hi - 1) if hi > 0 else None
-        if hi == 0 or (last is not None and last[1] and last[0] < phy and hi <= (upper or hi)):
+        below = last is not None and last[1] != 0 and last[0] < phy
+        if hi == 0 or (below and (upper is None or hi <= upper)):
             return 0  # the newest entry points below phy, so all do
         new_max = self._first_at_or_above(phy)
         if upper is not None and upper < new_max:

@@ -49,13 +49,14 @@ class CommitLogFlusher:
         self._seq = 0
         self._requested = False
         self._stopping = False
-        self._stopped = False
+        self._stopped = True  # until started
         self._thread: threading.Thread | None = None
         #: every byte below this offset is fsynced
         self.flushed = 0
 
     def start(self, flushed: int) -> None:
         self.flushed = flushed
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="txmq-store-flush", daemon=True)
         self._thread.start()
 
@@ -122,7 +123,7 @@ class CommitLogFlusher:
             if self.flushed >= end_offset:
                 return
             if self._stopped:
-                raise StoreError("the store is shut down")
+                raise StoreError("the store is not running")
             self._seq += 1
             heapq.heappush(self._waiters, (end_offset, self._seq, loop, fut))
             if self._sync and not self._requested:

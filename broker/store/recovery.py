@@ -32,7 +32,7 @@ log = logging.getLogger("txmq.broker.store")
 
 #: property holding an explicit consume-queue tag code (put's ``cq_tag_code``, e.g. the
 #: delivery time of a delayed message) so that recovery can dispatch it again
-CQ_TAG_PROPERTY = "__CQ_TAG_CODE"
+CQ_TAG_PROPERTY = Prop.CQ_TAG_CODE
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")

@@ -15,18 +15,18 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from txmq.codec import HEADER, PREFIX, encode_record, read_header, record_topic_and_props
+from txmq.codec import HEADER, PREFIX, encode_record
 from txmq.message import Prop, tag_hash, validate_topic_name
 
 from .checkpoint import Checkpoint, write_checkpoint
 from .commitlog import CommitLog, fsync_dir
-from .consumequeue import CQ_ENTRY, ConsumeQueue
+from .consumequeue import ConsumeQueue
 from .flush import CommitLogFlusher, PeriodicThread
-from .index import IndexService, key_hash, uniq_key_hash
+from .index import IndexService
+from .reader import get_from_queue, query_by_key, query_by_uniq_key
 from .recovery import CQ_TAG_PROPERTY, Recovery, index_keys
 from .types import (
     GetResult,
@@ -47,15 +47,10 @@ MAX_PROPERTIES_SIZE = 32767  # RocketMQ's limit on the encoded properties
 _MAX_QUEUE_ID = 1 << 31
 _I64 = 1 << 63
 _U16 = struct.Struct("<H")
-_MAX_FILTER_SCAN = 800  # consume-queue entries examined per get (RocketMQ: 16000 bytes)
-_READ_GAP = 16 * 1024  # read neighbouring records with one pread when this close together
-_READ_SPAN = 8 * 1024 * 1024
 _NOT_AVAILABLE = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, -1, -1, 0, 0)
 _ILLEGAL = PutResult(PutStatus.MESSAGE_ILLEGAL, -1, -1, 0, 0)
 _PROPS_TOO_BIG = PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, -1, -1, 0, 0)
 _TAGS = Prop.TAGS
-_KEYS = Prop.KEYS
-_UNIQ = Prop.UNIQ_KEY
 
 # (topic, queue id, body, properties, born ts, sys flag, flag, reconsume times,
 #  prepared transaction offset, consume-queue tag code)
@@ -64,6 +59,24 @@ _Prepared = tuple[str, int, bytes, dict[str, str], int, int, int, int, int, int]
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _encode(p: _Prepared, queue_offset: int, commit_log_offset: int, store_ts: int) -> bytes:
+    topic, queue_id, body, props, born, sys_flag, flag, reconsume, prepared, _code = p
+    return encode_record(
+        topic=topic,
+        queue_id=queue_id,
+        body=body,
+        properties=props,
+        queue_offset=queue_offset,
+        commit_log_offset=commit_log_offset,
+        born_timestamp=born,
+        store_timestamp=store_ts,
+        sys_flag=sys_flag,
+        flag=flag,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+    )
 
 
 def _props_size(record: bytes, body_len: int) -> int:
@@ -179,12 +192,10 @@ class MessageStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _tag_code(self, tags: str | None) -> int:
-        code = self._tag_cache.get(tags)
-        if code is None:
-            if len(self._tag_cache) > 65536:
-                self._tag_cache.clear()
-            code = self._tag_cache[tags] = tag_hash(tags)
+    def _new_tag_code(self, tags: str | None) -> int:
+        if len(self._tag_cache) > 65536:
+            self._tag_cache.clear()
+        code = self._tag_cache[tags] = tag_hash(tags)
         return code
 
     def _props_and_code(
@@ -199,7 +210,7 @@ class MessageStore:
         tags = properties.get(_TAGS)
         tag_code = self._tag_cache.get(tags)
         if tag_code is None:
-            tag_code = self._tag_code(tags)
+            tag_code = self._new_tag_code(tags)
         if cq_tag_code is None:
             if CQ_TAG_PROPERTY in properties:
                 properties = {k: v for k, v in properties.items() if k != CQ_TAG_PROPERTY}
@@ -285,20 +296,19 @@ class MessageStore:
             qoff = cq.max_offset
             phy = cl.write_pos
             ts = time.time_ns() // 1_000_000
-            rec = encode_record(
-                topic=topic,
-                queue_id=queue_id,
-                body=body,
-                properties=props,
-                queue_offset=qoff,
-                commit_log_offset=phy,
-                born_timestamp=born_timestamp,
-                store_timestamp=ts,
-                sys_flag=sys_flag,
-                flag=flag,
-                reconsume_times=reconsume_times,
-                prepared_transaction_offset=prepared_transaction_offset,
+            p = (
+                topic,
+                queue_id,
+                body,
+                props,
+                born_timestamp,
+                sys_flag,
+                flag,
+                reconsume_times,
+                prepared_transaction_offset,
+                code,
             )
+            rec = _encode(p, qoff, phy, ts)
             size = len(rec)
             if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
                 return _PROPS_TOO_BIG
@@ -306,20 +316,7 @@ class MessageStore:
                 self._check_size(rec, len(body))
                 cl.roll()
                 phy = cl.write_pos
-                rec = encode_record(
-                    topic=topic,
-                    queue_id=queue_id,
-                    body=body,
-                    properties=props,
-                    queue_offset=qoff,
-                    commit_log_offset=phy,
-                    born_timestamp=born_timestamp,
-                    store_timestamp=ts,
-                    sys_flag=sys_flag,
-                    flag=flag,
-                    reconsume_times=reconsume_times,
-                    prepared_transaction_offset=prepared_transaction_offset,
-                )
+                rec = _encode(p, qoff, phy, ts)
             cl.append(rec, ts)
             cq.put(qoff, phy, size, code)
             if props:
@@ -349,35 +346,21 @@ class MessageStore:
             for i, p in enumerate(prepared):
                 if p is None:
                     continue
-                topic, qid, body, props, born, sflag, flag, rtimes, prep, code = p
+                topic, qid, body, props, _born, _sf, _fl, _rt, _prep, code = p
                 cq = self._queue_for_put(topic, qid)
                 if cq is None:
                     continue
                 qoff = next_off.get(cq, cq.max_offset)
-                for attempt in (0, 1):
-                    rec = encode_record(
-                        topic=topic,
-                        queue_id=qid,
-                        body=body,
-                        properties=props,
-                        queue_offset=qoff,
-                        commit_log_offset=pos,
-                        born_timestamp=born,
-                        store_timestamp=ts,
-                        sys_flag=sflag,
-                        flag=flag,
-                        reconsume_times=rtimes,
-                        prepared_transaction_offset=prep,
-                    )
-                    if cl.fits(pos - cl.write_pos + len(rec)) or attempt:
-                        break
+                rec = _encode(p, qoff, pos, ts)
+                if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
+                    results[i] = _PROPS_TOO_BIG
+                    continue
+                if not cl.fits(pos - cl.write_pos + len(rec)):
                     self._check_size(rec, len(body))
                     self._write_batch(bufs, todo, results, ts)
                     cl.roll()
                     pos = cl.write_pos
-                if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
-                    results[i] = _PROPS_TOO_BIG
-                    continue
+                    rec = _encode(p, qoff, pos, ts)
                 bufs.append(rec)
                 todo.append((i, cq, qoff, pos, len(rec), code, props))
                 next_off[cq] = qoff + 1
@@ -408,18 +391,10 @@ class MessageStore:
 
     async def wait_flushed(self, end_offset: int) -> None:
         """Return once the commit log is fsynced through ``end_offset`` (group commit)."""
-        if self._flusher.flushed >= end_offset:
-            return
-        if not self._running:
-            raise StoreError("the store is not running")
         await self._flusher.wait(end_offset)
 
     def flush_wait(self, end_offset: int, timeout: float | None = None) -> bool:
         """Blocking :meth:`wait_flushed`; False if ``timeout`` passed first."""
-        if self._flusher.flushed >= end_offset:
-            return True
-        if not self._running:
-            return False
         return self._flusher.wait_blocking(end_offset, timeout)
 
     def _checkpoint(self) -> None:
@@ -450,87 +425,11 @@ class MessageStore:
         max_bytes: int = 4 * 1024 * 1024,
         tag_codes: set[int] | None = None,
     ) -> GetResult:
+        """Up to ``max_count`` records of a queue from ``offset`` (RocketMQ's getMessage)."""
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
-        hi = cq.max_offset
-        lo = cq.min_offset
-        if hi == 0:
-            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
-        if offset < lo:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
-        if offset == hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
-        if offset > hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
-        cl_min = self._cl.min_offset
-        status = GetStatus.NO_MATCHED_MESSAGE
-        picked: list[tuple[int, int]] = []
-        total = 0
-        cur = offset
-        budget = max(_MAX_FILTER_SCAN, max_count)
-        full = False
-        while cur < hi and budget > 0 and not full:
-            raw = cq.read(cur, min(budget, hi - cur))
-            if not raw:  # the file holding ``cur`` is gone: skip to the next one
-                if not picked:
-                    status = GetStatus.OFFSET_FOUND_NULL
-                    cur = min(hi, (cur // cq.per_file + 1) * cq.per_file)
-                break
-            budget -= len(raw) // CQ_ENTRY.size
-            for phy, size, tag in CQ_ENTRY.iter_unpack(raw):
-                if size <= 0 or phy < cl_min:
-                    if not picked:
-                        status = GetStatus.OFFSET_FOUND_NULL
-                elif tag_codes is not None and tag not in tag_codes:
-                    if not picked:
-                        status = GetStatus.NO_MATCHED_MESSAGE
-                elif picked and total + size > max_bytes:
-                    full = True
-                    break
-                else:
-                    picked.append((phy, size))
-                    total += size
-                    if len(picked) >= max_count:
-                        full = True
-                        cur += 1
-                        break
-                cur += 1
-        records = self._read_records(picked)
-        if records:
-            status = GetStatus.FOUND
-        elif picked:
-            status = GetStatus.OFFSET_FOUND_NULL
-        return GetResult(status, records, cur, lo, hi)
-
-    def _read_records(self, picked: list[tuple[int, int]]) -> list[bytes]:
-        out: list[bytes] = []
-        cl = self._cl
-        ss = cl.segment_size
-        n = len(picked)
-        i = 0
-        while i < n:
-            start, size = picked[i]
-            end = start + size
-            seg = start // ss
-            j = i + 1
-            while j < n:
-                p, s = picked[j]
-                if p - end > _READ_GAP or (p + s - 1) // ss != seg or p + s - start > _READ_SPAN:
-                    break
-                end = p + s
-                j += 1
-            data = cl.read(start, end - start) if j > i + 1 else None
-            for k in range(i, j):
-                p, s = picked[k]
-                if data is not None:
-                    out.append(data[p - start : p - start + s])
-                else:
-                    one = cl.read(p, s)
-                    if one is not None:
-                        out.append(one)
-            i = j
-        return out
+        return get_from_queue(self._cl, cq, offset, max_count, max_bytes, tag_codes)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         cq = self._cqs.get((topic, queue_id))
@@ -553,36 +452,12 @@ class MessageStore:
     def query_by_key(
         self, key: str, max_num: int = 32, begin_ts: int = 0, end_ts: int = 2**63 - 1
     ) -> list[bytes]:
-        """Records whose KEYS contain ``key``, newest first."""
-        out: list[bytes] = []
-        if not key or max_num <= 0:
-            return out
-        for rec in self._candidates(key_hash(key), begin_ts, end_ts):
-            _topic, props = record_topic_and_props(rec)
-            if key in props.get(_KEYS, "").split(" "):
-                out.append(rec)
-                if len(out) >= max_num:
-                    break
-        return out
+        """Records whose KEYS contain ``key``, stored in [begin_ts, end_ts], newest first."""
+        return query_by_key(self._index, self._cl, key, max_num, begin_ts, end_ts)
 
     def query_by_uniq_key(self, msg_id: str) -> bytes | None:
-        if not msg_id:
-            return None
-        for rec in self._candidates(uniq_key_hash(msg_id), 0, 2**63 - 1):
-            if record_topic_and_props(rec)[1].get(_UNIQ) == msg_id:
-                return rec
-        return None
-
-    def _candidates(self, h: int, begin_ts: int, end_ts: int) -> Iterator[bytes]:
-        """Distinct, CRC-checked records in the index under hash ``h``, newest first."""
-        seen: set[int] = set()
-        for phy in self._index.lookup(h, begin_ts, end_ts):
-            if phy in seen or phy < self._cl.min_offset:
-                continue
-            seen.add(phy)
-            rec = self._cl.read_record(phy)
-            if rec is not None and begin_ts <= read_header(rec).store_timestamp <= end_ts:
-                yield rec
+        """The record whose UNIQ_KEY (client message id) is ``msg_id``."""
+        return query_by_uniq_key(self._index, self._cl, msg_id)
 
     @property
     def commit_log_min_offset(self) -> int:

@@ -329,3 +329,42 @@ def test_sync_acknowledged_messages_survive_sigkill(make_store, tmp_path) -> Non
         m = decode_record(got.records[0], verify=True)
         assert (m.body, m.commit_log_offset) == (b"msg-%d" % i, phy)
     assert len(store.query_by_key("key123")) == 1
+
+
+def test_crash_after_several_rolls(make_store, put_msg, read_queue, crash_store) -> None:
+    store = make_store(**NO_CHECKPOINTS)
+    for i in range(150):
+        put_msg(store, "T", i % 2, b"a%d" % i * 200, keys=[f"key{i}"])
+    store._checkpoint()
+    ckpt = store.commit_log_max_offset
+    results = [put_msg(store, "T", i % 2, b"b%d" % i * 200) for i in range(400)]
+    assert results[-1].commit_log_offset // (64 * 1024) > ckpt // (64 * 1024) + 2
+    before = _snapshot(store, read_queue)
+    crash_store(store)
+    store = make_store()
+    rec = store.last_recovery
+    assert (rec.scanned_from, rec.redispatched, rec.truncated_bytes) == (ckpt, 400, 0)
+    assert _snapshot(store, read_queue) == before
+    assert len(store.query_by_key("key3")) == 1
+
+
+def test_queue_rebuilt_after_retention_starts_at_the_first_surviving_message(
+    make_store, put_msg, read_queue, tmp_path
+) -> None:
+    store = make_store()
+    results = [put_msg(store, "T", 0, b"x" * 1000) for _ in range(300)]
+    assert store.delete_expired(now_ms=time.time_ns() // 1_000_000 + 100 * 3_600_000) > 0
+    low = store.min_offset("T", 0)
+    before = _snapshot(store, read_queue)
+    store.shutdown()
+    shutil.rmtree(tmp_path / "store" / "consumequeue" / "T" / "0")
+
+    store = make_store()
+    assert store.min_offset("T", 0) == low
+    assert store.max_offset("T", 0) == 300
+    assert _snapshot(store, read_queue) == before
+    assert [m[1] for m in before[("T", 0)]] == [
+        r.commit_log_offset for r in results if r.commit_log_offset >= store.commit_log_min_offset
+    ]
+    got = store.get_messages("T", 0, 0)
+    assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_begin_offset == low
