@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -143,18 +144,35 @@ class RequestProcessor:
             )
         return topic, queue_id
 
-    def _acked(self, end_offset: int, response: Response) -> Response | Awaitable[Response]:
+    def _acked(self, end_offset: int, response: Response) -> HandlerResult:
+        """The answer, at once (ASYNC flush) or once fsynced (SYNC flush: group commit)."""
         if self.config.flush.value != "sync":
             return response
-        return self._after_flush(end_offset, response)
-
-    async def _after_flush(self, end_offset: int, response: Response) -> Response:
-        with anyio.move_on_after(self.config.sync_flush_timeout_s):
-            await self.store.wait_flushed(end_offset)
+        flushed = self.store.flush_future(end_offset)
+        if flushed is None:
             return response
-        raise FlushDiskTimeout(
-            f"message stored but not flushed within {self.config.sync_flush_timeout_s}s"
-        )
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Response | None] = loop.create_future()
+        limit = self.config.sync_flush_timeout_s
+
+        def on_flushed(f: asyncio.Future[None]) -> None:
+            expiry.cancel()
+            if answer.done():
+                return
+            if f.cancelled() or f.exception() is not None:
+                answer.set_exception(FlushDiskTimeout(f"flush failed: {f.exception()}"))
+            else:
+                answer.set_result(response)
+
+        def on_timeout() -> None:
+            if not answer.done():
+                answer.set_exception(
+                    FlushDiskTimeout(f"message stored but not flushed within {limit}s")
+                )
+
+        expiry = loop.call_later(limit, on_timeout)
+        flushed.add_done_callback(on_flushed)
+        return answer
 
     def send_message(self, conn: Connection, frame: Frame) -> HandlerResult:
         h = frame.header

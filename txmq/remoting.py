@@ -7,10 +7,10 @@ Writes are coalesced by a writer task so that pipelined requests cost few system
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import itertools
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -32,7 +32,7 @@ __all__ = ["Connection", "Handler", "RemotingClient", "Response", "parse_address
 log = logging.getLogger("txmq.remoting")
 
 Response = tuple[int, dict[str, Any] | None, bytes]
-HandlerResult = Response | None | Awaitable[Response | None]
+HandlerResult = Response | None | Awaitable[Response | None] | asyncio.Future[Response | None]
 Handler = Callable[["Connection", Frame], HandlerResult]
 
 
@@ -43,13 +43,9 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class _Pending:
-    __slots__ = ("error", "event", "frame")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.frame: Frame | None = None
-        self.error: BaseException | None = None
+def _expire(fut: asyncio.Future[Frame | None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Connection:
@@ -71,9 +67,12 @@ class Connection:
         self.attributes: dict[str, Any] = {}
         self._decoder = FrameDecoder(max_frame_size)
         self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
+        # the request path is the hot path: plain asyncio futures and tasks, no per-request
+        # cancel scopes (anyio's structure still owns the connection's reader and writer)
+        self._pending: dict[int, asyncio.Future[Frame | None]] = {}
+        self._replies: set[asyncio.Task[None]] = set()
         self._out: list[bytes] = []
-        self._out_event = anyio.Event()
+        self._out_event = asyncio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._close_after_flush = False
         self.on_close: list[Callable[[Connection], None]] = []
@@ -93,6 +92,8 @@ class Connection:
                 tg.cancel_scope.cancel()
         finally:
             self._mark_closed()
+            for task in list(self._replies):
+                task.cancel()
             with anyio.CancelScope(shield=True):
                 await self.stream.aclose()
 
@@ -101,9 +102,9 @@ class Connection:
             return
         self.closed = True
         err = BrokerUnavailable(f"connection {self.name} closed")
-        for pending in self._pending.values():
-            pending.error = err
-            pending.event.set()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
         self._pending.clear()
         for callback in self.on_close:
             try:
@@ -139,10 +140,9 @@ class Connection:
                 return
             for frame in frames:
                 if frame.kind == FrameKind.RESPONSE:
-                    pending = self._pending.pop(frame.request_id, None)
-                    if pending is not None:
-                        pending.frame = frame
-                        pending.event.set()
+                    fut = self._pending.pop(frame.request_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(frame)
                 else:
                     self._dispatch(frame)
             if self._close_after_flush:
@@ -151,7 +151,7 @@ class Connection:
     async def _writer(self) -> None:
         while True:
             await self._out_event.wait()
-            self._out_event = anyio.Event()
+            self._out_event.clear()
             if self._out:
                 data = b"".join(self._out)
                 self._out.clear()
@@ -190,9 +190,12 @@ class Connection:
                 frame, (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
             )
             return
-        if inspect.isawaitable(result):
-            assert self._tg is not None
-            self._tg.start_soon(self._await_reply, frame, result)
+        if isinstance(result, asyncio.Future):
+            result.add_done_callback(lambda f: self._reply_future(frame, f))
+        elif inspect.isawaitable(result):
+            task = asyncio.get_running_loop().create_task(self._await_reply(frame, result))
+            self._replies.add(task)
+            task.add_done_callback(self._replies.discard)
         else:
             self._reply(frame, result)
 
@@ -205,6 +208,20 @@ class Connection:
             log.exception("handling request code %s failed", frame.code)
             response = (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
         self._reply(frame, response)
+
+    def _reply_future(self, frame: Frame, fut: asyncio.Future[Response | None]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None:
+            self._reply(frame, fut.result())
+        elif isinstance(exc, TxmqError):
+            self._reply(frame, (exc.code, _err(str(exc)), b""))
+        else:
+            log.error("handling request code %s failed: %r", frame.code, exc)
+            self._reply(
+                frame, (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
+            )
 
     def _reply(self, frame: Frame, response: Response | None) -> None:
         if frame.kind == FrameKind.ONEWAY or response is None or self.closed:
@@ -225,17 +242,17 @@ class Connection:
     ) -> Frame:
         """Send a request and wait for its answer; error answers raise (unless ``check``)."""
         request_id = next(self._ids) & 0xFFFFFFFF
-        pending = _Pending()
-        self._pending[request_id] = pending
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame | None] = loop.create_future()
+        self._pending[request_id] = fut
+        expiry = loop.call_later(timeout, _expire, fut) if timeout > 0 else None
         try:
             self._enqueue(encode_frame(FrameKind.REQUEST, code, request_id, header, body))
-            with anyio.move_on_after(timeout if timeout > 0 else math.inf):
-                await pending.event.wait()
+            frame = await fut
         finally:
             self._pending.pop(request_id, None)
-        if pending.error is not None:
-            raise pending.error
-        frame = pending.frame
+            if expiry is not None:
+                expiry.cancel()
         if frame is None:
             raise RequestTimeout(
                 f"no answer to request {code} within {timeout:.1f}s from {self.name}"

@@ -19,14 +19,16 @@ log = logging.getLogger("txmq.broker.store")
 _Waiter = tuple[int, int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+def _resolve(futs: list[asyncio.Future[None]]) -> None:
+    for fut in futs:
+        if not fut.done():
+            fut.set_result(None)
 
 
-def _reject(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_exception(StoreError("the store was shut down before the flush"))
+def _reject(futs: list[asyncio.Future[None]]) -> None:
+    for fut in futs:
+        if not fut.done():
+            fut.set_exception(StoreError("the store was shut down before the flush"))
 
 
 class CommitLogFlusher:
@@ -72,8 +74,7 @@ class CommitLogFlusher:
             self._stopped = True
             rest, self._waiters = self._waiters, []
             self._done.notify_all()
-        for _end, _seq, loop, fut in rest:
-            _call_soon(loop, _reject, fut)
+        _call_soon(rest, _reject)
 
     def _run(self) -> None:
         while True:
@@ -110,18 +111,23 @@ class CommitLogFlusher:
             while self._waiters and self._waiters[0][0] <= self.flushed:
                 ready.append(heapq.heappop(self._waiters))
             self._done.notify_all()
-        for _end, _seq, loop, fut in ready:
-            _call_soon(loop, _resolve, fut)
+        _call_soon(ready, _resolve)
         return self.flushed
 
     async def wait(self, end_offset: int) -> None:
+        fut = self.future(end_offset)
+        if fut is not None:
+            await fut
+
+    def future(self, end_offset: int) -> asyncio.Future[None] | None:
+        """A future of the running loop settled once ``end_offset`` is flushed (None: it is)."""
         if self.flushed >= end_offset:
-            return
+            return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         with self._lock:
             if self.flushed >= end_offset:
-                return
+                return None
             if self._stopped:
                 raise StoreError("the store is not running")
             self._seq += 1
@@ -129,7 +135,7 @@ class CommitLogFlusher:
             if self._sync and not self._requested:
                 self._requested = True
                 self._wake.notify()
-        await fut
+        return fut
 
     def wait_blocking(self, end_offset: int, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -150,15 +156,16 @@ class CommitLogFlusher:
             return True
 
 
-def _call_soon(
-    loop: asyncio.AbstractEventLoop,
-    fn: Callable[[asyncio.Future[None]], None],
-    fut: asyncio.Future[None],
-) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, fut)
-    except RuntimeError:  # the waiter's loop is closed
-        pass
+def _call_soon(waiters: list[_Waiter], fn: Callable[[list[asyncio.Future[None]]], None]) -> None:
+    """Settle the waiters' futures with one wake-up of each event loop (not one per future)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for _end, _seq, loop, fut in waiters:
+        by_loop.setdefault(loop, []).append(fut)
+    for loop, futs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(fn, futs)
+        except RuntimeError:  # the waiter's loop is closed
+            pass
 
 
 class PeriodicThread:

@@ -9,6 +9,7 @@ segments.  ``put``/``put_batch`` are serialised by one lock; reads take no lock.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 import os
@@ -392,6 +393,10 @@ class MessageStore:
     async def wait_flushed(self, end_offset: int) -> None:
         """Return once the commit log is fsynced through ``end_offset`` (group commit)."""
         await self._flusher.wait(end_offset)
+
+    def flush_future(self, end_offset: int) -> asyncio.Future[None] | None:
+        """Like :meth:`wait_flushed` without a coroutine: a future, or None if flushed."""
+        return self._flusher.future(end_offset)
 
     def flush_wait(self, end_offset: int, timeout: float | None = None) -> bool:
         """Blocking :meth:`wait_flushed`; False if ``timeout`` passed first."""
