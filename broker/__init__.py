@@ -1,4 +1,5 @@
-"""The txmq broker: storage engine, request handling, topics, offsets, long polling."""
+"""The txmq broker: storage, request handling, topics, offsets, long polling, consumer
+groups, queue locks, delayed delivery, retries and the dead-letter queue."""
 
 from broker.config import BrokerConfig
 from broker.server import Broker, EmbeddedBroker

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,36 @@ from broker.store import FlushMode, StoreConfig
 from txmq.protocol import DEFAULT_MAX_FRAME_SIZE
 from txmq.settings import SettingsError, load_settings
 
-__all__ = ["BrokerConfig"]
+__all__ = ["DEFAULT_DELAY_LEVELS", "BrokerConfig", "parse_delay_levels"]
+
+#: RocketMQ's ``messageDelayLevel``: level 1 is the first entry
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_delay_levels(text: str, *, setting: str = "message_delay_levels") -> tuple[int, ...]:
+    """The delays of ``"1s 5s 10s 30s 1m ..."`` in milliseconds (units ms, s, m, h, d).
+
+    Raises :class:`SettingsError` naming ``setting`` for an empty list, an unknown unit or
+    a delay that is not positive.
+    """
+    if not isinstance(text, str):
+        raise SettingsError(f"setting {setting!r} must be a string like {DEFAULT_DELAY_LEVELS!r}")
+    levels: list[int] = []
+    for token in text.replace(",", " ").split():
+        m = _LEVEL.fullmatch(token.strip().lower())
+        if m is None:
+            raise SettingsError(
+                f"setting {setting!r}: {token!r} is not a delay like 500ms, 10s, 2m, 1h or 1d"
+            )
+        ms = round(float(m.group(1)) * _UNIT_MS[m.group(2)])
+        if ms <= 0:
+            raise SettingsError(f"setting {setting!r}: delay {token!r} must be positive")
+        levels.append(ms)
+    if not levels:
+        raise SettingsError(f"setting {setting!r} needs at least one delay level")
+    return tuple(levels)
 
 
 @dataclass(frozen=True)
@@ -31,6 +62,12 @@ class BrokerConfig:
     retention_hours: float = 72.0
     long_polling_max_s: float = 30.0
     offset_persist_interval_s: float = 5.0
+    #: delay of each level (1-based) for delayed messages and consumer retries
+    message_delay_levels: str = DEFAULT_DELAY_LEVELS
+    #: a queue lock (orderly consumption) not renewed for this long may be taken by another
+    lock_expiry_s: float = 60.0
+    #: a consumer or producer that sent no heartbeat for this long is dropped from its group
+    consumer_channel_expiry_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -46,6 +83,16 @@ class BrokerConfig:
                 "segment_size must exceed max_message_size by at least 4096 bytes "
                 "(a record never spans two segments)"
             )
+        _ = self.delay_levels  # parsed once here: a bad value fails at start
+        if not self.lock_expiry_s > 0:
+            raise SettingsError("lock_expiry_s must be positive")
+        if not self.consumer_channel_expiry_s > 0:
+            raise SettingsError("consumer_channel_expiry_s must be positive")
+
+    @cached_property
+    def delay_levels(self) -> tuple[int, ...]:
+        """:attr:`message_delay_levels` in milliseconds; index 0 is level 1."""
+        return parse_delay_levels(self.message_delay_levels)
 
     @classmethod
     def load(

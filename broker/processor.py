@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgpack
 
+from broker.consumers import ClientGroupHandlers
+from broker.locks import QueueLockHandlers
+from broker.retry import RetryHandlers
 from broker.store import GetStatus, MessageTooLarge, PutResult, PutStatus
 from txmq.codec import read_header
 from txmq.errors import (
@@ -112,8 +115,15 @@ class RequestProcessor:
             RequestCode.QUERY_MESSAGE_BY_KEY: self.query_by_key,
             RequestCode.GET_ALL_CONSUMER_OFFSETS: self.all_offsets,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
-            RequestCode.HEARTBEAT: self.heartbeat,
         }
+        # groups, queue locks, retries and the DLQ live in their own modules
+        self.schedule = broker.schedule
+        for extra in (
+            ClientGroupHandlers(broker),
+            QueueLockHandlers(broker),
+            RetryHandlers(broker),
+        ):
+            self._handlers.update(extra.handlers())
 
     def handle(self, conn: Connection, frame: Frame) -> HandlerResult:
         handler = self._handlers.get(frame.code)
@@ -179,19 +189,25 @@ class RequestProcessor:
         self._check_body(len(frame.body))
         topic, queue_id = self._target(h)
         props = _properties(h.get("properties"))
+        # a delayed message goes to the schedule topic (broker/schedule.py) first
+        delayed = self.schedule.prepare(topic, queue_id, props) if Prop.DELAY in props else None
         try:
             r = self.store.put(
-                topic=topic,
-                queue_id=queue_id,
+                topic=topic if delayed is None else delayed[0],
+                queue_id=queue_id if delayed is None else delayed[1],
                 body=frame.body,
-                properties=props,
+                properties=props if delayed is None else delayed[2],
                 born_timestamp=_field(h, "born_timestamp", int, 0) or _now_ms(),
                 flag=_field(h, "flag", int, 0),
+                cq_tag_code=None if delayed is None else delayed[3],
             )
         except MessageTooLarge as exc:
             raise MessageTooLargeError(str(exc)) from None
         _check_put(r)
-        self.broker.notify_arrival(topic, queue_id)
+        if delayed is None:
+            self.broker.notify_arrival(topic, queue_id)
+        else:
+            self.schedule.stored(delayed[4], delayed[3])
         return self._acked(
             r.end_offset, (ResponseCode.SUCCESS, _send_answer(props, queue_id, r), b"")
         )
@@ -203,6 +219,7 @@ class RequestProcessor:
         if not entries:
             raise BadRequest("a batch needs at least one message")
         items: list[dict[str, Any]] = []
+        delays: list[tuple[int, int]] = []
         pos = 0
         body = frame.body
         now = _now_ms()
@@ -223,6 +240,8 @@ class RequestProcessor:
                     "born_timestamp": _field(entry, "born_timestamp", int, 0) or now,
                 }
             )
+            if Prop.DELAY in items[-1]["properties"]:
+                self._delay_item(items[-1], delays)
             pos += size
         if pos != len(body):
             raise BadRequest("batch entry sizes do not add up to the frame body")
@@ -232,7 +251,10 @@ class RequestProcessor:
             raise MessageTooLargeError(str(exc)) from None
         for r in results:
             _check_put(r)
-        self.broker.notify_arrival(topic, queue_id)
+        if len(delays) < len(items):
+            self.broker.notify_arrival(topic, queue_id)
+        for level, due in delays:
+            self.schedule.stored(level, due)
         first = results[0]
         answer = {
             "msg_ids": [it["properties"].get(Prop.UNIQ_KEY, "") for it in items],
@@ -242,6 +264,13 @@ class RequestProcessor:
             "store_timestamp": first.store_timestamp,
         }
         return self._acked(results[-1].end_offset, (ResponseCode.SUCCESS, answer, b""))
+
+    def _delay_item(self, item: dict[str, Any], delays: list[tuple[int, int]]) -> None:
+        delayed = self.schedule.prepare(item["topic"], item["queue_id"], item["properties"])
+        if delayed is not None:
+            topic, queue_id, props, due, level = delayed
+            item.update(topic=topic, queue_id=queue_id, properties=props, cq_tag_code=due)
+            delays.append((level, due))
 
     # -- pulling ----------------------------------------------------------------------------
 
@@ -417,11 +446,6 @@ class RequestProcessor:
 
     def runtime_info(self, conn: Connection, frame: Frame) -> Response:
         return (ResponseCode.SUCCESS, self.broker.runtime_info(), b"")
-
-    def heartbeat(self, conn: Connection, frame: Frame) -> Response:
-        conn.attributes["client_id"] = frame.header.get("client_id")
-        conn.attributes["groups"] = frame.header.get("groups", {})
-        return (ResponseCode.SUCCESS, None, b"")
 
 
 def _check_properties_size(props: object) -> None:

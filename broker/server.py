@@ -18,8 +18,11 @@ import anyio.abc
 from anyio.abc import SocketAttribute
 
 from broker.config import BrokerConfig
+from broker.consumers import ConsumerManager, ProducerManager, run_expiry_scan
+from broker.locks import RebalanceLockManager
 from broker.offsets import ConsumerOffsetManager
 from broker.processor import RequestProcessor
+from broker.schedule import ScheduleMessageService
 from broker.store import MessageStore
 from broker.topics import TopicManager
 from txmq.remoting import Connection
@@ -44,6 +47,10 @@ class Broker:
             default_queue_nums=config.default_queue_nums,
         )
         self.offsets = ConsumerOffsetManager(config.store / "config" / "offsets.json")
+        self.consumers = ConsumerManager()
+        self.producers = ProducerManager()
+        self.locks = RebalanceLockManager(config.lock_expiry_s)
+        self.schedule = ScheduleMessageService(self)
         self.processor = RequestProcessor(self)
         self.connections: set[Connection] = set()
         self.port = config.port
@@ -102,6 +109,9 @@ class Broker:
             async with listener, anyio.create_task_group() as tg:
                 tg.start_soon(listener.serve, self._serve_stream, tg)
                 tg.start_soon(self._offset_persister)
+                await tg.start(self.schedule.run)
+                expiry = self.config.consumer_channel_expiry_s
+                tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
                 task_status.started(self)
                 await self._stop.wait()
@@ -111,6 +121,7 @@ class Broker:
 
     def _shutdown(self) -> None:
         self.offsets.persist(force=True)
+        self.schedule.persist(force=True)
         self.store.shutdown()
         log.info("broker stopped; store flushed through offset %d", self.store.flushed_offset)
 

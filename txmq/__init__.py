@@ -13,19 +13,24 @@ from txmq.errors import (
 from txmq.message import Message, MessageExt, stable_hash
 from txmq.producer import Producer, SendResult
 from txmq.pull import PullConsumer, PullResult, PullStatus
+from txmq.push import ConsumeFrom, ConsumeResult, MessageModel, PushConsumer
 
 __all__ = [
     "AdminClient",
     "BrokerUnavailable",
+    "ConsumeFrom",
+    "ConsumeResult",
     "InvalidTopic",
     "Message",
     "MessageExt",
+    "MessageModel",
     "MessageTooLarge",
     "NoPermission",
     "Producer",
     "PullConsumer",
     "PullResult",
     "PullStatus",
+    "PushConsumer",
     "RequestTimeout",
     "SendResult",
     "TopicNotFound",

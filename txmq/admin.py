@@ -1,4 +1,4 @@
-"""Operator queries: topics, queue statistics, message lookups, group offsets."""
+"""Operator queries: topics, queue statistics, message lookups, group offsets, the DLQ."""
 
 from __future__ import annotations
 
@@ -47,3 +47,30 @@ class AdminClient(BrokerClient):
     async def runtime_info(self) -> dict[str, Any]:
         frame = await self.request(RequestCode.GET_BROKER_RUNTIME_INFO)
         return dict(frame.header)
+
+    async def dlq_list(self, group: str, offset: int = 0, max: int = 32) -> list[MessageExt]:
+        """Up to ``max`` dead letters of consumer group ``group`` from queue offset ``offset``.
+
+        Each message's topic is ``%DLQ%<group>``; its RETRY_TOPIC property names the topic
+        it was first sent to.  An empty list if the group has no dead letters.
+        """
+        frame = await self.request(
+            RequestCode.DLQ_LIST, {"group": group, "offset": offset, "max": max}
+        )
+        return decode_records(frame.body) if frame.body else []
+
+    async def dlq_resend(self, group: str, msg_ids: list[str] | None = None) -> int:
+        """Store dead letters again in ``%RETRY%<group>`` (no delay, reconsume times 0).
+
+        ``msg_ids=None`` re-sends every dead letter of the group.  The DLQ keeps its copy:
+        re-sending a message twice delivers it twice.  Returns how many were re-sent.
+        """
+        if msg_ids is not None and not msg_ids:
+            return 0
+        header: dict[str, Any] = {"group": group}
+        if msg_ids is None:
+            header["all"] = True
+        else:
+            header["msg_ids"] = list(msg_ids)
+        frame = await self.request(RequestCode.DLQ_RESEND, header)
+        return int(frame.header["resent"])

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import anyio
 import anyio.abc
 
 from txmq.errors import TxmqError
+from txmq.message import Prop
 from txmq.settings import SettingsError
 
 __all__ = ["format_table", "main"]
@@ -116,6 +118,8 @@ def _admin(args: argparse.Namespace) -> int:
             if cmd == "broker-info":
                 info = await admin.runtime_info()
                 return [{"key": k, "value": v} for k, v in info.items()], None
+            if cmd == "dlq":
+                return await _dlq(admin, args)
             if cmd == "message":
                 if args.id:
                     msgs = [await admin.message_by_id(args.id)]
@@ -134,7 +138,9 @@ def _admin(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown admin command {cmd}")
 
     rows, columns = anyio.run(run)
-    if args.json:
+    if args.admin_cmd == "dlq" and args.dlq_cmd == "resend" and not args.json:
+        print(f"re-sent {rows[0]['resent']} message(s) to %RETRY%{args.group}")
+    elif args.json:
         print(json.dumps(rows, indent=2, default=str))
     elif args.admin_cmd == "message" and rows:
         for row in rows:
@@ -144,6 +150,46 @@ def _admin(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, columns))
     return 0
+
+
+async def _dlq(admin: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], Any]:
+    if args.dlq_cmd == "resend":
+        resent = await admin.dlq_resend(args.group, None if args.all else args.id)
+        return [{"group": args.group, "resent": resent}], None
+    msgs = await admin.dlq_list(args.group, args.offset, args.max)
+    if args.json:
+        rows = []
+        for m in msgs:
+            row = m.to_dict(body_limit=None)
+            row["origin_topic"] = m.get_property(Prop.RETRY_TOPIC) or m.topic
+            row["origin_msg_id"] = m.get_property(Prop.ORIGIN_MESSAGE_ID)
+            rows.append(row)
+        return rows, None
+    table = [
+        {
+            "msg_id": m.msg_id,
+            "topic": m.get_property(Prop.RETRY_TOPIC) or m.topic,
+            "reconsume_times": m.reconsume_times,
+            "keys": m.keys,
+            "store_time": _ms_time(m.store_timestamp),
+            "body": _short_body(m.body),
+        }
+        for m in msgs
+    ]
+    return table, ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body"]
+
+
+def _ms_time(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def _short_body(body: bytes, limit: int = 40) -> str:
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        text = body.hex()
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -185,6 +231,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--id", help="message id (or offset message id)")
     g.add_argument("--key", help="message key")
     m.add_argument("--max", type=int, default=32, help="most messages to show for --key")
+    d = asub.add_parser("dlq", help="a consumer group's dead-letter queue")
+    dsub = d.add_subparsers(dest="dlq_cmd", required=True)
+    dl = dsub.add_parser("list", help="list dead letters of a consumer group")
+    dl.add_argument("--group", required=True, help="consumer group")
+    dl.add_argument("--offset", type=int, default=0, help="first DLQ queue offset to show")
+    dl.add_argument("--max", type=int, default=32, help="most messages to show")
+    dr = dsub.add_parser(
+        "resend",
+        help="store dead letters again in %%RETRY%%<group> for the group to consume",
+        description=(
+            "Re-send dead letters to the group's retry topic at once (reconsume times reset "
+            "to 0). The DLQ keeps its copy: re-sending the same message twice delivers it "
+            "twice."
+        ),
+    )
+    dr.add_argument("--group", required=True, help="consumer group")
+    which = dr.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", action="append", help="message id (repeat for several)")
+    which.add_argument("--all", action="store_true", help="every dead letter of the group")
+    for sp in (dl, dr):
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     a.set_defaults(func=_admin)
 
     q = sub.add_parser("quickstart", help="broker in a temporary folder; send and receive")

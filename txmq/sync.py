@@ -22,10 +22,11 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from txmq import admin as _admin
 from txmq import producer as _producer
 from txmq import pull as _pull
+from txmq import push as _push
 from txmq.client import BrokerClient
 from txmq.message import Message, MessageExt
 
-__all__ = ["AdminClient", "Producer", "PullConsumer", "SyncClient"]
+__all__ = ["AdminClient", "Producer", "PullConsumer", "PushConsumer", "SyncClient"]
 
 C = TypeVar("C", bound=BrokerClient)
 R = TypeVar("R")
@@ -161,6 +162,37 @@ class AdminClient(SyncClient[_admin.AdminClient]):
     def runtime_info(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call(self.aio.runtime_info)
         return result
+
+    def dlq_list(self, group: str, offset: int = 0, max: int = 32) -> list[MessageExt]:
+        result: list[MessageExt] = self._call(self.aio.dlq_list, group, offset, max)
+        return result
+
+    def dlq_resend(self, group: str, msg_ids: list[str] | None = None) -> int:
+        result: int = self._call(self.aio.dlq_resend, group, msg_ids)
+        return result
+
+
+class PushConsumer(SyncClient[_push.PushConsumer]):
+    """Blocking push consumer; the listener may be a plain function (it runs in worker
+    threads) or a coroutine function. Same arguments as :class:`txmq.push.PushConsumer`::
+
+        consumer = txmq.sync.PushConsumer(address, "billing", listener=handle)
+        consumer.subscribe("orders", "created || paid")
+        with consumer:
+            ...  # messages are consumed in the background until the block ends
+    """
+
+    def __init__(self, address: str | None = None, group: str = "DEFAULT_CONSUMER", **kw: Any):
+        super().__init__(_push.PushConsumer(address, group, **kw))
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self.aio.subscribe(topic, expression)
+
+    def register_listener(self, listener: _push.Listener) -> None:
+        self.aio.register_listener(listener)
+
+    def queues_held(self) -> list[tuple[str, int]]:
+        return sorted(self.aio.queues_held)
 
 
 def _wrap_sync(fn: Callable[..., R]) -> Callable[..., Any]:

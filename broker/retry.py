@@ -1,0 +1,209 @@
+"""Consumer retries and the dead-letter queue (RocketMQ's ``consumerSendMsgBack``).
+
+A consumer that failed a message sends it back by commit-log offset.  The broker stores a
+copy in ``%RETRY%<group>`` after delay level ``3 + reconsume_times`` (or the level the
+consumer asked for) through the schedule topic; once ``max_reconsume_times`` is used up, or
+when the consumer asks for level -1, the copy goes to ``%DLQ%<group>`` instead.  Operators
+list the DLQ and re-send messages from it to the retry topic (DLQ_LIST / DLQ_RESEND).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker.consumers import dlq_topic, retry_topic
+from broker.schedule import ScheduleMessageService
+from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult, PutStatus
+from broker.store import MessageTooLarge as StoreMessageTooLarge
+from broker.topics import TopicManager
+from txmq.codec import decode_record
+from txmq.errors import BadRequest, BrokerBusy, MessageNotFound, ResponseCode
+from txmq.errors import MessageTooLarge as MessageTooLargeError
+from txmq.message import MessageExt, Prop
+from txmq.protocol import Frame, RequestCode
+from txmq.remoting import Connection, HandlerResult, Response
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RetryHandlers"]
+
+log = logging.getLogger("txmq.broker")
+
+DEFAULT_MAX_RECONSUME_TIMES = 16
+MAX_DLQ_LIST = 1024
+_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
+
+
+def _int(header: dict[str, Any], name: str, default: int | None = None) -> int:
+    value = header.get(name, default)
+    if value is None or not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"request header field {name!r} must be an integer")
+    return value
+
+
+def _group(header: dict[str, Any]) -> str:
+    value = header.get("group")
+    if not isinstance(value, str) or not value:
+        raise BadRequest("request header field 'group' must be a non-empty string")
+    return value
+
+
+def _check(r: PutResult) -> PutResult:
+    if r.status is PutStatus.PUT_OK:
+        return r
+    if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
+        raise BrokerBusy("the broker's store is not available (starting or shutting down)")
+    raise BadRequest(f"message refused by the store: {r.status.value}")
+
+
+class RetryHandlers:
+    """CONSUMER_SEND_MSG_BACK, DLQ_LIST and DLQ_RESEND."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store: MessageStore = broker.store
+        self.topics: TopicManager = broker.topics
+        self.schedule: ScheduleMessageService = broker.schedule
+
+    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
+        return {
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
+            RequestCode.DLQ_LIST: self.dlq_list,
+            RequestCode.DLQ_RESEND: self.dlq_resend,
+        }
+
+    def _ensure(self, topic: str) -> None:
+        cfg = self.topics.get(topic)
+        if cfg is None or not cfg.system:
+            self.topics.create_or_update(topic, 1, system=True)
+
+    def _put(
+        self,
+        msg: MessageExt,
+        topic: str,
+        queue_id: int,
+        props: dict[str, str],
+        *,
+        reconsume_times: int,
+        cq_tag_code: int | None = None,
+    ) -> PutResult:
+        try:
+            r = self.store.put(
+                topic=topic,
+                queue_id=queue_id,
+                body=msg.body,
+                properties=props,
+                born_timestamp=msg.born_timestamp,
+                sys_flag=msg.sys_flag,
+                flag=msg.flag,
+                reconsume_times=reconsume_times,
+                cq_tag_code=cq_tag_code,
+            )
+        except StoreMessageTooLarge as exc:
+            raise MessageTooLargeError(str(exc)) from None
+        return _check(r)
+
+    # -- send back ------------------------------------------------------------------------
+
+    def send_back(self, conn: Connection, frame: Frame) -> HandlerResult:
+        h = frame.header
+        group = _group(h)
+        offset = _int(h, "commit_log_offset")
+        delay_level = _int(h, "delay_level", 0)
+        max_times = _int(h, "max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
+        origin = h.get("origin_msg_id") or ""
+        if not isinstance(origin, str):
+            raise BadRequest("request header field 'origin_msg_id' must be a string")
+        record = self.store.look_message_by_offset(offset) if offset >= 0 else None
+        if record is None:
+            raise MessageNotFound(f"no message at commit-log offset {offset}")
+        msg = decode_record(record)
+        times = msg.reconsume_times + 1
+        props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
+        props.setdefault(Prop.RETRY_TOPIC, msg.topic)
+        props.setdefault(Prop.ORIGIN_MESSAGE_ID, origin or msg.msg_id)
+        props[Prop.MAX_RECONSUME_TIMES] = str(max_times)
+        if delay_level < 0 or times > max_times:
+            target = dlq_topic(group)
+            self._ensure(target)
+            r = self._put(msg, target, 0, props, reconsume_times=times)
+            self.broker.notify_arrival(target, 0)
+            log.info(
+                "message %s of group %s moved to %s after %d attempts",
+                msg.msg_id,
+                group,
+                target,
+                times,
+            )
+            answer = {"topic": target, "reconsume_times": times, "delay_level": -1}
+        else:
+            target = retry_topic(group)
+            self._ensure(target)
+            level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
+            delayed = self.schedule.prepare(target, 0, props, level=level)
+            assert delayed is not None
+            topic, queue_id, stored, due, level = delayed
+            r = self._put(msg, topic, queue_id, stored, reconsume_times=times, cq_tag_code=due)
+            self.schedule.stored(level, due)
+            answer = {"topic": target, "reconsume_times": times, "delay_level": level}
+        # under SYNC flush, answer once the copy is on disk (like a send)
+        return self.broker.processor._acked(r.end_offset, (ResponseCode.SUCCESS, answer, b""))
+
+    # -- dead-letter queue ----------------------------------------------------------------
+
+    def dlq_list(self, conn: Connection, frame: Frame) -> Response:
+        h = frame.header
+        topic = dlq_topic(_group(h))
+        offset = max(_int(h, "offset", 0), self.store.min_offset(topic, 0))
+        max_msgs = min(max(_int(h, "max", 32), 1), MAX_DLQ_LIST)
+        got = self.store.get_messages(topic, 0, offset, max_msgs)
+        header = {
+            "next_offset": got.next_begin_offset if got.status is GetStatus.FOUND else offset,
+            "min_offset": self.store.min_offset(topic, 0),
+            "max_offset": self.store.max_offset(topic, 0),
+        }
+        return (ResponseCode.SUCCESS, header, b"".join(got.records))
+
+    def dlq_resend(self, conn: Connection, frame: Frame) -> Response:
+        h = frame.header
+        group = _group(h)
+        resend_all = h.get("all") is True
+        raw_ids = h.get("msg_ids") or []
+        if not isinstance(raw_ids, list) or not all(isinstance(i, str) for i in raw_ids):
+            raise BadRequest("request header field 'msg_ids' must be a list of message ids")
+        if not resend_all and not raw_ids:
+            raise BadRequest("DLQ_RESEND needs 'msg_ids' or 'all': true")
+        wanted = set(raw_ids)
+        found: set[str] = set()
+        source = dlq_topic(group)
+        target = retry_topic(group)
+        offset = self.store.min_offset(source, 0)
+        end = self.store.max_offset(source, 0)
+        resent = 0
+        while offset < end:
+            got = self.store.get_messages(source, 0, offset, 256)
+            if got.status is not GetStatus.FOUND:
+                if got.next_begin_offset <= offset:
+                    break
+                offset = got.next_begin_offset
+                continue
+            for record in got.records:
+                msg = decode_record(record)
+                hit = {msg.msg_id, msg.offset_msg_id} & wanted
+                if not resend_all and not hit:
+                    continue
+                found |= hit
+                if resent == 0:
+                    self._ensure(target)
+                props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
+                self._put(msg, target, 0, props, reconsume_times=0)
+                resent += 1
+            offset = got.next_begin_offset
+        if resent:
+            self.broker.notify_arrival(target, 0)
+            log.info("re-sent %d message(s) from %s to %s", resent, source, target)
+        missing = sorted(wanted - found)
+        return (ResponseCode.SUCCESS, {"resent": resent, "missing": missing}, b"")

@@ -1,0 +1,286 @@
+"""Delayed delivery by level (RocketMQ's ``ScheduleMessageService``).
+
+A message sent with the DELAY property (level 1..N of ``message_delay_levels``; a higher
+level is clamped to N) is stored in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, with its
+real topic and queue in REAL_TOPIC / REAL_QID and its delivery time (ms) as the
+consume-queue tag code.  One task per level reads that queue in order (every message of a
+level has the same delay, so the queue is sorted by delivery time): it delivers what is due
+into the real topic, then sleeps until the head is due or a new message arrives in an empty
+level.  Consumer retries take the same path into ``%RETRY%<group>``.
+
+The read offset of each level is saved in ``<store>/config/delay_offsets.json`` every few
+seconds and at shutdown.  After a crash the saved offsets may lag behind: the messages
+delivered since are delivered again (at least once, never lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from broker.jsonfile import read_json, write_json_atomic
+from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutStatus
+from broker.store import MessageTooLarge as StoreMessageTooLarge
+from txmq.codec import decode_record
+from txmq.errors import BadRequest, TxmqError
+from txmq.message import MessageExt, Prop, is_system_topic
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+__all__ = ["SCHEDULE_TOPIC", "Delayed", "ScheduleMessageService"]
+
+log = logging.getLogger("txmq.broker.schedule")
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+_BATCH = 64
+_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
+
+#: where a delayed message is stored instead: (topic, queue id, properties, delivery ms, level)
+Delayed = tuple[str, int, dict[str, str], int, int]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ScheduleMessageService:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store: MessageStore = broker.store
+        self.levels: tuple[int, ...] = broker.config.delay_levels
+        self.persist_interval_s = broker.config.offset_persist_interval_s
+        self.path = broker.config.store / "config" / "delay_offsets.json"
+        raw = read_json(self.path, {})
+        self._offsets: dict[int, int] = {
+            int(level): int(off) for level, off in raw.get("offsets", {}).items()
+        }
+        self._dirty = False
+        self._wake: dict[int, anyio.Event] = {}
+        self._next_due: dict[int, int | None] = {}
+        self._running = False
+
+    # -- the send side --------------------------------------------------------------------
+
+    @property
+    def max_level(self) -> int:
+        return len(self.levels)
+
+    def delay_ms(self, level: int) -> int:
+        return self.levels[min(max(level, 1), len(self.levels)) - 1]
+
+    def level_of(self, props: dict[str, str]) -> int:
+        """The (clamped) delay level a message asks for; 0 if none."""
+        raw = props.get(Prop.DELAY)
+        if raw is None:
+            return 0
+        try:
+            level = int(raw)
+        except ValueError:
+            raise BadRequest(f"DELAY property {raw!r} is not a delay level number") from None
+        return min(level, self.max_level) if level > 0 else 0
+
+    def prepare(
+        self, topic: str, queue_id: int, props: dict[str, str], level: int | None = None
+    ) -> Delayed | None:
+        """Where to store a message for delayed delivery, or None if it is not delayed.
+
+        ``level`` overrides the DELAY property (consumer retries).
+        """
+        if level is None:
+            level = self.level_of(props)
+        else:
+            level = min(level, self.max_level)
+        if level <= 0:
+            return None
+        due = _now_ms() + self.delay_ms(level)
+        stored = {k: v for k, v in props.items() if k != CQ_TAG_PROPERTY}
+        stored[Prop.DELAY] = str(level)
+        stored[Prop.REAL_TOPIC] = topic
+        stored[Prop.REAL_QID] = str(queue_id)
+        return SCHEDULE_TOPIC, level - 1, stored, due, level
+
+    def stored(self, level: int, due_ms: int) -> None:
+        """A delayed message was stored: wake the level's task if it is due sooner."""
+        nxt = self._next_due.get(level)
+        if nxt is None or due_ms < nxt:
+            self._next_due[level] = due_ms
+            event = self._wake.get(level)
+            if event is not None:
+                event.set()
+
+    # -- the delivery side ----------------------------------------------------------------
+
+    def _levels_to_run(self) -> list[int]:
+        existing = {
+            qid + 1 for qid in self.store.queue_offsets().get(SCHEDULE_TOPIC, {}) if qid >= 0
+        }
+        return sorted(existing | set(range(1, self.max_level + 1)) | set(self._offsets))
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Deliver delayed messages until cancelled (the broker's task group)."""
+        cfg = self.broker.topics.get(SCHEDULE_TOPIC)
+        levels = self._levels_to_run()
+        if cfg is None or cfg.queue_nums < len(levels):
+            self.broker.topics.create_or_update(SCHEDULE_TOPIC, max(levels), system=True)
+        self._running = True
+        try:
+            async with anyio.create_task_group() as tg:
+                for level in levels:
+                    self._wake[level] = anyio.Event()
+                    tg.start_soon(self._level_loop, level)
+                tg.start_soon(self._persist_loop)
+                task_status.started()
+        finally:
+            self._running = False
+
+    async def _level_loop(self, level: int) -> None:
+        while True:
+            self._wake[level] = event = anyio.Event()
+            due = self._deliver_due(level)
+            if due == 0:  # more to do right away (a full batch, or an offset moved)
+                await anyio.lowlevel.checkpoint()
+                continue
+            self._next_due[level] = due
+            timeout = max((due - _now_ms()) / 1000, 0) if due is not None else None
+            if timeout is None:
+                await event.wait()
+            else:
+                with anyio.move_on_after(timeout):
+                    await event.wait()
+
+    def _deliver_due(self, level: int) -> int | None:
+        """Deliver what is due; the next delivery time, None if idle, 0 to go on at once."""
+        queue_id = level - 1
+        offset = self._offsets.get(level, 0)
+        got = self.store.get_messages(SCHEDULE_TOPIC, queue_id, offset, _BATCH)
+        if got.status is not GetStatus.FOUND:
+            if got.next_begin_offset != offset and got.status in (
+                GetStatus.OFFSET_TOO_SMALL,
+                GetStatus.OFFSET_OVERFLOW_BADLY,
+                GetStatus.OFFSET_FOUND_NULL,
+                GetStatus.NO_MATCHED_MESSAGE,
+            ):
+                log.warning(
+                    "delay level %d: offset %d not readable (%s); moving to %d",
+                    level,
+                    offset,
+                    got.status.value,
+                    got.next_begin_offset,
+                )
+                self._set_offset(level, got.next_begin_offset)
+                return 0
+            return None
+        now = _now_ms()
+        for record in got.records:
+            msg = decode_record(record)
+            due = self._due_time(msg, level, now)
+            if due > now:
+                self._set_offset(level, msg.queue_offset)
+                return due
+            if not self._deliver(msg, level):
+                self._set_offset(level, msg.queue_offset)
+                return _now_ms() + 1000  # the store refused (shutting down): retry later
+            self._set_offset(level, msg.queue_offset + 1)
+        return 0 if got.next_begin_offset < got.max_offset else None
+
+    def _due_time(self, msg: MessageExt, level: int, now: int) -> int:
+        raw = msg.all_properties.get(CQ_TAG_PROPERTY)
+        delay = self.delay_ms(level)
+        try:
+            due = int(raw) if raw is not None else msg.store_timestamp + delay
+        except ValueError:
+            due = msg.store_timestamp + delay
+        # the levels may have been shortened since: never wait longer than the current delay
+        return min(due, now + delay)
+
+    def _set_offset(self, level: int, offset: int) -> None:
+        if self._offsets.get(level) != offset:
+            self._offsets[level] = offset
+            self._dirty = True
+
+    def _deliver(self, msg: MessageExt, level: int) -> bool:
+        """Store the real message; False if the store is not available (try again later)."""
+        props = msg.all_properties
+        topic = props.get(Prop.REAL_TOPIC)
+        try:
+            queue_id = int(props.get(Prop.REAL_QID, ""))
+        except ValueError:
+            queue_id = -1
+        if not topic or queue_id < 0:
+            log.warning(
+                "delay level %d: message %s at offset %d has no real topic/queue; skipped",
+                level,
+                msg.msg_id,
+                msg.queue_offset,
+            )
+            return True
+        try:
+            cfg = self.broker.topics.for_send(topic, allow_system=is_system_topic(topic))
+        except TxmqError as exc:
+            log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
+            return True
+        if queue_id >= cfg.queue_nums:
+            queue_id %= cfg.queue_nums
+        try:
+            r = self.store.put(
+                topic=topic,
+                queue_id=queue_id,
+                body=msg.body,
+                properties={k: v for k, v in props.items() if k not in _DROP},
+                born_timestamp=msg.born_timestamp,
+                sys_flag=msg.sys_flag,
+                flag=msg.flag,
+                reconsume_times=msg.reconsume_times,
+            )
+        except StoreMessageTooLarge as exc:
+            log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
+            return True
+        if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
+            return False
+        if r.status is not PutStatus.PUT_OK:
+            log.warning(
+                "delayed message %s for %s dropped: store answered %s",
+                msg.msg_id,
+                topic,
+                r.status.value,
+            )
+            return True
+        self.broker.notify_arrival(topic, queue_id)
+        return True
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def offsets(self) -> dict[int, int]:
+        return dict(self._offsets)
+
+    def _snapshot(self, force: bool) -> dict[str, dict[str, int]] | None:
+        if not (self._dirty or force):
+            return None
+        self._dirty = False
+        return {"offsets": {str(level): off for level, off in sorted(self._offsets.items())}}
+
+    def persist(self, force: bool = False) -> None:
+        """Save the levels' offsets now (the broker calls it at shutdown)."""
+        data = self._snapshot(force)
+        if data is not None:
+            write_json_atomic(self.path, data)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.persist_interval_s)
+            data = self._snapshot(False)
+            if data is None:
+                continue
+            try:
+                await anyio.to_thread.run_sync(write_json_atomic, self.path, data)
+            except OSError:
+                self._dirty = True
+                log.exception("persisting delay-level offsets failed")

@@ -1,0 +1,524 @@
+"""The push consumer: group membership, rebalance, pull loops, concurrent and orderly
+consumption, send-back for retry, offsets committed as the smallest offset in flight."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from txmq.allocate import AllocateStrategy, MessageQueue, allocate_averagely
+from txmq.errors import TopicNotFound, TxmqError
+from txmq.message import MessageExt, Prop, is_system_topic
+from txmq.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
+from txmq.process_queue import ProcessQueue
+from txmq.protocol import Frame, RequestCode
+from txmq.pull import PullConsumer, PullStatus
+from txmq.remoting import Connection, Response
+
+__all__ = [
+    "ConsumeFrom",
+    "ConsumeResult",
+    "Listener",
+    "MessageModel",
+    "PushConsumer",
+    "retry_topic",
+]
+
+log = logging.getLogger("txmq.consumer")
+
+
+class MessageModel(enum.StrEnum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeResult(enum.Enum):
+    SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeFrom(enum.StrEnum):
+    LAST_OFFSET = "LAST_OFFSET"
+    FIRST_OFFSET = "FIRST_OFFSET"
+
+
+Listener = Callable[
+    [MessageExt], "ConsumeResult | bool | Awaitable[ConsumeResult | bool | None] | None"
+]
+"""``listener(message)``: return SUCCESS (or None / True), or RECONSUME_LATER (or False);
+raising counts as RECONSUME_LATER. Sync listeners run in worker threads."""
+
+
+def retry_topic(group: str) -> str:
+    return f"%RETRY%{group}"
+
+
+def _client_id(instance_name: str) -> str:
+    return f"{socket.gethostname()}@{instance_name}"
+
+
+class PushConsumer(PullConsumer):
+    """Consumes subscribed topics for ``group`` and calls the listener for each message.
+
+    CLUSTERING (default): the group's members share the queues (allocation recomputed on
+    start, every ``rebalance_interval`` seconds and when the broker announces a membership
+    change); offsets live on the broker. BROADCASTING: every member gets every message;
+    offsets live in a local file under ``offset_dir``. CONCURRENT (default) or ``orderly``:
+    orderly holds a broker-side lock per queue and consumes it one message at a time.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        group: str = "DEFAULT_CONSUMER",
+        *,
+        listener: Listener | None = None,
+        message_model: MessageModel | str = MessageModel.CLUSTERING,
+        orderly: bool = False,
+        allocate: AllocateStrategy = allocate_averagely,
+        consume_from: ConsumeFrom | str = ConsumeFrom.LAST_OFFSET,
+        max_reconsume_times: int = 16,
+        pull_batch_size: int = 32,
+        consume_concurrency: int = 20,
+        rebalance_interval: float = 20.0,
+        heartbeat_interval: float = 30.0,
+        persist_interval: float = 5.0,
+        lock_renew_interval: float = 20.0,
+        lock_max_live: float = 30.0,
+        suspend_time: float = 1.0,
+        pull_threshold_count: int = 1000,
+        pull_threshold_size_mib: int = 100,
+        max_span: int = 2000,
+        long_poll: float = 15.0,
+        pull_delay_on_error: float = 3.0,
+        instance_name: str | None = None,
+        offset_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(address, group, handler=self._on_request, **kwargs)
+        self.listener = listener
+        self.message_model = MessageModel(message_model)
+        self.orderly = orderly
+        self.allocate = allocate
+        self.consume_from = ConsumeFrom(consume_from)
+        self.max_reconsume_times = max_reconsume_times
+        self.pull_batch_size = pull_batch_size
+        self.rebalance_interval = rebalance_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.persist_interval = persist_interval
+        self.lock_renew_interval = lock_renew_interval
+        self.lock_max_live = lock_max_live
+        self.suspend_time = suspend_time
+        self.pull_threshold_count = pull_threshold_count
+        self.pull_threshold_size = pull_threshold_size_mib * 1024 * 1024
+        self.max_span = max_span
+        self.long_poll = long_poll
+        self.pull_delay_on_error = pull_delay_on_error
+        self.instance_name = instance_name or str(os.getpid())
+        self.client_id = _client_id(self.instance_name)
+        self.subscriptions: dict[str, str] = {}
+        self.queues_held: dict[MessageQueue, ProcessQueue] = {}
+        self._scopes: dict[MessageQueue, anyio.CancelScope] = {}
+        self._limiter = anyio.CapacityLimiter(consume_concurrency)
+        self._rebalance_now = anyio.Event()
+        self._rebalance_lock = anyio.Lock()
+        self._stopping = False
+        self.offsets: OffsetStore
+        if self.message_model is MessageModel.BROADCASTING:
+            base = Path(offset_dir) if offset_dir else Path.home() / ".txmq" / "offsets"
+            self.offsets = LocalFileOffsetStore(base / self.instance_name / group / "offsets.json")
+        else:
+            self.offsets = RemoteOffsetStore(self, group)
+        self.remoting.on_connect.append(self._on_connect)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        if is_system_topic(topic):
+            raise ValueError(f"cannot subscribe to the system topic {topic!r}")
+        self.subscriptions[topic] = expression or "*"
+
+    def register_listener(self, listener: Listener) -> None:
+        self.listener = listener
+
+    def _all_subscriptions(self) -> dict[str, str]:
+        subs = dict(self.subscriptions)
+        if self.message_model is MessageModel.CLUSTERING:
+            subs[retry_topic(self.group)] = "*"
+        return subs
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def _on_start(self) -> None:
+        if self.listener is None:
+            raise ValueError("register a listener before starting the consumer")
+        if not self.subscriptions:
+            raise ValueError("subscribe to at least one topic before starting the consumer")
+        self._stopping = False
+        await self.remoting.connection()
+        await self._heartbeat()
+        tg = self._task_group()
+        tg.start_soon(self._heartbeat_loop)
+        tg.start_soon(self._rebalance_loop)
+        tg.start_soon(self._persist_loop)
+        if self.orderly and self.message_model is MessageModel.CLUSTERING:
+            tg.start_soon(self._lock_loop)
+        await self.rebalance()
+
+    async def _on_stop(self) -> None:
+        self._stopping = True
+        async with self._rebalance_lock:  # no rebalance may pick queues up again meanwhile
+            held = set(self.queues_held)
+            for mq in list(held):
+                self._drop(mq)
+        with anyio.move_on_after(5):
+            try:
+                await self.offsets.persist(held)
+            except (TxmqError, OSError) as exc:
+                log.warning("persisting offsets at shutdown failed: %s", exc)
+            if self.orderly and self.message_model is MessageModel.CLUSTERING and held:
+                await self._unlock(held)
+            try:
+                await self.request(
+                    RequestCode.UNREGISTER_CLIENT,
+                    {"client_id": self.client_id, "consumer_groups": [self.group]},
+                )
+            except TxmqError:
+                pass
+
+    def _on_request(self, conn: Connection, frame: Frame) -> Response | None:
+        if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            self._rebalance_now.set()
+            return None
+        return (3, {"error": f"request code {frame.code} is not supported by consumers"}, b"")
+
+    async def _on_connect(self, conn: Connection) -> None:
+        # a (re)connected broker learns about us before anything else on this connection
+        conn.oneway(RequestCode.HEARTBEAT, self._heartbeat_header())
+
+    # -- heartbeats, rebalance, offsets ----------------------------------------------------
+
+    def _heartbeat_header(self) -> dict[str, Any]:
+        return {
+            "client_id": self.client_id,
+            "consumers": [
+                {
+                    "group": self.group,
+                    "message_model": self.message_model.value,
+                    "consume_type": "ORDERLY" if self.orderly else "CONCURRENTLY",
+                    "subscriptions": self._all_subscriptions(),
+                }
+            ],
+            "producers": [],
+        }
+
+    async def _heartbeat(self) -> None:
+        await self.request(RequestCode.HEARTBEAT, self._heartbeat_header())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat()
+            except TxmqError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            with anyio.move_on_after(self.rebalance_interval):
+                await self._rebalance_now.wait()
+            self._rebalance_now = anyio.Event()
+            try:
+                await self.rebalance()
+            except TxmqError as exc:
+                log.warning("rebalance failed: %s", exc)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.persist_interval)
+            try:
+                await self.offsets.persist(set(self.queues_held))
+            except (TxmqError, OSError) as exc:
+                log.warning("persisting offsets failed: %s", exc)
+
+    async def consumer_ids(self) -> list[str]:
+        frame = await self.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": self.group})
+        return sorted(frame.header["client_ids"])
+
+    async def rebalance(self) -> None:
+        """Recompute which queues this member consumes, and start or stop their pulls."""
+        async with self._rebalance_lock:
+            if self._stopping:
+                return
+            for topic in self._all_subscriptions():
+                try:
+                    nums = await self.queue_nums(topic, refresh=True)
+                except TopicNotFound:
+                    log.debug("topic %s does not exist yet", topic)
+                    continue
+                mqs = [(topic, q) for q in range(nums)]
+                if self.message_model is MessageModel.BROADCASTING:
+                    mine = set(mqs)
+                else:
+                    cids = await self.consumer_ids()
+                    mine = set(self.allocate(self.group, self.client_id, mqs, cids))
+                await self._update_queues(topic, mine)
+
+    async def _update_queues(self, topic: str, mine: set[MessageQueue]) -> None:
+        gone = {mq for mq in self.queues_held if mq[0] == topic and mq not in mine}
+        for mq in gone:
+            self._drop(mq)
+        if gone:
+            try:
+                await self.offsets.persist(gone)
+            except TxmqError as exc:
+                log.warning("committing offsets of released queues failed: %s", exc)
+            if self.orderly and self.message_model is MessageModel.CLUSTERING:
+                await self._unlock(gone)
+            for mq in gone:
+                self.offsets.remove(mq)
+        new = sorted(mine - set(self.queues_held))
+        if new and self.orderly and self.message_model is MessageModel.CLUSTERING:
+            new = sorted(await self._lock(set(new)))
+        for mq in new:
+            offset = await self._start_offset(mq)
+            pq = ProcessQueue()
+            if self.orderly:
+                pq.locked, pq.last_lock_time = True, time.monotonic()
+            self.queues_held[mq] = pq
+            scope = anyio.CancelScope()
+            self._scopes[mq] = scope
+            self._task_group().start_soon(self._run_queue, mq, pq, offset, scope)
+        if gone or new:
+            log.info("%s/%s now consumes %s", self.group, self.client_id, sorted(self.queues_held))
+
+    def _drop(self, mq: MessageQueue) -> None:
+        pq = self.queues_held.pop(mq, None)
+        if pq is not None:
+            pq.dropped = True
+            pq.arrived.set()
+        scope = self._scopes.pop(mq, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _start_offset(self, mq: MessageQueue) -> int:
+        offset = await self.offsets.read(mq)
+        if offset >= 0:
+            return offset
+        if self.consume_from is ConsumeFrom.FIRST_OFFSET or mq[0].startswith("%RETRY%"):
+            return await self.min_offset(*mq)
+        return await self.max_offset(*mq)
+
+    # -- queue locks (orderly) -------------------------------------------------------------
+
+    async def _lock(self, mqs: set[MessageQueue]) -> set[MessageQueue]:
+        frame = await self.request(
+            RequestCode.LOCK_BATCH_MQ,
+            {"group": self.group, "client_id": self.client_id, "queues": sorted(mqs)},
+        )
+        return {(t, q) for t, q in frame.header["locked"]}
+
+    async def _unlock(self, mqs: set[MessageQueue]) -> None:
+        try:
+            await self.request(
+                RequestCode.UNLOCK_BATCH_MQ,
+                {"group": self.group, "client_id": self.client_id, "queues": sorted(mqs)},
+            )
+        except TxmqError as exc:
+            log.warning("unlocking queues failed: %s", exc)
+
+    async def _lock_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.lock_renew_interval)
+            held = dict(self.queues_held)
+            if not held:
+                continue
+            try:
+                locked = await self._lock(set(held))
+            except TxmqError as exc:
+                log.warning("renewing queue locks failed: %s", exc)
+                continue
+            now = time.monotonic()
+            for mq, pq in held.items():
+                pq.locked = mq in locked
+                if pq.locked:
+                    pq.last_lock_time = now
+
+    # -- pulling ---------------------------------------------------------------------------
+
+    def _flow_blocked(self, pq: ProcessQueue) -> bool:
+        if pq.count > self.pull_threshold_count or pq.size > self.pull_threshold_size:
+            return True
+        return not self.orderly and pq.span > self.max_span
+
+    async def _run_queue(
+        self, mq: MessageQueue, pq: ProcessQueue, offset: int, scope: anyio.CancelScope
+    ) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                if self.orderly:
+                    tg.start_soon(self._orderly_loop, mq, pq)
+                await self._pull_loop(mq, pq, offset, tg)
+
+    async def _pull_loop(
+        self, mq: MessageQueue, pq: ProcessQueue, offset: int, tg: anyio.abc.TaskGroup
+    ) -> None:
+        topic, queue_id = mq
+        expression = self._all_subscriptions().get(topic, "*")
+        while not pq.dropped:
+            if self._flow_blocked(pq):
+                await anyio.sleep(0.05)
+                continue
+            try:
+                res = await self.pull(
+                    topic,
+                    queue_id,
+                    offset,
+                    max_msgs=self.pull_batch_size,
+                    subscription=expression,
+                    long_poll=self.long_poll,
+                )
+            except TxmqError as exc:
+                log.warning("pull %s/%d failed: %s", topic, queue_id, exc)
+                await anyio.sleep(self.pull_delay_on_error)
+                continue
+            pq.last_pull_time = time.monotonic()
+            if pq.dropped:
+                return
+            if res.status is PullStatus.FOUND:
+                msgs = res.messages
+                for m in msgs:
+                    _reset_retry_topic(m)
+                pq.put(msgs)
+                if not self.orderly:
+                    for m in msgs:
+                        tg.start_soon(self._consume_concurrently, mq, pq, m)
+            elif res.status is PullStatus.OFFSET_ILLEGAL:
+                log.warning(
+                    "offset %d of %s/%d is illegal; moving to %d",
+                    offset,
+                    topic,
+                    queue_id,
+                    res.next_offset,
+                )
+                self.offsets.update(mq, res.next_offset)
+            elif not pq.msgs and not pq.consuming:
+                # an empty answer with nothing in flight: everything up to here is consumed
+                # (also moves past messages filtered out by tag)
+                if res.next_offset > offset and pq.max_offset < res.next_offset:
+                    self.offsets.update(mq, res.next_offset)
+            offset = res.next_offset
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def _invoke(self, msg: MessageExt) -> ConsumeResult:
+        listener = self.listener
+        assert listener is not None
+        try:
+            if inspect.iscoroutinefunction(listener):
+                async with self._limiter:
+                    result = await listener(msg)
+            else:
+                result = await anyio.to_thread.run_sync(listener, msg, limiter=self._limiter)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception as exc:
+            log.warning(
+                "listener failed on %s (reconsume %d): %r", msg.msg_id, msg.reconsume_times, exc
+            )
+            return ConsumeResult.RECONSUME_LATER
+        if result is None or result is True or result is ConsumeResult.SUCCESS:
+            return ConsumeResult.SUCCESS
+        return ConsumeResult.RECONSUME_LATER
+
+    async def _consume_concurrently(
+        self, mq: MessageQueue, pq: ProcessQueue, msg: MessageExt
+    ) -> None:
+        while True:
+            if pq.dropped:
+                return
+            status = await self._invoke(msg)
+            if pq.dropped:
+                return  # the queue moved away: its new owner commits from here on
+            if status is ConsumeResult.SUCCESS:
+                break
+            if self.message_model is MessageModel.BROADCASTING:
+                log.warning("broadcast message %s failed; dropped", msg.msg_id)
+                break
+            if await self.send_back(msg):
+                break
+            await anyio.sleep(5)  # the broker did not take it back: consume it again here
+            msg.reconsume_times += 1
+        offset = pq.remove(msg)
+        if offset >= 0 and not pq.dropped:
+            self.offsets.update(mq, offset)
+
+    async def send_back(self, msg: MessageExt, delay_level: int = 0) -> bool:
+        """Hand a failed message back to the broker for retry (delay level 0: the broker's
+        choice, 3 + reconsume times; -1: straight to the dead-letter queue)."""
+        try:
+            await self.request(
+                RequestCode.CONSUMER_SEND_MSG_BACK,
+                {
+                    "group": self.group,
+                    "commit_log_offset": msg.commit_log_offset,
+                    "delay_level": delay_level,
+                    "max_reconsume_times": self.max_reconsume_times,
+                    "origin_msg_id": msg.msg_id,
+                },
+            )
+        except TxmqError as exc:
+            log.warning("sending %s back failed: %s", msg.msg_id, exc)
+            return False
+        return True
+
+    async def _orderly_loop(self, mq: MessageQueue, pq: ProcessQueue) -> None:
+        clustering = self.message_model is MessageModel.CLUSTERING
+        while not pq.dropped:
+            if clustering and (not pq.locked or pq.lock_expired(self.lock_max_live)):
+                await anyio.sleep(0.1)
+                continue
+            msg = pq.take()
+            if msg is None:
+                await pq.arrived.wait()
+                continue
+            status = await self._invoke(msg)
+            if pq.dropped:
+                return
+            if status is ConsumeResult.SUCCESS:
+                offset = pq.commit_taken()
+            else:
+                msg.reconsume_times += 1
+                if msg.reconsume_times <= self.max_reconsume_times or not clustering:
+                    if not clustering and msg.reconsume_times > self.max_reconsume_times:
+                        log.warning("orderly broadcast message %s dropped", msg.msg_id)
+                        offset = pq.commit_taken()
+                    else:
+                        pq.give_back()
+                        await anyio.sleep(self.suspend_time)  # suspend this queue a moment
+                        continue
+                elif await self.send_back(msg, delay_level=-1):
+                    offset = pq.commit_taken()  # dead-lettered: the queue moves on
+                else:
+                    pq.give_back()
+                    await anyio.sleep(self.suspend_time)
+                    continue
+            if offset >= 0:
+                self.offsets.update(mq, offset)
+
+
+def _reset_retry_topic(msg: MessageExt) -> None:
+    """A message pulled from the retry topic is shown with its original topic."""
+    origin = msg.all_properties.get(Prop.RETRY_TOPIC)
+    if origin and msg.topic.startswith("%RETRY%"):
+        msg.topic = origin
