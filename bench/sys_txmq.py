@@ -1,4 +1,4 @@
-"""txmq as a benchmark system: a real broker process, the async Producer and PullConsumer."""
+"""txmq as a benchmark system: a real broker process, the async Producer and PushConsumer."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import LatencyCollector, expected_messages, run_paced, run_windowed
-from txmq import Message, Producer, PullConsumer, PullStatus
+from txmq import Message, Producer, PushConsumer
+from txmq.message import MessageExt
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "bench"
@@ -36,8 +38,6 @@ class TxmqSystem:
         self._proc: subprocess.Popen[bytes] | None = None
         self.address = ""
         self.producer: Producer | None = None
-        self.consumer: PullConsumer | None = None
-        self._offsets = dict.fromkeys(range(QUEUES), 0)
 
     async def setup(self) -> None:
         self._tmp = tempfile.mkdtemp(prefix="txmq-bench-")
@@ -51,8 +51,6 @@ class TxmqSystem:
         self.address = ready.read_text()
         self.producer = Producer(self.address, "bench-producer")
         await self.producer.start()
-        self.consumer = PullConsumer(self.address, "bench-consumer")
-        await self.consumer.start()
         from txmq import AdminClient
 
         async with AdminClient(self.address) as admin:
@@ -68,47 +66,47 @@ class TxmqSystem:
 
         return await run_windowed(n, window, send_one)
 
-    async def _drain(self, queue_id: int, want: int, sink: list[int]) -> None:
-        consumer = self.consumer
-        assert consumer is not None
-        offset = self._offsets[queue_id]
-        while sum(sink) < want:
-            res = await consumer.pull(
-                TOPIC, queue_id, offset, max_msgs=self.pull_batch, long_poll=1
-            )
-            if res.status == PullStatus.FOUND:
-                sink[queue_id] += len(res.messages)
-                offset = res.next_offset
-                await consumer.commit_offset(TOPIC, queue_id, offset)
-            elif res.status == PullStatus.OFFSET_ILLEGAL:
-                offset = res.next_offset
-        self._offsets[queue_id] = offset
+    async def _run_push(self, group: str, listener: Any, from_first: bool) -> PushConsumer:
+        consumer = PushConsumer(
+            self.address,
+            group,
+            listener=listener,
+            consume_from="FIRST_OFFSET" if from_first else "LAST_OFFSET",
+            pull_batch_size=self.pull_batch,
+        )
+        consumer.subscribe(TOPIC)
+        await consumer.start()
+        return consumer
 
     async def consume(self, n: int) -> float:
-        sink = [0] * QUEUES
+        """A PushConsumer (concurrent listener, offsets committed as it goes) drains the topic."""
+        done = asyncio.Event()
+        count = 0
+
+        async def listener(msg: MessageExt) -> None:
+            nonlocal count
+            count += 1
+            if count >= n:
+                done.set()
+
         t0 = time.perf_counter()
-        await asyncio.gather(*(self._drain(q, n, sink) for q in range(QUEUES)))
-        return time.perf_counter() - t0
+        consumer = await self._run_push("bench-consume", listener, from_first=True)
+        try:
+            await done.wait()
+            await consumer.offsets.persist(set(consumer.queues_held))
+            return time.perf_counter() - t0
+        finally:
+            await consumer.stop()
 
     async def latency(self, rate: int, duration: float, body_size: int) -> list[float]:
-        consumer, producer = self.consumer, self.producer
-        assert consumer is not None and producer is not None
+        producer = self.producer
+        assert producer is not None
         collector = LatencyCollector(expected_messages(rate, duration))
-        stop = asyncio.Event()
 
-        async def listen(queue_id: int) -> None:
-            offset = await consumer.max_offset(TOPIC, queue_id)
-            while not stop.is_set():
-                res = await consumer.pull(
-                    TOPIC, queue_id, offset, max_msgs=self.pull_batch, long_poll=2
-                )
-                if res.status == PullStatus.FOUND:
-                    for m in res.messages:
-                        collector.record(m.body)
-                    offset = res.next_offset
+        async def listener(msg: MessageExt) -> None:
+            collector.record(msg.body)
 
-        listeners = [asyncio.create_task(listen(q)) for q in range(QUEUES)]
-        await asyncio.sleep(0.2)  # let every listener park its long poll first
+        consumer = await self._run_push("bench-latency", listener, from_first=False)
 
         async def send(body: bytes) -> None:
             await producer.send(Message(TOPIC, body))
@@ -117,13 +115,11 @@ class TxmqSystem:
             await run_paced(rate, duration, body_size, send)
             return await collector.wait(10)
         finally:
-            stop.set()
-            await asyncio.gather(*listeners, return_exceptions=True)
+            await consumer.stop()
 
     async def teardown(self) -> None:
-        for client in (self.producer, self.consumer):
-            if client is not None:
-                await client.stop()
+        if self.producer is not None:
+            await self.producer.stop()
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
             try:

@@ -63,7 +63,6 @@ class ScheduleMessageService:
         self._dirty = False
         self._wake: dict[int, anyio.Event] = {}
         self._next_due: dict[int, int | None] = {}
-        self._running = False
 
     # -- the send side --------------------------------------------------------------------
 
@@ -128,18 +127,14 @@ class ScheduleMessageService:
         """Deliver delayed messages until cancelled (the broker's task group)."""
         cfg = self.broker.topics.get(SCHEDULE_TOPIC)
         levels = self._levels_to_run()
-        if cfg is None or cfg.queue_nums < len(levels):
+        if cfg is None or cfg.queue_nums < max(levels):
             self.broker.topics.create_or_update(SCHEDULE_TOPIC, max(levels), system=True)
-        self._running = True
-        try:
-            async with anyio.create_task_group() as tg:
-                for level in levels:
-                    self._wake[level] = anyio.Event()
-                    tg.start_soon(self._level_loop, level)
-                tg.start_soon(self._persist_loop)
-                task_status.started()
-        finally:
-            self._running = False
+        async with anyio.create_task_group() as tg:
+            for level in levels:
+                self._wake[level] = anyio.Event()
+                tg.start_soon(self._level_loop, level)
+            tg.start_soon(self._persist_loop)
+            task_status.started()
 
     async def _level_loop(self, level: int) -> None:
         while True:
