@@ -48,6 +48,7 @@ class Prop:
     MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
     CONSUME_START_TIME = "CONSUME_START_TIME"
     CQ_TAG_CODE = "__CQ_TAG_CODE"  # the consume-queue tag code when it is not the tag's hash
+    TRANSACTION_ID = "__transactionId__"  # the local transaction a half message belongs to
 
     ALL: frozenset[str] = frozenset(
         {
@@ -68,6 +69,7 @@ class Prop:
             MAX_RECONSUME_TIMES,
             CONSUME_START_TIME,
             CQ_TAG_CODE,
+            TRANSACTION_ID,
         }
     )
 

@@ -67,6 +67,7 @@ class RequestCode(enum.IntEnum):
     HEARTBEAT = 34
     UNREGISTER_CLIENT = 35
     CONSUMER_SEND_MSG_BACK = 36
+    END_TRANSACTION = 37
     GET_CONSUMER_LIST_BY_GROUP = 38
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42
@@ -77,8 +78,10 @@ class RequestCode(enum.IntEnum):
     SEND_BATCH_MESSAGE = 320
     DLQ_LIST = 351
     DLQ_RESEND = 352
+    GET_TRANSACTIONS = 353
     # broker -> client
     NOTIFY_CONSUMER_IDS_CHANGED = 40
+    CHECK_TRANSACTION_STATE = 39
 
 
 @dataclass(slots=True)
