@@ -3,6 +3,7 @@ consumption, send-back for retry, offsets committed as the smallest offset in fl
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 import logging
@@ -129,7 +130,12 @@ class PushConsumer(PullConsumer):
         self.subscriptions: dict[str, str] = {}
         self.queues_held: dict[MessageQueue, ProcessQueue] = {}
         self._scopes: dict[MessageQueue, anyio.CancelScope] = {}
+        self.consume_concurrency = consume_concurrency
         self._limiter = anyio.CapacityLimiter(consume_concurrency)
+        # concurrent consumption: a fixed pool of workers fed by the pull loops
+        self._work: asyncio.Queue[tuple[MessageQueue, ProcessQueue, MessageExt]] = (
+            asyncio.Queue()
+        )
         self._rebalance_now = anyio.Event()
         self._rebalance_lock = anyio.Lock()
         self._stopping = False
@@ -173,6 +179,9 @@ class PushConsumer(PullConsumer):
         tg.start_soon(self._persist_loop)
         if self.orderly and self.message_model is MessageModel.CLUSTERING:
             tg.start_soon(self._lock_loop)
+        if not self.orderly:
+            for _ in range(self.consume_concurrency):
+                tg.start_soon(self._consume_worker)
         await self.rebalance()
 
     async def _on_stop(self) -> None:
@@ -402,7 +411,7 @@ class PushConsumer(PullConsumer):
                 pq.put(msgs)
                 if not self.orderly:
                     for m in msgs:
-                        tg.start_soon(self._consume_concurrently, mq, pq, m)
+                        self._work.put_nowait((mq, pq, m))
             elif res.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning(
                     "offset %d of %s/%d is illegal; moving to %d",
@@ -426,8 +435,7 @@ class PushConsumer(PullConsumer):
         assert listener is not None
         try:
             if inspect.iscoroutinefunction(listener):
-                async with self._limiter:
-                    result = await listener(msg)
+                result = await listener(msg)  # concurrency is bounded by the worker pool
             else:
                 result = await anyio.to_thread.run_sync(listener, msg, limiter=self._limiter)
                 if inspect.isawaitable(result):
@@ -441,24 +449,29 @@ class PushConsumer(PullConsumer):
             return ConsumeResult.SUCCESS
         return ConsumeResult.RECONSUME_LATER
 
+    async def _consume_worker(self) -> None:
+        while True:
+            mq, pq, msg = await self._work.get()
+            if not pq.dropped:
+                await self._consume_concurrently(mq, pq, msg)
+
+    async def _retry_locally(self, mq: MessageQueue, pq: ProcessQueue, msg: MessageExt) -> None:
+        await anyio.sleep(5)  # the broker did not take the message back: consume it here again
+        msg.reconsume_times += 1
+        self._work.put_nowait((mq, pq, msg))
+
     async def _consume_concurrently(
         self, mq: MessageQueue, pq: ProcessQueue, msg: MessageExt
     ) -> None:
-        while True:
-            if pq.dropped:
-                return
-            status = await self._invoke(msg)
-            if pq.dropped:
-                return  # the queue moved away: its new owner commits from here on
-            if status is ConsumeResult.SUCCESS:
-                break
+        status = await self._invoke(msg)
+        if pq.dropped:
+            return  # the queue moved away: its new owner commits from here on
+        if status is ConsumeResult.RECONSUME_LATER:
             if self.message_model is MessageModel.BROADCASTING:
                 log.warning("broadcast message %s failed; dropped", msg.msg_id)
-                break
-            if await self.send_back(msg):
-                break
-            await anyio.sleep(5)  # the broker did not take it back: consume it again here
-            msg.reconsume_times += 1
+            elif not await self.send_back(msg):
+                self._task_group().start_soon(self._retry_locally, mq, pq, msg)
+                return
         offset = pq.remove(msg)
         if offset >= 0 and not pq.dropped:
             self.offsets.update(mq, offset)
