@@ -68,6 +68,13 @@ class BrokerConfig:
     lock_expiry_s: float = 60.0
     #: a consumer or producer that sent no heartbeat for this long is dropped from its group
     consumer_channel_expiry_s: float = 120.0
+    #: how often the broker looks for half messages to check back with their producer group
+    transaction_check_interval_s: float = 30.0
+    #: a half message is not checked before it is this old (its CHECK_IMMUNITY_TIME_IN_SECONDS
+    #: property overrides it)
+    transaction_timeout_s: float = 6.0
+    #: a half message still undecided after this many checks is parked
+    transaction_check_max: int = 15
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -88,6 +95,12 @@ class BrokerConfig:
             raise SettingsError("lock_expiry_s must be positive")
         if not self.consumer_channel_expiry_s > 0:
             raise SettingsError("consumer_channel_expiry_s must be positive")
+        if not self.transaction_check_interval_s > 0:
+            raise SettingsError("transaction_check_interval_s must be positive")
+        if not self.transaction_timeout_s >= 0:
+            raise SettingsError("transaction_timeout_s must not be negative")
+        if self.transaction_check_max < 1:
+            raise SettingsError("transaction_check_max must be at least 1")
 
     @cached_property
     def delay_levels(self) -> tuple[int, ...]:

@@ -116,12 +116,14 @@ class RequestProcessor:
             RequestCode.GET_ALL_CONSUMER_OFFSETS: self.all_offsets,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
         }
-        # groups, queue locks, retries and the DLQ live in their own modules
+        # groups, queue locks, retries, the DLQ and transactions live in their own modules
         self.schedule = broker.schedule
         for extra in (
             ClientGroupHandlers(broker),
             QueueLockHandlers(broker),
             RetryHandlers(broker),
+            broker.transactions,
+            broker.transaction_checker,
         ):
             self._handlers.update(extra.handlers())
 
@@ -189,6 +191,8 @@ class RequestProcessor:
         self._check_body(len(frame.body))
         topic, queue_id = self._target(h)
         props = _properties(h.get("properties"))
+        if props.get(Prop.TRAN_MSG, "").lower() == "true":  # a half message: broker/transaction.py
+            return self.broker.transactions.prepare(h, frame.body, topic, queue_id, props)
         # a delayed message goes to the schedule topic (broker/schedule.py) first
         delayed = self.schedule.prepare(topic, queue_id, props) if Prop.DELAY in props else None
         try:
@@ -240,6 +244,8 @@ class RequestProcessor:
                     "born_timestamp": _field(entry, "born_timestamp", int, 0) or now,
                 }
             )
+            if items[-1]["properties"].get(Prop.TRAN_MSG, "").lower() == "true":
+                raise BadRequest("a batch cannot hold transactional (half) messages")
             if Prop.DELAY in items[-1]["properties"]:
                 self._delay_item(items[-1], delays)
             pos += size

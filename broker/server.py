@@ -25,6 +25,8 @@ from broker.processor import RequestProcessor
 from broker.schedule import ScheduleMessageService
 from broker.store import MessageStore
 from broker.topics import TopicManager
+from broker.transaction import TransactionService
+from broker.transaction_check import TransactionChecker
 from txmq.remoting import Connection
 
 __all__ = ["Broker", "EmbeddedBroker"]
@@ -51,6 +53,8 @@ class Broker:
         self.producers = ProducerManager()
         self.locks = RebalanceLockManager(config.lock_expiry_s)
         self.schedule = ScheduleMessageService(self)
+        self.transactions = TransactionService(self)
+        self.transaction_checker = TransactionChecker(self, self.transactions)
         self.processor = RequestProcessor(self)
         self.connections: set[Connection] = set()
         self.port = config.port
@@ -97,10 +101,11 @@ class Broker:
             rec.truncated_bytes,
         )
         try:
+            self.transactions.recover()
             listener = await anyio.create_tcp_listener(
                 local_host=self.config.host, local_port=self.config.port, reuse_port=False
             )
-        except OSError:
+        except BaseException:
             self.store.shutdown()
             raise
         self.port = listener.extra(SocketAttribute.local_port)
@@ -110,6 +115,7 @@ class Broker:
                 tg.start_soon(listener.serve, self._serve_stream, tg)
                 tg.start_soon(self._offset_persister)
                 await tg.start(self.schedule.run)
+                await tg.start(self.transaction_checker.run)
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
@@ -122,7 +128,9 @@ class Broker:
     def _shutdown(self) -> None:
         self.offsets.persist(force=True)
         self.schedule.persist(force=True)
+        transactions = self.transaction_checker.snapshot(force=True)
         self.store.shutdown()
+        self.transaction_checker.write(transactions)
         log.info("broker stopped; store flushed through offset %d", self.store.flushed_offset)
 
     def request_stop(self) -> None:
@@ -178,6 +186,7 @@ class Broker:
             "commit_log_min_offset": self.store.commit_log_min_offset,
             "commit_log_max_offset": self.store.commit_log_max_offset,
             "flushed_offset": self.store.flushed_offset,
+            "pending_transactions": len(self.transactions.pending),
         }
 
 

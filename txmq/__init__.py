@@ -8,12 +8,19 @@ from txmq.errors import (
     NoPermission,
     RequestTimeout,
     TopicNotFound,
+    TransactionNotFound,
     TxmqError,
 )
 from txmq.message import Message, MessageExt, stable_hash
 from txmq.producer import Producer, SendResult
 from txmq.pull import PullConsumer, PullResult, PullStatus
 from txmq.push import ConsumeFrom, ConsumeResult, MessageModel, PushConsumer
+from txmq.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 
 __all__ = [
     "AdminClient",
@@ -21,6 +28,7 @@ __all__ = [
     "ConsumeFrom",
     "ConsumeResult",
     "InvalidTopic",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageModel",
@@ -34,6 +42,10 @@ __all__ = [
     "RequestTimeout",
     "SendResult",
     "TopicNotFound",
+    "TransactionListener",
+    "TransactionNotFound",
+    "TransactionProducer",
+    "TransactionSendResult",
     "TxmqError",
     "stable_hash",
 ]

@@ -1,4 +1,5 @@
-"""Operator queries: topics, queue statistics, message lookups, group offsets, the DLQ."""
+"""Operator queries: topics, queue statistics, message lookups, group offsets, the DLQ,
+undecided transactions."""
 
 from __future__ import annotations
 
@@ -74,3 +75,18 @@ class AdminClient(BrokerClient):
             header["msg_ids"] = list(msg_ids)
         frame = await self.request(RequestCode.DLQ_RESEND, header)
         return int(frame.header["resent"])
+
+    async def transactions(
+        self, state: str = "pending", max: int = 100, *, group: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Half messages still undecided (``"pending"``) or parked after the last check
+        (``"parked"``), oldest first: msg_id, transaction_id, group, topic, queue_id,
+        transaction_offset, born_timestamp, check_times, age_s (parked ones also
+        parked_timestamp)."""
+        if state not in ("pending", "parked"):
+            raise ValueError("state must be 'pending' or 'parked'")
+        header: dict[str, Any] = {"state": state, "max": max}
+        if group is not None:
+            header["group"] = group
+        frame = await self.request(RequestCode.GET_TRANSACTIONS, header)
+        return list(frame.header["transactions"])

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from txmq.db import add_db_parser
 from txmq.errors import TxmqError
 from txmq.message import Prop
 from txmq.settings import SettingsError
@@ -120,6 +121,8 @@ def _admin(args: argparse.Namespace) -> int:
                 return [{"key": k, "value": v} for k, v in info.items()], None
             if cmd == "dlq":
                 return await _dlq(admin, args)
+            if cmd == "transactions":
+                return await _transactions(admin, args)
             if cmd == "message":
                 if args.id:
                     msgs = [await admin.message_by_id(args.id)]
@@ -177,6 +180,36 @@ async def _dlq(admin: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any
         for m in msgs
     ]
     return table, ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body"]
+
+
+async def _transactions(admin: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], Any]:
+    state = "parked" if args.parked else "pending"
+    rows = await admin.transactions(state, args.max, group=args.group)
+    if args.json:
+        return rows, None
+    table = [
+        {
+            "msg_id": r["msg_id"],
+            "transaction_id": r["transaction_id"],
+            "group": r["group"],
+            "topic": f"{r['topic']}/{r['queue_id']}",
+            "offset": r["transaction_offset"],
+            "born": _ms_time(r["born_timestamp"]),
+            "age_s": r["age_s"],
+            "checks": r["check_times"],
+        }
+        for r in rows
+    ]
+    return table, [
+        "msg_id",
+        "transaction_id",
+        "group",
+        "topic",
+        "offset",
+        "born",
+        "age_s",
+        "checks",
+    ]
 
 
 def _ms_time(ms: int) -> str:
@@ -250,9 +283,25 @@ def build_parser() -> argparse.ArgumentParser:
     which = dr.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", action="append", help="message id (repeat for several)")
     which.add_argument("--all", action="store_true", help="every dead letter of the group")
-    for sp in (dl, dr):
+    tx = asub.add_parser(
+        "transactions",
+        help="undecided transactional (half) messages",
+        description=(
+            "Half messages whose producer has not committed or rolled them back yet "
+            "(--pending), or that stayed undecided through every check-back and were parked "
+            "for an operator (--parked)."
+        ),
+    )
+    which_tx = tx.add_mutually_exclusive_group(required=True)
+    which_tx.add_argument("--pending", action="store_true", help="waiting for a decision")
+    which_tx.add_argument("--parked", action="store_true", help="parked after the last check")
+    tx.add_argument("--group", help="only this producer group")
+    tx.add_argument("--max", type=int, default=100, help="most transactions to show")
+    for sp in (dl, dr, tx):
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     a.set_defaults(func=_admin)
+
+    add_db_parser(sub)
 
     q = sub.add_parser("quickstart", help="broker in a temporary folder; send and receive")
     q.add_argument("--messages", type=int, default=1000)

@@ -24,6 +24,7 @@ __all__ = [
     "ResponseCode",
     "ServerError",
     "TopicNotFound",
+    "TransactionNotFound",
     "TxmqError",
     "UnsupportedRequest",
     "UnsupportedVersion",
@@ -47,6 +48,7 @@ class ResponseCode(enum.IntEnum):
     TOPIC_NOT_EXIST = 17
     INVALID_TOPIC = 18
     QUERY_NOT_FOUND = 22
+    TRANSACTION_NOT_FOUND = 23
 
 
 class TxmqError(Exception):
@@ -147,6 +149,12 @@ class MessageNotFound(TxmqError):
     code = ResponseCode.QUERY_NOT_FOUND
 
 
+class TransactionNotFound(TxmqError):
+    """No half message of this producer group at that commit-log offset."""
+
+    code = ResponseCode.TRANSACTION_NOT_FOUND
+
+
 class BrokerUnavailable(TxmqError):
     """The broker cannot be reached or the connection was lost."""
 
@@ -175,6 +183,7 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         TopicNotFound,
         InvalidTopic,
         MessageNotFound,
+        TransactionNotFound,
     )
 }
 _REGISTRY[ResponseCode.MESSAGE_ILLEGAL] = BadRequest

@@ -48,6 +48,8 @@ class SendResult:
     queue_offset: int
     store_timestamp: int
     msg_ids: list[str] = field(default_factory=list)
+    #: commit-log offset of a half message (transactional send), else -1
+    transaction_offset: int = -1
 
 
 class Producer(BrokerClient):

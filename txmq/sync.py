@@ -10,6 +10,7 @@ blocking portal) and keeps the client's whole lifetime inside one task there::
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -23,10 +24,18 @@ from txmq import admin as _admin
 from txmq import producer as _producer
 from txmq import pull as _pull
 from txmq import push as _push
+from txmq import transaction as _tx
 from txmq.client import BrokerClient
-from txmq.message import Message, MessageExt
+from txmq.message import Message, MessageExt, new_message_id
 
-__all__ = ["AdminClient", "Producer", "PullConsumer", "PushConsumer", "SyncClient"]
+__all__ = [
+    "AdminClient",
+    "Producer",
+    "PullConsumer",
+    "PushConsumer",
+    "SyncClient",
+    "TransactionProducer",
+]
 
 C = TypeVar("C", bound=BrokerClient)
 R = TypeVar("R")
@@ -107,6 +116,75 @@ class Producer(SyncClient[_producer.Producer]):
         return result
 
 
+class TransactionProducer(SyncClient[_tx.TransactionProducer]):
+    """Blocking transactional producer; same arguments as
+    :class:`txmq.transaction.TransactionProducer`.
+
+    ``send_message_in_transaction`` runs ``execute_local_transaction`` in the calling thread
+    (so thread-bound sessions work); check-backs run in worker threads (plain functions) or
+    on the client's event loop (coroutine functions).
+    """
+
+    def __init__(self, address: str | None = None, group: str = "DEFAULT_PRODUCER", **kw: Any):
+        super().__init__(_tx.TransactionProducer(address, group, **kw))
+
+    @property
+    def listener(self) -> _tx.TransactionListener | None:
+        return self.aio.listener
+
+    @listener.setter
+    def listener(self, listener: _tx.TransactionListener | None) -> None:
+        self.aio.listener = listener
+
+    def send(self, msg: Message, **kwargs: Any) -> _producer.SendResult:
+        result: _producer.SendResult = self._call(self.aio.send, msg, **kwargs)
+        return result
+
+    def send_half(self, msg: Message, **kwargs: Any) -> _producer.SendResult:
+        result: _producer.SendResult = self._call(self.aio.send_half, msg, **kwargs)
+        return result
+
+    def end_transaction(
+        self,
+        result: _producer.SendResult,
+        state: _tx.LocalTransactionState | str,
+        *,
+        from_check: bool = False,
+    ) -> str:
+        answer: str = self._call(self.aio.end_transaction, result, state, from_check=from_check)
+        return answer
+
+    def send_message_in_transaction(
+        self,
+        msg: Message,
+        arg: Any = None,
+        *,
+        transaction_id: str | None = None,
+        **send_kw: Any,
+    ) -> _tx.TransactionSendResult:
+        """Like the async one, with the local transaction run in this thread."""
+        listener = self.aio.listener
+        if listener is None:
+            raise ValueError("set a TransactionListener before sending in a transaction")
+        tx_id = transaction_id or new_message_id()
+        result = self.send_half(msg, transaction_id=tx_id, **send_kw)
+        try:
+            execute = listener.execute_local_transaction
+            if inspect.iscoroutinefunction(execute):
+                value = self._call(execute, msg, arg)
+            else:
+                value = execute(msg, arg)
+                if inspect.isawaitable(value):
+                    value = self._call(_tx._await, value)
+            state = _tx.to_state(value)
+        except Exception as exc:
+            unknown = _tx.LocalTransactionState.UNKNOWN
+            self._call(self.aio._end_after_local, result, tx_id, unknown, exc)
+            raise
+        self._call(self.aio._end_after_local, result, tx_id, state)
+        return _tx.TransactionSendResult(result, tx_id, state)
+
+
 class PullConsumer(SyncClient[_pull.PullConsumer]):
     def __init__(self, address: str | None = None, group: str = "DEFAULT_CONSUMER", **kw: Any):
         super().__init__(_pull.PullConsumer(address, group, **kw))
@@ -169,6 +247,10 @@ class AdminClient(SyncClient[_admin.AdminClient]):
 
     def dlq_resend(self, group: str, msg_ids: list[str] | None = None) -> int:
         result: int = self._call(self.aio.dlq_resend, group, msg_ids)
+        return result
+
+    def transactions(self, state: str = "pending", max: int = 100) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call(self.aio.transactions, state, max)
         return result
 
 

@@ -12,7 +12,7 @@ from .consumequeue import CQ_ENTRY, ConsumeQueue
 from .index import IndexService, key_hash, uniq_key_hash
 from .types import GetResult, GetStatus
 
-__all__ = ["get_from_queue", "query_by_key", "query_by_uniq_key"]
+__all__ = ["get_from_queue", "query_all_by_uniq_key", "query_by_key", "query_by_uniq_key"]
 
 _MAX_FILTER_SCAN = 800  # consume-queue entries examined per get (RocketMQ: 16000 bytes)
 _READ_GAP = 16 * 1024  # read neighbouring records with one pread when this close together
@@ -130,6 +130,21 @@ def query_by_uniq_key(index: IndexService, cl: CommitLog, msg_id: str) -> bytes 
         if record_topic_and_props(rec)[1].get(Prop.UNIQ_KEY) == msg_id:
             return rec
     return None
+
+
+def query_all_by_uniq_key(
+    index: IndexService, cl: CommitLog, msg_id: str, max_num: int
+) -> list[bytes]:
+    """Every record whose UNIQ_KEY is ``msg_id`` (copies, retries, ...), newest first."""
+    out: list[bytes] = []
+    if not msg_id or max_num <= 0:
+        return out
+    for rec in _candidates(index, cl, uniq_key_hash(msg_id), 0, 2**63 - 1):
+        if record_topic_and_props(rec)[1].get(Prop.UNIQ_KEY) == msg_id:
+            out.append(rec)
+            if len(out) >= max_num:
+                break
+    return out
 
 
 def _candidates(

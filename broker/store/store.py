@@ -27,7 +27,7 @@ from .commitlog import CommitLog, fsync_dir
 from .consumequeue import ConsumeQueue
 from .flush import CommitLogFlusher, PeriodicThread
 from .index import IndexService
-from .reader import get_from_queue, query_by_key, query_by_uniq_key
+from .reader import get_from_queue, query_all_by_uniq_key, query_by_key, query_by_uniq_key
 from .recovery import CQ_TAG_PROPERTY, Recovery, index_keys
 from .types import (
     GetResult,
@@ -463,6 +463,10 @@ class MessageStore:
     def query_by_uniq_key(self, msg_id: str) -> bytes | None:
         """The record whose UNIQ_KEY (client message id) is ``msg_id``."""
         return query_by_uniq_key(self._index, self._cl, msg_id)
+
+    def query_all_by_uniq_key(self, msg_id: str, max_num: int = 256) -> list[bytes]:
+        """Every record whose UNIQ_KEY is ``msg_id`` (copies of one message), newest first."""
+        return query_all_by_uniq_key(self._index, self._cl, msg_id, max_num)
 
     @property
     def commit_log_min_offset(self) -> int:

@@ -1,0 +1,511 @@
+"""Transactional (half) messages: RocketMQ's ``TransactionalMessageService`` in miniature.
+
+A SEND_MESSAGE whose TRAN_MSG property is ``"true"`` is a *half message*: it is stored in
+``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) with its real topic, queue and producer group in
+REAL_TOPIC / REAL_QID / PGROUP and the PREPARED system flag, where no consumer of the real
+topic sees it.  Its commit-log offset (``transaction_offset``) names the transaction from
+then on.  END_TRANSACTION resolves it:
+
+* COMMIT stores the real message (real topic and queue, the same UNIQ_KEY, the COMMIT flag,
+  ``prepared_transaction_offset`` = the half's offset), then an *op record* in
+  ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` naming the half and the resolution;
+* ROLLBACK stores the op record only; UNKNOWN changes nothing.
+
+A half that stays undecided is checked back with a live producer of its group
+(broker/transaction_check.py) and parked in ``TRANS_CHECK_MAX_TIME_TOPIC`` after the last
+check (op record ``PARKED``).
+
+Exactness.  The broker keeps the *pending* halves in memory; every other half in the store
+is resolved.  On start the pending set is rebuilt from the half topic (from the persisted
+check offset) minus the halves named by op records (from the persisted op offset).  A crash
+between a COMMIT's real message and its op record (or a park's copy and its op record)
+leaves a half that looks pending; recovery looks every pending half's UNIQ_KEY up in the
+key index, and a record derived from it (``prepared_transaction_offset`` = the half's
+offset: the committed message or the parked copy) means it was resolved: the missing op
+record is written then.  So a COMMIT is never stored twice, across restarts too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.jsonfile import read_json
+from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult, PutStatus
+from broker.store import MessageTooLarge as StoreMessageTooLarge
+from broker.topics import TopicManager
+from txmq.codec import decode_record
+from txmq.errors import (
+    BadRequest,
+    BrokerBusy,
+    ResponseCode,
+    TransactionNotFound,
+)
+from txmq.errors import MessageTooLarge as MessageTooLargeError
+from txmq.message import MessageExt, Prop, SysFlag, new_message_id
+from txmq.protocol import Frame, RequestCode
+from txmq.remoting import Connection, HandlerResult
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+__all__ = [
+    "COMMIT",
+    "HALF_TOPIC",
+    "OP_TOPIC",
+    "PARKED",
+    "PARKED_TOPIC",
+    "ROLLBACK",
+    "PendingHalf",
+    "TransactionService",
+    "header_int",
+    "parse_op",
+]
+
+log = logging.getLogger("txmq.broker.transaction")
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+PARKED_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+COMMIT, ROLLBACK, UNKNOWN, PARKED = "COMMIT", "ROLLBACK", "UNKNOWN", "PARKED"
+_STATES = frozenset({COMMIT, ROLLBACK, UNKNOWN})
+_RESULT = {COMMIT: "COMMITTED", ROLLBACK: "ROLLED_BACK"}
+#: properties of a half that the committed message does not carry
+_DROP = frozenset(
+    {
+        Prop.TRAN_MSG,
+        Prop.REAL_TOPIC,
+        Prop.REAL_QID,
+        Prop.PRODUCER_GROUP,
+        Prop.TRANSACTION_CHECK_TIMES,
+        Prop.CHECK_IMMUNITY_TIME_IN_SECONDS,
+        Prop.DELAY,
+        CQ_TAG_PROPERTY,
+    }
+)
+_RESOLVED_CACHE = 65536
+_SCAN_BATCH = 256
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class PendingHalf:
+    """A half message not resolved yet."""
+
+    offset: int  # commit-log offset of the half record: the transaction's identity
+    queue_offset: int  # in the half topic
+    msg_id: str
+    transaction_id: str
+    group: str
+    topic: str
+    queue_id: int
+    born_timestamp: int
+    store_timestamp: int
+    immunity_ms: int
+    #: the op topic's max offset when the half was stored: its op record comes later
+    op_mark: int
+    check_times: int = 0
+
+    def row(self, now_ms: int) -> dict[str, Any]:
+        return {
+            "msg_id": self.msg_id,
+            "transaction_id": self.transaction_id,
+            "group": self.group,
+            "topic": self.topic,
+            "queue_id": self.queue_id,
+            "transaction_offset": self.offset,
+            "born_timestamp": self.born_timestamp,
+            "check_times": self.check_times,
+            "age_s": round(max(now_ms - self.born_timestamp, 0) / 1000, 1),
+        }
+
+
+def _str(header: dict[str, Any], name: str) -> str:
+    value = header.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"request header field {name!r} must be a non-empty string")
+    return value
+
+
+def header_int(header: dict[str, Any], name: str, default: int | None = None) -> int:
+    value = header.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"request header field {name!r} must be an integer")
+    return value
+
+
+def _check(r: PutResult) -> PutResult:
+    if r.status is PutStatus.PUT_OK:
+        return r
+    if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
+        raise BrokerBusy("the broker's store is not available (starting or shutting down)")
+    if r.status is PutStatus.PROPERTIES_SIZE_EXCEEDED:
+        raise BadRequest("message properties are over 32767 bytes encoded")
+    raise BadRequest(f"message refused by the store: {r.status.value}")
+
+
+def _immunity_ms(props: dict[str, str], default_s: float) -> int:
+    raw = props.get(Prop.CHECK_IMMUNITY_TIME_IN_SECONDS)
+    if raw is None:
+        return round(default_s * 1000)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise BadRequest(
+            f"{Prop.CHECK_IMMUNITY_TIME_IN_SECONDS} must be a number of seconds, not {raw!r}"
+        )
+    return round(seconds * 1000)
+
+
+def parse_op(body: bytes) -> tuple[int, str] | None:
+    """(half offset, resolution) of an op record's body, or None if it is not one."""
+    try:
+        data = json.loads(body)
+        return int(data["half_offset"]), str(data["resolution"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class TransactionService:
+    """Half messages, their resolution and the pending set (checks: ``TransactionChecker``)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.store: MessageStore = broker.store
+        self.topics: TopicManager = broker.topics
+        self.path = broker.config.store / "config" / "transaction_offsets.json"
+        #: pending halves by commit-log offset, in store order
+        self.pending: dict[int, PendingHalf] = {}
+        self._resolved: OrderedDict[int, str] = OrderedDict()
+        self.dirty = False
+        self.ready = False
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Rebuild the pending set from the store (the broker calls it once it is open)."""
+        raw = read_json(self.path, {})
+        check_offset = int(raw.get("check_offset", 0))
+        op_offset = int(raw.get("op_offset", 0))
+        counts = {int(k): int(v) for k, v in raw.get("check_times", {}).items()}
+        for topic in (HALF_TOPIC, OP_TOPIC, PARKED_TOPIC):
+            cfg = self.topics.get(topic)
+            if cfg is None or not cfg.system:
+                self.topics.create_or_update(topic, 1, system=True)
+        resolved: dict[int, str] = {}
+        for msg in self.scan(OP_TOPIC, op_offset):
+            op = parse_op(msg.body)
+            if op is not None:
+                resolved[op[0]] = op[1]
+                self._remember(*op)
+        for msg in self.scan(HALF_TOPIC, check_offset):
+            if SysFlag.transaction_value(msg.sys_flag) != SysFlag.TRANSACTION_PREPARED_TYPE:
+                continue
+            off = msg.commit_log_offset
+            if off in resolved:
+                continue
+            half = self._pending_from(msg, op_offset, counts.get(off, 0))
+            if half is not None:
+                self.pending[off] = half
+        repaired = 0
+        for half in list(self.pending.values()):
+            kind = self._derived_resolution(half.offset, half.msg_id)
+            if kind is not None:
+                log.warning(
+                    "half message %s (offset %d) was %s before a crash but its op record is "
+                    "missing; writing it now",
+                    half.msg_id,
+                    half.offset,
+                    kind,
+                )
+                self.settle(half, kind)
+                repaired += 1
+        self.ready = True
+        self.dirty = True
+        log.info(
+            "transactions: %d pending half message(s) (check offset %d, op offset %d, "
+            "%d op record(s) repaired)",
+            len(self.pending),
+            check_offset,
+            op_offset,
+            repaired,
+        )
+
+    def scan(self, topic: str, offset: int) -> Iterator[MessageExt]:
+        end = self.store.max_offset(topic, 0)
+        offset = max(offset, self.store.min_offset(topic, 0))
+        while offset < end:
+            got = self.store.get_messages(topic, 0, offset, _SCAN_BATCH)
+            if got.status is GetStatus.FOUND:
+                for record in got.records:
+                    yield decode_record(record)
+            if got.next_begin_offset <= offset:
+                break
+            offset = got.next_begin_offset
+
+    def _pending_from(self, msg: MessageExt, op_mark: int, check_times: int) -> PendingHalf | None:
+        props = msg.all_properties
+        try:
+            queue_id = int(props.get(Prop.REAL_QID, ""))
+            immunity = _immunity_ms(props, self.config.transaction_timeout_s)
+        except (ValueError, BadRequest):
+            log.warning("half message at offset %d is malformed; ignored", msg.commit_log_offset)
+            return None
+        return PendingHalf(
+            offset=msg.commit_log_offset,
+            queue_offset=msg.queue_offset,
+            msg_id=msg.msg_id,
+            transaction_id=props.get(Prop.TRANSACTION_ID, ""),
+            group=props.get(Prop.PRODUCER_GROUP, ""),
+            topic=props.get(Prop.REAL_TOPIC, ""),
+            queue_id=queue_id,
+            born_timestamp=msg.born_timestamp,
+            store_timestamp=msg.store_timestamp,
+            immunity_ms=immunity,
+            op_mark=op_mark,
+            check_times=check_times,
+        )
+
+    def _derived_resolution(self, offset: int, msg_id: str) -> str | None:
+        """COMMIT / PARKED if the store holds the committed message / parked copy of a half."""
+        for record in self.store.query_all_by_uniq_key(msg_id):
+            msg = decode_record(record)
+            if msg.commit_log_offset == offset or msg.prepared_transaction_offset != offset:
+                continue
+            if msg.topic == PARKED_TOPIC:
+                return PARKED
+            if SysFlag.transaction_value(msg.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE:
+                return COMMIT
+        return None
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _remember(self, offset: int, resolution: str) -> None:
+        self._resolved[offset] = resolution
+        if len(self._resolved) > _RESOLVED_CACHE:
+            self._resolved.popitem(last=False)
+
+    def resolution_of(self, offset: int, msg_id: str) -> str:
+        """How a half that is no longer pending was resolved."""
+        known = self._resolved.get(offset)
+        if known is not None:
+            return known
+        # older than the cache: a committed message or parked copy says so; else rolled back
+        return self._derived_resolution(offset, msg_id) or ROLLBACK
+
+    def offsets(self) -> tuple[int, int]:
+        """(check offset, op offset) to persist: the oldest pending half and its op mark."""
+        for half in self.pending.values():
+            return half.queue_offset, half.op_mark
+        return self.store.max_offset(HALF_TOPIC, 0), self.store.max_offset(OP_TOPIC, 0)
+
+    def settle(self, half: PendingHalf, resolution: str) -> PutResult | None:
+        """Write the op record of a half and mark it resolved; None if the write failed.
+
+        A failed ROLLBACK changes nothing (the half stays pending).  After a COMMIT's real
+        message or a park's copy is stored the half is resolved even if its op record could
+        not be written: recovery finds the derived record and writes the op record then.
+        """
+        body = json.dumps(
+            {
+                "half_offset": half.offset,
+                "half_queue_offset": half.queue_offset,
+                "resolution": resolution,
+                "msg_id": half.msg_id,
+                "transaction_id": half.transaction_id,
+                "group": half.group,
+                "topic": half.topic,
+            },
+            separators=(",", ":"),
+        ).encode()
+        r = self.store.put(
+            topic=OP_TOPIC,
+            queue_id=0,
+            body=body,
+            properties={Prop.TAGS: resolution},
+            born_timestamp=_now_ms(),
+        )
+        if not r.ok:
+            log.error("writing the %s op record of %s failed: %s", resolution, half.msg_id, r)
+            if resolution == ROLLBACK:
+                return None
+        self.pending.pop(half.offset, None)
+        self._remember(half.offset, resolution)
+        self.dirty = True
+        return r if r.ok else None
+
+    # -- requests -------------------------------------------------------------------------
+
+    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
+        return {
+            RequestCode.END_TRANSACTION: self.end_transaction,
+        }
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise BrokerBusy("the broker is still recovering transactions; try again")
+
+    def prepare(
+        self, header: dict[str, Any], body: bytes, topic: str, queue_id: int, props: dict[str, str]
+    ) -> HandlerResult:
+        """Store a half message for ``topic``/``queue_id`` (already validated by the caller)."""
+        self.check_ready()
+        group = _str(header, "group")
+        if Prop.DELAY in props:
+            raise BadRequest("a transactional (half) message cannot be delayed")
+        born = header_int(header, "born_timestamp", 0) or _now_ms()
+        stored = {k: v for k, v in props.items() if k != Prop.TRANSACTION_CHECK_TIMES}
+        stored.setdefault(Prop.UNIQ_KEY, new_message_id())
+        stored[Prop.TRAN_MSG] = "true"
+        stored[Prop.REAL_TOPIC] = topic
+        stored[Prop.REAL_QID] = str(queue_id)
+        stored[Prop.PRODUCER_GROUP] = group
+        immunity = _immunity_ms(stored, self.config.transaction_timeout_s)
+        op_mark = self.store.max_offset(OP_TOPIC, 0)
+        try:
+            r = self.store.put(
+                topic=HALF_TOPIC,
+                queue_id=0,
+                body=body,
+                properties=stored,
+                born_timestamp=born,
+                sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
+                flag=header_int(header, "flag", 0),
+            )
+        except StoreMessageTooLarge as exc:
+            raise MessageTooLargeError(str(exc)) from None
+        _check(r)
+        half = PendingHalf(
+            offset=r.commit_log_offset,
+            queue_offset=r.queue_offset,
+            msg_id=stored[Prop.UNIQ_KEY],
+            transaction_id=stored.get(Prop.TRANSACTION_ID, ""),
+            group=group,
+            topic=topic,
+            queue_id=queue_id,
+            born_timestamp=born,
+            store_timestamp=r.store_timestamp,
+            immunity_ms=immunity,
+            op_mark=op_mark,
+        )
+        self.pending[half.offset] = half
+        answer = {
+            "msg_id": half.msg_id,
+            "offset_msg_id": f"{r.commit_log_offset:016X}",
+            "queue_id": queue_id,
+            "queue_offset": r.queue_offset,
+            "store_timestamp": r.store_timestamp,
+            "transaction_offset": r.commit_log_offset,
+        }
+        return self.broker.processor._acked(r.end_offset, (ResponseCode.SUCCESS, answer, b""))
+
+    def half_at(self, offset: int, group: str | None = None) -> MessageExt:
+        """The half message at ``offset`` (of ``group``), or TransactionNotFound."""
+        record = self.store.look_message_by_offset(offset) if offset >= 0 else None
+        if record is None:
+            raise TransactionNotFound(f"no half message at commit-log offset {offset}")
+        msg = decode_record(record)
+        prepared = SysFlag.transaction_value(msg.sys_flag) == SysFlag.TRANSACTION_PREPARED_TYPE
+        if msg.topic != HALF_TOPIC or not prepared:
+            raise TransactionNotFound(
+                f"the record at commit-log offset {offset} ({msg.topic}) is not a half message"
+            )
+        owner = msg.all_properties.get(Prop.PRODUCER_GROUP, "")
+        if group is not None and owner != group:
+            raise TransactionNotFound(
+                f"the half message at commit-log offset {offset} belongs to producer group "
+                f"{owner!r}, not {group!r}"
+            )
+        return msg
+
+    def end_transaction(self, conn: Connection, frame: Frame) -> HandlerResult:
+        self.check_ready()
+        h = frame.header
+        group = _str(h, "group")
+        offset = header_int(h, "transaction_offset")
+        state = h.get("state")
+        if state not in _STATES:
+            raise BadRequest(f"request header field 'state' must be one of {sorted(_STATES)}")
+        msg_id = h.get("msg_id") or ""
+        if not isinstance(msg_id, str):
+            raise BadRequest("request header field 'msg_id' must be a string")
+        from_check = h.get("from_check") is True
+        msg = self.half_at(offset, group)
+        if msg_id and msg_id != msg.msg_id:
+            raise TransactionNotFound(
+                f"the half message at commit-log offset {offset} is {msg.msg_id}, not {msg_id}"
+            )
+        half = self.pending.get(offset)
+        if half is None:
+            resolution = self.resolution_of(offset, msg.msg_id)
+            log.info(
+                "END %s for %s (offset %d, group %s%s): already resolved (%s)",
+                state,
+                msg.msg_id,
+                offset,
+                group,
+                ", from a check" if from_check else "",
+                resolution,
+            )
+            done = {"result": "ALREADY_RESOLVED", "resolution": resolution}
+            return (ResponseCode.SUCCESS, done, b"")
+        if state == UNKNOWN:
+            log.debug("END UNKNOWN for %s (offset %d)", msg.msg_id, offset)
+            return (ResponseCode.SUCCESS, {"result": UNKNOWN}, b"")
+        answer: dict[str, Any] = {"result": _RESULT[state]}
+        end = 0
+        if state == COMMIT:
+            queue_id, r = self._commit(half, msg)
+            answer.update(
+                queue_id=queue_id,
+                queue_offset=r.queue_offset,
+                offset_msg_id=f"{r.commit_log_offset:016X}",
+            )
+            end = r.end_offset
+            op = self.settle(half, COMMIT)
+            self.broker.notify_arrival(half.topic, queue_id)
+        else:
+            op = self.settle(half, ROLLBACK)
+            if op is None:
+                raise BrokerBusy("the broker could not store the rollback; try again")
+        if op is not None:
+            end = op.end_offset
+        log.debug("END %s for %s (offset %d, group %s)", state, msg.msg_id, offset, group)
+        return self.broker.processor._acked(end, (ResponseCode.SUCCESS, answer, b""))
+
+    def _commit(self, half: PendingHalf, msg: MessageExt) -> tuple[int, PutResult]:
+        """Store the real message of a half: (queue id, result); raises if refused."""
+        cfg = self.topics.for_send(half.topic)
+        queue_id = half.queue_id % cfg.queue_nums
+        props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
+        try:
+            r = self.store.put(
+                topic=half.topic,
+                queue_id=queue_id,
+                body=msg.body,
+                properties=props,
+                born_timestamp=msg.born_timestamp,
+                sys_flag=(msg.sys_flag & ~SysFlag.TRANSACTION_MASK)
+                | SysFlag.TRANSACTION_COMMIT_TYPE,
+                flag=msg.flag,
+                prepared_transaction_offset=half.offset,
+            )
+        except StoreMessageTooLarge as exc:
+            raise MessageTooLargeError(str(exc)) from None
+        return queue_id, _check(r)
+
+    def forget(self, half: PendingHalf, why: str) -> None:
+        self.pending.pop(half.offset, None)
+        self.dirty = True
+        log.warning("half message %s (offset %d) dropped: %s", half.msg_id, half.offset, why)

@@ -1,0 +1,259 @@
+"""Checking undecided half messages back with their producer group.
+
+Every ``transaction_check_interval_s`` the checker walks the pending halves (oldest first).
+A half older than its immunity (``transaction_timeout_s``, or its own
+CHECK_IMMUNITY_TIME_IN_SECONDS property) is sent as a oneway CHECK_TRANSACTION_STATE to one
+live producer connection of its group (round robin between checks); the producer answers
+with END_TRANSACTION (``from_check``).  With no live producer of the group the half waits
+for the next round and the round does not count.  A half still pending after
+``transaction_check_max`` checks is parked (see :meth:`TransactionService.park`).
+
+Check counts are kept in memory and saved, with the check offset (the half topic's queue
+offset of the oldest pending half) and the op offset (where recovery starts reading op
+records), in ``<store>/config/transaction_offsets.json`` after every round that changed
+something and at shutdown.  After a crash the counts restart from the last saved round: a
+half may be checked a few times more than the limit, never fewer.  The file is written only
+once the op records it relies on are on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from broker.jsonfile import write_json_atomic
+from broker.store import CQ_TAG_PROPERTY
+from broker.transaction import (
+    PARKED,
+    PARKED_TOPIC,
+    PendingHalf,
+    TransactionService,
+    header_int,
+)
+from txmq.codec import decode_record
+from txmq.errors import BadRequest, ResponseCode, TxmqError
+from txmq.message import Prop
+from txmq.protocol import Frame, RequestCode
+from txmq.remoting import Connection, HandlerResult, Response
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+__all__ = ["TransactionChecker"]
+
+log = logging.getLogger("txmq.broker.transaction")
+
+#: what to save: (file content, commit-log offset that must be flushed first)
+Snapshot = tuple[dict[str, Any], int]
+MAX_LIST = 1000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TransactionChecker:
+    """The check rounds, parking, GET_TRANSACTIONS and the offsets file."""
+
+    def __init__(self, broker: Broker, service: TransactionService) -> None:
+        self.broker = broker
+        self.service = service
+        self.store = broker.store
+        self.interval_s = broker.config.transaction_check_interval_s
+        self.check_max = broker.config.transaction_check_max
+        self.flush_timeout_s = broker.config.sync_flush_timeout_s
+        self._next: dict[str, int] = {}
+        #: rounds run and checks sent since start (for tests and runtime info)
+        self.rounds = 0
+        self.checks_sent = 0
+
+    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
+        return {RequestCode.GET_TRANSACTIONS: self.list_transactions}
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Check pending halves every interval until cancelled (the broker's task group)."""
+        task_status.started()
+        while True:
+            await anyio.sleep(self.interval_s)
+            try:
+                self.check_round()
+            except Exception:  # pragma: no cover - a bug must not stop later rounds
+                log.exception("transaction check round failed")
+            self.rounds += 1
+            snap = self.snapshot()
+            if snap is not None:
+                try:
+                    await anyio.to_thread.run_sync(self._write, snap)
+                except OSError:
+                    self.service.dirty = True
+                    log.exception("persisting transaction offsets failed")
+
+    def check_round(self) -> int:
+        """Send the checks that are due; return how many were sent."""
+        svc = self.service
+        now = _now_ms()
+        sent = 0
+        for half in list(svc.pending.values()):
+            if half.offset not in svc.pending or now - half.store_timestamp < half.immunity_ms:
+                continue
+            if half.check_times >= self.check_max:
+                self.park(half)
+                continue
+            conns = self.broker.producers.connections(half.group)
+            if not conns:
+                continue
+            record = self.store.look_message_by_offset(half.offset)
+            if record is None:
+                svc.forget(half, "its record is gone (retention)")
+                continue
+            n = self._next.get(half.group, 0)
+            self._next[half.group] = n + 1
+            conn = conns[n % len(conns)]
+            header = {
+                "transaction_offset": half.offset,
+                "msg_id": half.msg_id,
+                "transaction_id": half.transaction_id,
+                "group": half.group,
+                "topic": half.topic,
+                "queue_id": half.queue_id,
+                "check_times": half.check_times + 1,
+            }
+            try:
+                conn.oneway(RequestCode.CHECK_TRANSACTION_STATE, header, record)
+            except TxmqError as exc:
+                log.debug("checking %s with %s failed: %s", half.msg_id, conn.name, exc)
+                continue
+            half.check_times += 1
+            svc.dirty = True
+            sent += 1
+            log.info(
+                "checking half message %s (transaction %s, group %s) with %s (check %d of %d)",
+                half.msg_id,
+                half.transaction_id or "-",
+                half.group,
+                conn.name,
+                half.check_times,
+                self.check_max,
+            )
+        self.checks_sent += sent
+        return sent
+
+    def park(self, half: PendingHalf) -> bool:
+        """Copy an undecided half to the parked topic and stop checking it."""
+        record = self.store.look_message_by_offset(half.offset)
+        if record is None:
+            self.service.forget(half, "its record is gone (retention)")
+            return False
+        msg = decode_record(record)
+        props = dict(msg.all_properties)
+        props[Prop.TRANSACTION_CHECK_TIMES] = str(half.check_times)
+        props.pop(CQ_TAG_PROPERTY, None)
+        r = self.store.put(
+            topic=PARKED_TOPIC,
+            queue_id=0,
+            body=msg.body,
+            properties=props,
+            born_timestamp=msg.born_timestamp,
+            sys_flag=msg.sys_flag,
+            flag=msg.flag,
+            prepared_transaction_offset=half.offset,
+        )
+        if not r.ok:
+            log.error("parking %s failed: %s", half.msg_id, r.status.value)
+            return False
+        self.service.settle(half, PARKED)
+        log.warning(
+            "half message %s (transaction %s, group %s, topic %s) is still undecided after %d "
+            "checks; parked in %s for an operator",
+            half.msg_id,
+            half.transaction_id or "-",
+            half.group,
+            half.topic,
+            half.check_times,
+            PARKED_TOPIC,
+        )
+        return True
+
+    # -- listing --------------------------------------------------------------------------
+
+    def list_transactions(self, conn: Connection, frame: Frame) -> Response:
+        self.service.check_ready()
+        h = frame.header
+        state = h.get("state", "pending")
+        limit = min(max(header_int(h, "max", 100), 1), MAX_LIST)
+        group = h.get("group")
+        if group is not None and not isinstance(group, str):
+            raise BadRequest("request header field 'group' must be a string")
+        now = _now_ms()
+        if state == "pending":
+            rows = [
+                p.row(now) for p in self.service.pending.values() if not group or p.group == group
+            ]
+        elif state == "parked":
+            rows = self._parked(group, now)
+        else:
+            raise BadRequest("request header field 'state' must be 'pending' or 'parked'")
+        return (ResponseCode.SUCCESS, {"transactions": rows[:limit]}, b"")
+
+    def _parked(self, group: str | None, now: int) -> list[dict[str, Any]]:
+        rows: dict[int, dict[str, Any]] = {}
+        for msg in self.service.scan(PARKED_TOPIC, 0):
+            props = msg.all_properties
+            if group and props.get(Prop.PRODUCER_GROUP) != group:
+                continue
+            try:
+                queue_id = int(props.get(Prop.REAL_QID, "-1"))
+                times = int(props.get(Prop.TRANSACTION_CHECK_TIMES, "0"))
+            except ValueError:
+                queue_id, times = -1, 0
+            rows[msg.prepared_transaction_offset] = {
+                "msg_id": msg.msg_id,
+                "transaction_id": props.get(Prop.TRANSACTION_ID, ""),
+                "group": props.get(Prop.PRODUCER_GROUP, ""),
+                "topic": props.get(Prop.REAL_TOPIC, ""),
+                "queue_id": queue_id,
+                "transaction_offset": msg.prepared_transaction_offset,
+                "born_timestamp": msg.born_timestamp,
+                "check_times": times,
+                "age_s": round(max(now - msg.born_timestamp, 0) / 1000, 1),
+                "parked_timestamp": msg.store_timestamp,
+            }
+        return list(rows.values())
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def snapshot(self, force: bool = False) -> Snapshot | None:
+        """What to save, or None if nothing changed (or recovery has not run)."""
+        svc = self.service
+        if not svc.ready or not (svc.dirty or force):
+            return None
+        svc.dirty = False
+        check_offset, op_offset = svc.offsets()
+        data = {
+            "check_offset": check_offset,
+            "op_offset": op_offset,
+            "check_times": {
+                str(h.offset): h.check_times for h in svc.pending.values() if h.check_times
+            },
+        }
+        return data, self.store.commit_log_max_offset
+
+    def _write(self, snap: Snapshot, wait_flush: bool = True) -> None:
+        data, upto = snap
+        if wait_flush and not self.store.flush_wait(upto, self.flush_timeout_s):
+            self.service.dirty = True  # the op records are not on disk yet: next round
+            return
+        write_json_atomic(self.service.path, data)
+
+    def write(self, snap: Snapshot | None) -> None:
+        """Save a snapshot taken before the store was shut down (so it is flushed)."""
+        if snap is not None:
+            self._write(snap, wait_flush=False)

@@ -1,0 +1,1 @@
+"""txmq's alembic revisions (one module per revision; alembic skips this file)."""

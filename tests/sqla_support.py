@@ -1,0 +1,167 @@
+"""Helpers for the SQLAlchemy tests: a business table, fake transaction producers, and
+PostgreSQL schemas made and dropped per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    Column,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    make_url,
+    text,
+)
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped
+
+from txmq.message import Message
+from txmq.producer import MessageQueueSelector, SendResult
+from txmq.sqla import metadata as txmq_metadata
+from txmq.transaction import LocalTransactionState
+
+PG_URL = os.environ.get(
+    "TXMQ_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+app_metadata = MetaData()
+orders = Table(
+    "orders",
+    app_metadata,
+    Column("id", String(64), primary_key=True),
+    Column("amount", Integer, nullable=False),
+)
+order_lines = Table(
+    "order_lines",
+    app_metadata,
+    Column("id", Integer, primary_key=True),
+    Column(
+        "order_id",
+        String(64),
+        ForeignKey("orders.id", deferrable=True, initially="DEFERRED"),
+        nullable=False,
+    ),
+)
+
+
+class Base(DeclarativeBase):
+    metadata = app_metadata
+
+
+class Order(Base):
+    __table__ = orders
+
+    id: Mapped[str]
+    amount: Mapped[int]
+
+
+def create_all(conn: Any) -> None:
+    txmq_metadata.create_all(conn)
+    app_metadata.create_all(conn)
+
+
+class Recorder:
+    """Records what a fake producer was asked to do, in order, with other events."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self._offsets = itertools.count(1000)
+
+    def result(self, msg: Message, transaction_id: str) -> SendResult:
+        n = next(self._offsets)
+        return SendResult("SEND_OK", f"MSG{n}", f"OFF{n}", msg.topic, 0, n, 0, transaction_offset=n)
+
+    def ends(self) -> list[tuple[str, LocalTransactionState]]:
+        return [(e[1], e[2]) for e in self.events if e[0] == "end"]
+
+    def halves(self) -> list[tuple[Any, ...]]:
+        return [e for e in self.events if e[0] == "half"]
+
+
+class FakeAsyncProducer:
+    """Stands in for txmq.TransactionProducer (send_half / end_transaction)."""
+
+    group = "test-producers"
+
+    def __init__(self, rec: Recorder, *, end_error: Exception | None = None) -> None:
+        self.rec = rec
+        self.end_error = end_error
+        self.listener: Any = None
+
+    async def send_half(
+        self,
+        msg: Message,
+        *,
+        transaction_id: str,
+        sharding_key: str | None = None,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        result = self.rec.result(msg, transaction_id)
+        self.rec.events.append(("half", result.msg_id, transaction_id, msg.topic, sharding_key))
+        return result
+
+    async def end_transaction(
+        self, result: SendResult, state: LocalTransactionState, *, from_check: bool = False
+    ) -> str:
+        self.rec.events.append(("end", result.msg_id, state))
+        if self.end_error is not None:
+            raise self.end_error
+        return "OK"
+
+
+class FakeSyncProducer:
+    """Stands in for txmq.sync.TransactionProducer."""
+
+    def __init__(self, rec: Recorder, *, end_error: Exception | None = None) -> None:
+        self.aio = FakeAsyncProducer(rec, end_error=end_error)  # like the sync facades
+        self.rec = rec
+        self.end_error = end_error
+
+    def send_half(self, msg: Message, *, transaction_id: str, **kwargs: Any) -> SendResult:
+        result = self.rec.result(msg, transaction_id)
+        self.rec.events.append(
+            ("half", result.msg_id, transaction_id, msg.topic, kwargs.get("sharding_key"))
+        )
+        return result
+
+    def end_transaction(
+        self, result: SendResult, state: LocalTransactionState, *, from_check: bool = False
+    ) -> str:
+        self.rec.events.append(("end", result.msg_id, state))
+        if self.end_error is not None:
+            raise self.end_error
+        return "OK"
+
+
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """A fresh PostgreSQL schema (skips the test if the server is unreachable); yields a
+    URL whose connections use it as their search path."""
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    schema = f"txmq_t_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc.orig}")
+    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()

@@ -1,0 +1,410 @@
+"""Transactional messages (RocketMQ's ``TransactionMQProducer``).
+
+Two-phase commit between a local (database) transaction and a message::
+
+    class Orders:
+        async def execute_local_transaction(self, msg, arg):
+            ...  # write the business rows and a transaction-log row in ONE db transaction
+            return LocalTransactionState.COMMIT
+
+        async def check_local_transaction(self, msg):
+            ...  # look the transaction id up in the transaction log
+            return LocalTransactionState.COMMIT  # or ROLLBACK, or UNKNOWN (ask again later)
+
+    async with TransactionProducer(address, "orders-tx", listener=Orders()) as producer:
+        await producer.send_message_in_transaction(Message("orders", body), arg=order)
+
+1. ``send_half`` stores a *half message*: invisible to consumers until it is committed.
+2. The listener runs the local transaction.
+3. ``end_transaction`` commits (the broker delivers the message) or rolls back (it never
+   is).  If the producer dies before that, or answers UNKNOWN, the broker asks a live
+   producer of the same group (CHECK_TRANSACTION_STATE) every ``transaction_check_interval_s``
+   until the checker answers COMMIT or ROLLBACK, at most ``transaction_check_max`` times;
+   then the message is parked for an operator (``txmq admin transactions --parked``).
+
+Listener methods may be coroutine functions (run on the client's event loop) or plain
+functions (run in worker threads).  An exception in ``execute_local_transaction`` counts as
+UNKNOWN: the half message stays pending, the broker's check-back decides, and the exception
+is re-raised to the caller after the broker was told.  A failing ``check_local_transaction``
+counts as UNKNOWN too (logged).  If the final END_TRANSACTION cannot reach the broker,
+``send_message_in_transaction`` logs it and returns: the check-back will resolve it.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import itertools
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+
+from txmq.codec import decode_record
+from txmq.errors import ResponseCode, TxmqError
+from txmq.message import Message, MessageExt, Prop, new_message_id
+from txmq.producer import MessageQueueSelector, Producer, SendResult
+from txmq.protocol import Frame, RequestCode
+from txmq.remoting import Connection, Response
+
+__all__ = [
+    "LocalTransactionState",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
+    "to_state",
+]
+
+log = logging.getLogger("txmq.transaction")
+
+#: checks waiting for a free checker slot beyond this are dropped (the broker asks again)
+MAX_QUEUED_CHECKS = 2000
+_INSTANCES = itertools.count(1)
+
+
+class LocalTransactionState(enum.StrEnum):
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+
+class TransactionListener(Protocol):
+    """Runs and checks the local transactions of a :class:`TransactionProducer`."""
+
+    def execute_local_transaction(
+        self, msg: Message, arg: Any
+    ) -> LocalTransactionState | Awaitable[LocalTransactionState]:
+        """Run the local transaction of a half message just stored; say how it ended."""
+        ...
+
+    def check_local_transaction(
+        self, msg: MessageExt
+    ) -> LocalTransactionState | Awaitable[LocalTransactionState]:
+        """The state of the local transaction of ``msg`` (its TRANSACTION_ID property).
+
+        ``msg`` is the half message with its real topic and queue; its
+        TRANSACTION_CHECK_TIMES property counts the checks so far (this one included).
+        Must not answer ROLLBACK while that transaction could still commit.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    send_result: SendResult
+    transaction_id: str
+    local_state: LocalTransactionState
+
+
+def to_state(value: object) -> LocalTransactionState:
+    """A listener's answer as a state: a state or its name; anything else is UNKNOWN."""
+    if isinstance(value, LocalTransactionState):
+        return value
+    if isinstance(value, str):
+        try:
+            return LocalTransactionState(value.upper())
+        except ValueError:
+            pass
+    log.warning("a transaction listener answered %r; treated as UNKNOWN", value)
+    return LocalTransactionState.UNKNOWN
+
+
+async def _await(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+class TransactionProducer(Producer):
+    """A producer that sends transactional messages and answers the broker's check-backs.
+
+    It heartbeats as a member of producer group ``group`` (at start, on every reconnect and
+    every ``heartbeat_interval`` seconds) so that the broker can check back with it; at
+    most ``check_concurrency`` checks run at once, never blocking sends.  ``listener`` may
+    be set after construction.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        group: str = "DEFAULT_PRODUCER",
+        *,
+        listener: TransactionListener | None = None,
+        check_concurrency: int = 16,
+        heartbeat_interval: float = 30.0,
+        instance_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if "handler" in kwargs:
+            raise TypeError("a TransactionProducer handles the broker's requests itself")
+        if check_concurrency < 1:
+            raise ValueError("check_concurrency must be at least 1")
+        super().__init__(address, group, handler=self._on_request, **kwargs)
+        self.listener = listener
+        self.check_concurrency = check_concurrency
+        self.heartbeat_interval = heartbeat_interval
+        name = instance_name or f"{os.getpid()}#{next(_INSTANCES)}"
+        self.client_id = f"{socket.gethostname()}@{name}"
+        self._check_limiter = anyio.CapacityLimiter(check_concurrency)
+        self._checking: set[int] = set()
+        self.remoting.on_connect.append(self._on_connect)
+
+    # -- lifecycle and heartbeats -----------------------------------------------------------
+
+    async def _on_start(self) -> None:
+        await self.remoting.connection()
+        await self._heartbeat()
+        self._task_group().start_soon(self._heartbeat_loop)
+
+    async def _on_stop(self) -> None:
+        with anyio.move_on_after(3):
+            try:
+                await self.request(
+                    RequestCode.UNREGISTER_CLIENT,
+                    {"client_id": self.client_id, "producer_groups": [self.group]},
+                )
+            except TxmqError:
+                pass
+
+    def _heartbeat_header(self) -> dict[str, Any]:
+        return {"client_id": self.client_id, "consumers": [], "producers": [self.group]}
+
+    async def _on_connect(self, conn: Connection) -> None:
+        # a (re)connected broker learns first that this connection can answer checks
+        conn.oneway(RequestCode.HEARTBEAT, self._heartbeat_header())
+
+    async def _heartbeat(self) -> None:
+        await self.request(RequestCode.HEARTBEAT, self._heartbeat_header())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat()
+            except TxmqError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    # -- the two phases ---------------------------------------------------------------------
+
+    async def send_half(
+        self,
+        msg: Message,
+        *,
+        transaction_id: str,
+        sharding_key: str | None = None,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+        timeout: float | None = None,
+        check_immunity_s: float | None = None,
+    ) -> SendResult:
+        """Store ``msg`` as a half message of local transaction ``transaction_id``.
+
+        Not retried: a retry after the broker may have stored it would make a second half.
+        ``check_immunity_s`` overrides the broker's ``transaction_timeout_s`` (no check-back
+        before the half message is that old).  The result's ``transaction_offset`` names the
+        half message for :meth:`end_transaction`.
+        """
+        if not isinstance(transaction_id, str) or not transaction_id:
+            raise ValueError("transaction_id must be a non-empty string")
+        self._check(msg)
+        if msg.delay_level:
+            raise ValueError("a transactional message cannot be delayed")
+        props = msg.wire_properties(new_message_id())
+        props[Prop.TRAN_MSG] = "true"
+        props[Prop.PRODUCER_GROUP] = self.group
+        props[Prop.TRANSACTION_ID] = transaction_id
+        if sharding_key is not None:
+            props[Prop.SHARDING_KEY] = str(sharding_key)
+        if check_immunity_s is not None:
+            if not check_immunity_s >= 0:
+                raise ValueError("check_immunity_s must not be negative")
+            props[Prop.CHECK_IMMUNITY_TIME_IN_SECONDS] = repr(float(check_immunity_s))
+        qid, _ = await self._pick(msg, sharding_key, selector, arg, queue_id)
+        header = {
+            "topic": msg.topic,
+            "queue_id": qid,
+            "properties": props,
+            "born_timestamp": int(time.time() * 1000),
+            "group": self.group,
+        }
+        frame = await self.request(
+            RequestCode.SEND_MESSAGE, header, bytes(msg.body), timeout=timeout
+        )
+        h = frame.header
+        return SendResult(
+            "SEND_OK",
+            h["msg_id"],
+            h["offset_msg_id"],
+            msg.topic,
+            h["queue_id"],
+            h["queue_offset"],
+            h["store_timestamp"],
+            transaction_offset=int(h["transaction_offset"]),
+        )
+
+    async def end_transaction(
+        self,
+        result: SendResult,
+        state: LocalTransactionState | str,
+        *,
+        from_check: bool = False,
+    ) -> str:
+        """Commit or roll back the half message of ``result``; the broker's answer:
+        COMMITTED, ROLLED_BACK or ALREADY_RESOLVED (UNKNOWN sends nothing: UNKNOWN)."""
+        if result.transaction_offset < 0:
+            raise ValueError("end_transaction needs the result of send_half")
+        return await self._end(result.transaction_offset, result.msg_id, state, from_check)
+
+    async def _end(
+        self, offset: int, msg_id: str, state: LocalTransactionState | str, from_check: bool
+    ) -> str:
+        state = LocalTransactionState(state)
+        if state is LocalTransactionState.UNKNOWN:
+            return "UNKNOWN"
+        frame = await self.request(
+            RequestCode.END_TRANSACTION,
+            {
+                "group": self.group,
+                "transaction_offset": offset,
+                "msg_id": msg_id,
+                "state": state.value,
+                "from_check": from_check,
+            },
+        )
+        return str(frame.header["result"])
+
+    async def send_message_in_transaction(
+        self,
+        msg: Message,
+        arg: Any = None,
+        *,
+        transaction_id: str | None = None,
+        **send_kw: Any,
+    ) -> TransactionSendResult:
+        """Half message, then the listener's local transaction, then commit or roll back.
+
+        ``transaction_id`` defaults to a new unique id.  ``send_kw`` go to :meth:`send_half`.
+        """
+        listener = self.listener
+        if listener is None:
+            raise ValueError("set a TransactionListener before sending in a transaction")
+        tx_id = transaction_id or new_message_id()
+        result = await self.send_half(msg, transaction_id=tx_id, **send_kw)
+        try:
+            state = await self._run(listener.execute_local_transaction, msg, arg)
+        except Exception as exc:
+            await self._end_after_local(result, tx_id, LocalTransactionState.UNKNOWN, exc)
+            raise
+        await self._end_after_local(result, tx_id, state)
+        return TransactionSendResult(result, tx_id, state)
+
+    async def _end_after_local(
+        self,
+        result: SendResult,
+        tx_id: str,
+        state: LocalTransactionState,
+        error: BaseException | None = None,
+    ) -> None:
+        """End after the local transaction ran (or raised); failures are logged only."""
+        if error is not None:
+            log.warning(
+                "local transaction %s (message %s) raised %r; the broker will check back",
+                tx_id,
+                result.msg_id,
+                error,
+            )
+        try:
+            await self.end_transaction(result, state)
+        except TxmqError as exc:
+            log.warning(
+                "local transaction %s is %s but ending message %s failed (%s); the broker "
+                "will check back",
+                tx_id,
+                state.value,
+                result.msg_id,
+                exc,
+            )
+
+    async def _run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> LocalTransactionState:
+        if inspect.iscoroutinefunction(fn):
+            if limiter is None:
+                result = await fn(*args)
+            else:
+                async with limiter:
+                    result = await fn(*args)
+        else:
+            result = await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+        if inspect.isawaitable(result):
+            result = await result
+        return to_state(result)
+
+    # -- check-backs ------------------------------------------------------------------------
+
+    def _on_request(self, conn: Connection, frame: Frame) -> Response | None:
+        if frame.code == RequestCode.CHECK_TRANSACTION_STATE:
+            self._schedule_check(frame)
+            return None
+        return (
+            ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+            {"error": f"request code {frame.code} is not supported by transaction producers"},
+            b"",
+        )
+
+    def _schedule_check(self, frame: Frame) -> None:
+        offset = frame.header.get("transaction_offset")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            log.warning("transaction check without a transaction offset ignored")
+            return
+        if offset in self._checking:
+            return  # the previous check of it is still running
+        if len(self._checking) >= MAX_QUEUED_CHECKS:
+            log.warning("too many transaction checks running; check of %d dropped", offset)
+            return
+        tg = self._tg
+        if tg is None:
+            return
+        self._checking.add(offset)
+        tg.start_soon(self._check_back, offset, frame.header, frame.body)
+
+    async def _check_back(self, offset: int, header: dict[str, Any], body: bytes) -> None:
+        msg_id = str(header.get("msg_id") or "")
+        try:
+            try:
+                msg = decode_record(body, verify=True)
+                props = msg.all_properties
+                msg.topic = props.get(Prop.REAL_TOPIC, msg.topic)
+                msg.queue_id = int(props.get(Prop.REAL_QID, msg.queue_id))
+                times = header.get("check_times")
+                if isinstance(times, int):
+                    props[Prop.TRANSACTION_CHECK_TIMES] = str(times)
+                listener = self.listener
+                if listener is None:
+                    log.warning("the broker checks transaction %s but no listener is set", msg_id)
+                    return
+                state = await self._run(
+                    listener.check_local_transaction, msg, limiter=self._check_limiter
+                )
+            except Exception:
+                log.exception("checking the transaction of message %s failed (UNKNOWN)", msg_id)
+                return
+            if state is LocalTransactionState.UNKNOWN:
+                return
+            try:
+                result = await self._end(offset, msg_id, state, from_check=True)
+            except TxmqError as exc:
+                log.warning("ending message %s after a check failed: %s", msg_id, exc)
+                return
+            log.info("checked transaction of message %s: %s (%s)", msg_id, state.value, result)
+        finally:
+            self._checking.discard(offset)
