@@ -21,6 +21,7 @@ __all__ = [
     "SendCallback",
     "SendResult",
     "select_by_hash",
+    "send_result",
 ]
 
 log = logging.getLogger("txmq.producer")
@@ -50,6 +51,20 @@ class SendResult:
     msg_ids: list[str] = field(default_factory=list)
     #: commit-log offset of a half message (transactional send), else -1
     transaction_offset: int = -1
+
+
+def send_result(topic: str, h: dict[str, Any]) -> SendResult:
+    """The result of a send from the broker's answer header."""
+    return SendResult(
+        "SEND_OK",
+        h["msg_id"],
+        h["offset_msg_id"],
+        topic,
+        h["queue_id"],
+        h["queue_offset"],
+        h["store_timestamp"],
+        transaction_offset=int(h.get("transaction_offset", -1)),
+    )
 
 
 class Producer(BrokerClient):
@@ -113,6 +128,25 @@ class Producer(BrokerClient):
             return chosen, False
         return next(self._round_robin) % nums, True
 
+    def _wire_properties(self, msg: Message, sharding_key: str | None) -> dict[str, str]:
+        """Validate ``msg`` and give the properties it is stored with (a fresh message id)."""
+        self._check(msg)
+        props = msg.wire_properties(new_message_id())
+        if sharding_key is not None:
+            props[Prop.SHARDING_KEY] = str(sharding_key)
+        return props
+
+    def _send_header(
+        self, topic: str, queue_id: int, props: dict[str, str], born: int | None = None
+    ) -> dict[str, Any]:
+        return {
+            "topic": topic,
+            "queue_id": queue_id,
+            "properties": props,
+            "born_timestamp": born or int(time.time() * 1000),
+            "group": self.group,
+        }
+
     # -- sending ---------------------------------------------------------------------------
 
     async def send(
@@ -125,22 +159,13 @@ class Producer(BrokerClient):
         queue_id: int | None = None,
         timeout: float | None = None,
     ) -> SendResult:
-        self._check(msg)
-        props = msg.wire_properties(new_message_id())
-        if sharding_key is not None:
-            props[Prop.SHARDING_KEY] = str(sharding_key)
+        props = self._wire_properties(msg, sharding_key)
         body = bytes(msg.body)
         qid, movable = await self._pick(msg, sharding_key, selector, arg, queue_id)
         attempts = 1 + (self.retry_times if movable else 0)
         born = int(time.time() * 1000)
         for attempt in range(attempts):
-            header = {
-                "topic": msg.topic,
-                "queue_id": qid,
-                "properties": props,
-                "born_timestamp": born,
-                "group": self.group,
-            }
+            header = self._send_header(msg.topic, qid, props, born)
             try:
                 frame = await self.request(RequestCode.SEND_MESSAGE, header, body, timeout=timeout)
             except TxmqError as exc:
@@ -152,16 +177,7 @@ class Producer(BrokerClient):
                 nums = await self.queue_nums(msg.topic, create=True)
                 qid = next(self._round_robin) % nums
                 continue
-            h = frame.header
-            return SendResult(
-                "SEND_OK",
-                h["msg_id"],
-                h["offset_msg_id"],
-                msg.topic,
-                h["queue_id"],
-                h["queue_offset"],
-                h["store_timestamp"],
-            )
+            return send_result(msg.topic, frame.header)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def send_async(
@@ -197,15 +213,9 @@ class Producer(BrokerClient):
         queue_id: int | None = None,
     ) -> None:
         """Send without waiting for an answer (no acknowledgement, no retry)."""
-        self._check(msg)
-        props = msg.wire_properties(new_message_id())
+        props = self._wire_properties(msg, sharding_key)
         qid, _ = await self._pick(msg, sharding_key, selector, arg, queue_id)
-        header = {
-            "topic": msg.topic,
-            "queue_id": qid,
-            "properties": props,
-            "born_timestamp": int(time.time() * 1000),
-        }
+        header = self._send_header(msg.topic, qid, props)
         await self.remoting.oneway(RequestCode.SEND_MESSAGE, header, bytes(msg.body))
 
     async def send_batch(

@@ -39,7 +39,6 @@ import itertools
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,7 +49,7 @@ import anyio.to_thread
 from txmq.codec import decode_record
 from txmq.errors import ResponseCode, TxmqError
 from txmq.message import Message, MessageExt, Prop, new_message_id
-from txmq.producer import MessageQueueSelector, Producer, SendResult
+from txmq.producer import MessageQueueSelector, Producer, SendResult, send_result
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, Response
 
@@ -212,41 +211,22 @@ class TransactionProducer(Producer):
         """
         if not isinstance(transaction_id, str) or not transaction_id:
             raise ValueError("transaction_id must be a non-empty string")
-        self._check(msg)
         if msg.delay_level:
             raise ValueError("a transactional message cannot be delayed")
-        props = msg.wire_properties(new_message_id())
+        props = self._wire_properties(msg, sharding_key)
         props[Prop.TRAN_MSG] = "true"
         props[Prop.PRODUCER_GROUP] = self.group
         props[Prop.TRANSACTION_ID] = transaction_id
-        if sharding_key is not None:
-            props[Prop.SHARDING_KEY] = str(sharding_key)
         if check_immunity_s is not None:
             if not check_immunity_s >= 0:
                 raise ValueError("check_immunity_s must not be negative")
             props[Prop.CHECK_IMMUNITY_TIME_IN_SECONDS] = repr(float(check_immunity_s))
         qid, _ = await self._pick(msg, sharding_key, selector, arg, queue_id)
-        header = {
-            "topic": msg.topic,
-            "queue_id": qid,
-            "properties": props,
-            "born_timestamp": int(time.time() * 1000),
-            "group": self.group,
-        }
+        header = self._send_header(msg.topic, qid, props)
         frame = await self.request(
             RequestCode.SEND_MESSAGE, header, bytes(msg.body), timeout=timeout
         )
-        h = frame.header
-        return SendResult(
-            "SEND_OK",
-            h["msg_id"],
-            h["offset_msg_id"],
-            msg.topic,
-            h["queue_id"],
-            h["queue_offset"],
-            h["store_timestamp"],
-            transaction_offset=int(h["transaction_offset"]),
-        )
+        return send_result(msg.topic, frame.header)
 
     async def end_transaction(
         self,
