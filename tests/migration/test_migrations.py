@@ -229,6 +229,18 @@ def test_cli_upgrade_current_downgrade(empty_db_url: str) -> None:
     assert "base -> 0001 (head)" in r.stdout
     assert txmq_cli("db", "current", "--url", empty_db_url).stdout.strip() == "0001 (head)"
     assert "already at 0001" in txmq_cli("db", "upgrade", "--url", empty_db_url).stdout
+    engine = create_engine(empty_db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO txmq_transaction_log (transaction_id, producer_group, state, "
+                "created_at) VALUES ('old', 'g', 'COMMITTED', '2000-01-01 00:00:00'), "
+                "('new', 'g', 'COMMITTED', CURRENT_TIMESTAMP)"
+            )
+        )
+    engine.dispose()
+    r = txmq_cli("db", "cleanup", "--url", empty_db_url, "--older-than-days", "1")
+    assert r.returncode == 0 and "deleted 1 " in r.stdout, r.stderr
     r = txmq_cli("db", "downgrade", "--url", empty_db_url, "--revision", "base")
     assert r.returncode == 0 and "0001 (head) -> base" in r.stdout, r.stderr
 
@@ -252,3 +264,21 @@ def test_cli_bad_database_is_a_clear_error(url: str, expected: str) -> None:
 def test_cli_unknown_revision(tmp_path: Path) -> None:
     r = txmq_cli("db", "downgrade", "--url", f"sqlite:///{tmp_path / 'a.db'}", "--revision", "zz")
     assert r.returncode == 1 and "zz" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_upgrade_puts_back_the_callers_op(tmp_path: Path) -> None:
+    """Called while the application's own migration runs, upgrade() leaves alembic's
+    ``op`` proxy as it found it."""
+    import alembic.op
+    from alembic.operations import Operations
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    try:
+        with engine.connect() as conn:
+            with Operations.context(MigrationContext.configure(conn)) as outer:
+                upgrade(conn)
+                assert alembic.op._proxy is outer
+            conn.commit()
+            assert current(conn) == ("0001",)
+    finally:
+        engine.dispose()
