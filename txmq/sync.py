@@ -129,6 +129,10 @@ class TransactionProducer(SyncClient[_tx.TransactionProducer]):
         super().__init__(_tx.TransactionProducer(address, group, **kw))
 
     @property
+    def group(self) -> str:
+        return self.aio.group
+
+    @property
     def listener(self) -> _tx.TransactionListener | None:
         return self.aio.listener
 
