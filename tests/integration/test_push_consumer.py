@@ -329,3 +329,30 @@ def test_sync_facade_with_a_plain_function_listener(
         assert all_in.wait(10)
         assert len(consumer.queues_held()) == 5
     assert sorted(got) == sorted(f"s{i}".encode() for i in range(20))
+
+
+async def test_tag_subscription_filters_on_the_broker(
+    embedded_broker: Callable[..., EmbeddedBroker],
+) -> None:
+    eb = embedded_broker()
+    await _create(eb.address, "tagged", 2)
+    got: list[str] = []
+    done = anyio.Event()
+
+    async def listener(msg: MessageExt) -> None:
+        got.append(f"{msg.tags}:{msg.body.decode()}")
+        if len(got) == 20:
+            done.set()
+
+    consumer = PushConsumer(eb.address, "g-tags", listener=listener, consume_from="FIRST_OFFSET")
+    consumer.subscribe("tagged", "paid || shipped")
+    async with Producer(eb.address) as producer:
+        for i in range(30):
+            tag = ("created", "paid", "shipped")[i % 3]
+            await producer.send(Message("tagged", str(i).encode(), tags=tag))
+    async with consumer:
+        with anyio.fail_after(10):
+            await done.wait()
+    assert sorted(got) == sorted(
+        f"{('created', 'paid', 'shipped')[i % 3]}:{i}" for i in range(30) if i % 3
+    )
