@@ -13,12 +13,12 @@ import msgpack
 
 from broker.consumers import ClientGroupHandlers
 from broker.locks import QueueLockHandlers
+from broker.putting import MAX_PROPERTIES_SIZE, check_put, put_or_raise
 from broker.retry import RetryHandlers
-from broker.store import GetStatus, MessageTooLarge, PutResult, PutStatus
+from broker.store import GetStatus, MessageTooLarge, PutResult
 from txmq.codec import read_header
 from txmq.errors import (
     BadRequest,
-    BrokerBusy,
     FlushDiskTimeout,
     MessageNotFound,
     ResponseCode,
@@ -46,7 +46,6 @@ _PULL_STATUS = {
     GetStatus.OFFSET_TOO_SMALL: "OFFSET_ILLEGAL",
     GetStatus.OFFSET_OVERFLOW_BADLY: "OFFSET_ILLEGAL",
 }
-MAX_PROPERTIES_SIZE = 32767
 _WAITABLE = {
     GetStatus.NO_MESSAGE_IN_QUEUE,
     GetStatus.OFFSET_OVERFLOW_ONE,
@@ -195,19 +194,16 @@ class RequestProcessor:
             return self.broker.transactions.prepare(h, frame.body, topic, queue_id, props)
         # a delayed message goes to the schedule topic (broker/schedule.py) first
         delayed = self.schedule.prepare(topic, queue_id, props) if Prop.DELAY in props else None
-        try:
-            r = self.store.put(
-                topic=topic if delayed is None else delayed[0],
-                queue_id=queue_id if delayed is None else delayed[1],
-                body=frame.body,
-                properties=props if delayed is None else delayed[2],
-                born_timestamp=_field(h, "born_timestamp", int, 0) or _now_ms(),
-                flag=_field(h, "flag", int, 0),
-                cq_tag_code=None if delayed is None else delayed[3],
-            )
-        except MessageTooLarge as exc:
-            raise MessageTooLargeError(str(exc)) from None
-        _check_put(r)
+        r = put_or_raise(
+            self.store,
+            topic=topic if delayed is None else delayed[0],
+            queue_id=queue_id if delayed is None else delayed[1],
+            body=frame.body,
+            properties=props if delayed is None else delayed[2],
+            born_timestamp=_field(h, "born_timestamp", int, 0) or _now_ms(),
+            flag=_field(h, "flag", int, 0),
+            cq_tag_code=None if delayed is None else delayed[3],
+        )
         if delayed is None:
             self.broker.notify_arrival(topic, queue_id)
         else:
@@ -256,7 +252,7 @@ class RequestProcessor:
         except MessageTooLarge as exc:
             raise MessageTooLargeError(str(exc)) from None
         for r in results:
-            _check_put(r)
+            check_put(r)
         if len(delays) < len(items):
             self.broker.notify_arrival(topic, queue_id)
         for level, due in delays:
@@ -457,16 +453,6 @@ class RequestProcessor:
 def _check_properties_size(props: object) -> None:
     if props and len(msgpack.packb(props)) > MAX_PROPERTIES_SIZE:
         raise BadRequest(f"message properties are over {MAX_PROPERTIES_SIZE} bytes encoded")
-
-
-def _check_put(r: PutResult) -> None:
-    if r.status is PutStatus.PUT_OK:
-        return
-    if r.status is PutStatus.PROPERTIES_SIZE_EXCEEDED:
-        raise BadRequest(f"message properties are over {MAX_PROPERTIES_SIZE} bytes encoded")
-    if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
-        raise BrokerBusy("the broker's store is not available (starting or shutting down)")
-    raise BadRequest(f"message refused by the store: {r.status.value}")
 
 
 def _now_ms() -> int:

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.consumers import dlq_topic, retry_topic
+from broker.putting import put_or_raise
 from broker.schedule import ScheduleMessageService
-from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult, PutStatus
-from broker.store import MessageTooLarge as StoreMessageTooLarge
+from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
 from broker.topics import TopicManager
 from txmq.codec import decode_record
-from txmq.errors import BadRequest, BrokerBusy, MessageNotFound, ResponseCode
-from txmq.errors import MessageTooLarge as MessageTooLargeError
+from txmq.errors import BadRequest, MessageNotFound, ResponseCode
 from txmq.message import MessageExt, Prop
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult, Response
@@ -51,12 +50,6 @@ def _group(header: dict[str, Any]) -> str:
     return value
 
 
-def _check(r: PutResult) -> PutResult:
-    if r.status is PutStatus.PUT_OK:
-        return r
-    if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
-        raise BrokerBusy("the broker's store is not available (starting or shutting down)")
-    raise BadRequest(f"message refused by the store: {r.status.value}")
 
 
 class RetryHandlers:
@@ -90,21 +83,18 @@ class RetryHandlers:
         reconsume_times: int,
         cq_tag_code: int | None = None,
     ) -> PutResult:
-        try:
-            r = self.store.put(
-                topic=topic,
-                queue_id=queue_id,
-                body=msg.body,
-                properties=props,
-                born_timestamp=msg.born_timestamp,
-                sys_flag=msg.sys_flag,
-                flag=msg.flag,
-                reconsume_times=reconsume_times,
-                cq_tag_code=cq_tag_code,
-            )
-        except StoreMessageTooLarge as exc:
-            raise MessageTooLargeError(str(exc)) from None
-        return _check(r)
+        return put_or_raise(
+            self.store,
+            topic=topic,
+            queue_id=queue_id,
+            body=msg.body,
+            properties=props,
+            born_timestamp=msg.born_timestamp,
+            sys_flag=msg.sys_flag,
+            flag=msg.flag,
+            reconsume_times=reconsume_times,
+            cq_tag_code=cq_tag_code,
+        )
 
     # -- send back ------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.jsonfile import read_json
-from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult, PutStatus
-from broker.store import MessageTooLarge as StoreMessageTooLarge
+from broker.putting import put_or_raise
+from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
 from broker.topics import TopicManager
 from txmq.codec import decode_record
 from txmq.errors import (
@@ -46,7 +46,6 @@ from txmq.errors import (
     ResponseCode,
     TransactionNotFound,
 )
-from txmq.errors import MessageTooLarge as MessageTooLargeError
 from txmq.message import MessageExt, Prop, SysFlag, new_message_id
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult
@@ -142,14 +141,6 @@ def header_int(header: dict[str, Any], name: str, default: int | None = None) ->
     return value
 
 
-def _check(r: PutResult) -> PutResult:
-    if r.status is PutStatus.PUT_OK:
-        return r
-    if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
-        raise BrokerBusy("the broker's store is not available (starting or shutting down)")
-    if r.status is PutStatus.PROPERTIES_SIZE_EXCEEDED:
-        raise BadRequest("message properties are over 32767 bytes encoded")
-    raise BadRequest(f"message refused by the store: {r.status.value}")
 
 
 def _immunity_ms(props: dict[str, str], default_s: float) -> int:
@@ -373,19 +364,16 @@ class TransactionService:
         stored[Prop.PRODUCER_GROUP] = group
         immunity = _immunity_ms(stored, self.config.transaction_timeout_s)
         op_mark = self.store.max_offset(OP_TOPIC, 0)
-        try:
-            r = self.store.put(
-                topic=HALF_TOPIC,
-                queue_id=0,
-                body=body,
-                properties=stored,
-                born_timestamp=born,
-                sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
-                flag=header_int(header, "flag", 0),
-            )
-        except StoreMessageTooLarge as exc:
-            raise MessageTooLargeError(str(exc)) from None
-        _check(r)
+        r = put_or_raise(
+            self.store,
+            topic=HALF_TOPIC,
+            queue_id=0,
+            body=body,
+            properties=stored,
+            born_timestamp=born,
+            sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
+            flag=header_int(header, "flag", 0),
+        )
         half = PendingHalf(
             offset=r.commit_log_offset,
             queue_offset=r.queue_offset,
@@ -489,21 +477,18 @@ class TransactionService:
         cfg = self.topics.for_send(half.topic)
         queue_id = half.queue_id % cfg.queue_nums
         props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
-        try:
-            r = self.store.put(
-                topic=half.topic,
-                queue_id=queue_id,
-                body=msg.body,
-                properties=props,
-                born_timestamp=msg.born_timestamp,
-                sys_flag=(msg.sys_flag & ~SysFlag.TRANSACTION_MASK)
-                | SysFlag.TRANSACTION_COMMIT_TYPE,
-                flag=msg.flag,
-                prepared_transaction_offset=half.offset,
-            )
-        except StoreMessageTooLarge as exc:
-            raise MessageTooLargeError(str(exc)) from None
-        return queue_id, _check(r)
+        r = put_or_raise(
+            self.store,
+            topic=half.topic,
+            queue_id=queue_id,
+            body=msg.body,
+            properties=props,
+            born_timestamp=msg.born_timestamp,
+            sys_flag=(msg.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE,
+            flag=msg.flag,
+            prepared_transaction_offset=half.offset,
+        )
+        return queue_id, r
 
     def forget(self, half: PendingHalf, why: str) -> None:
         self.pending.pop(half.offset, None)

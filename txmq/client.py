@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any, Self
 
 import anyio
 
-from txmq.errors import BrokerUnavailable
+from txmq.errors import BrokerUnavailable, TxmqError
 from txmq.protocol import DEFAULT_MAX_FRAME_SIZE, Frame, RequestCode
-from txmq.remoting import Handler, RemotingClient
+from txmq.remoting import Connection, Handler, RemotingClient
 
 __all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address"]
 
 DEFAULT_ADDRESS = "127.0.0.1:10911"
+
+log = logging.getLogger("txmq.client")
 
 
 def default_address() -> str:
@@ -50,6 +53,8 @@ class BrokerClient:
         )
         self._routes: dict[str, tuple[int, float]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self.heartbeat_interval = 30.0
+        self.remoting.on_connect.append(self._announce)
         self._stop_event: anyio.Event | None = None
         self._lifetime: asyncio.Task[None] | None = None
 
@@ -112,6 +117,32 @@ class BrokerClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    # -- heartbeats (clients that register with the broker: consumers, transactional producers)
+
+    def _heartbeat_header(self) -> dict[str, Any] | None:
+        """What this client tells the broker about itself; None: it sends no heartbeats."""
+        return None
+
+    async def _announce(self, conn: Connection) -> None:
+        # a (re)connected broker learns who we are before anything else on this connection
+        header = self._heartbeat_header()
+        if header is not None:
+            conn.oneway(RequestCode.HEARTBEAT, header)
+
+    async def _heartbeat(self) -> None:
+        header = self._heartbeat_header()
+        if header is not None:
+            await self.request(RequestCode.HEARTBEAT, header)
+
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeat every ``heartbeat_interval`` seconds (started by subclasses that need it)."""
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat()
+            except TxmqError as exc:
+                log.warning("heartbeat failed: %s", exc)
 
     def _task_group(self) -> anyio.abc.TaskGroup:
         if self._tg is None:

@@ -145,7 +145,6 @@ class PushConsumer(PullConsumer):
             self.offsets = LocalFileOffsetStore(base / self.instance_name / group / "offsets.json")
         else:
             self.offsets = RemoteOffsetStore(self, group)
-        self.remoting.on_connect.append(self._on_connect)
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -211,10 +210,6 @@ class PushConsumer(PullConsumer):
             return None
         return (3, {"error": f"request code {frame.code} is not supported by consumers"}, b"")
 
-    async def _on_connect(self, conn: Connection) -> None:
-        # a (re)connected broker learns about us before anything else on this connection
-        conn.oneway(RequestCode.HEARTBEAT, self._heartbeat_header())
-
     # -- heartbeats, rebalance, offsets ----------------------------------------------------
 
     def _heartbeat_header(self) -> dict[str, Any]:
@@ -230,17 +225,6 @@ class PushConsumer(PullConsumer):
             ],
             "producers": [],
         }
-
-    async def _heartbeat(self) -> None:
-        await self.request(RequestCode.HEARTBEAT, self._heartbeat_header())
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await anyio.sleep(self.heartbeat_interval)
-            try:
-                await self._heartbeat()
-            except TxmqError as exc:
-                log.warning("heartbeat failed: %s", exc)
 
     async def _rebalance_loop(self) -> None:
         while True:

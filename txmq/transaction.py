@@ -151,7 +151,6 @@ class TransactionProducer(Producer):
         self.client_id = f"{socket.gethostname()}@{name}"
         self._check_limiter = anyio.CapacityLimiter(check_concurrency)
         self._checking: set[int] = set()
-        self.remoting.on_connect.append(self._on_connect)
 
     # -- lifecycle and heartbeats -----------------------------------------------------------
 
@@ -172,21 +171,6 @@ class TransactionProducer(Producer):
 
     def _heartbeat_header(self) -> dict[str, Any]:
         return {"client_id": self.client_id, "consumers": [], "producers": [self.group]}
-
-    async def _on_connect(self, conn: Connection) -> None:
-        # a (re)connected broker learns first that this connection can answer checks
-        conn.oneway(RequestCode.HEARTBEAT, self._heartbeat_header())
-
-    async def _heartbeat(self) -> None:
-        await self.request(RequestCode.HEARTBEAT, self._heartbeat_header())
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await anyio.sleep(self.heartbeat_interval)
-            try:
-                await self._heartbeat()
-            except TxmqError as exc:
-                log.warning("heartbeat failed: %s", exc)
 
     # -- the two phases ---------------------------------------------------------------------
 
