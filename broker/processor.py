@@ -288,7 +288,12 @@ class RequestProcessor:
             raise TopicNotFound(f"topic {topic!r} does not exist")
         result = self.store.get_messages(topic, queue_id, offset, max_msgs, tag_codes=tag_codes)
         if result.status in _WAITABLE and suspend_ms > 0:
-            return self._long_poll(topic, queue_id, offset, max_msgs, tag_codes, suspend_ms)
+            # registered now: the coroutine below starts a loop iteration later (remoting
+            # runs it as a task), and a message stored meanwhile must still wake it
+            arrival = self.broker.arrival(topic, queue_id)
+            return self._long_poll(
+                topic, queue_id, offset, max_msgs, tag_codes, suspend_ms, arrival
+            )
         return _pull_answer(result)
 
     async def _long_poll(
@@ -299,16 +304,18 @@ class RequestProcessor:
         max_msgs: int,
         tag_codes: set[int] | None,
         suspend_ms: int,
+        arrival: anyio.Event,
     ) -> Response:
         deadline = time.monotonic() + min(suspend_ms / 1000, self.config.long_polling_max_s)
         while True:
             remaining = deadline - time.monotonic()
             if remaining > 0:
                 with anyio.move_on_after(remaining):
-                    await self.broker.wait_arrival(topic, queue_id)
+                    await arrival.wait()
             result = self.store.get_messages(topic, queue_id, offset, max_msgs, tag_codes=tag_codes)
             if result.status not in _WAITABLE or remaining <= 0:
                 return _pull_answer(result)
+            arrival = self.broker.arrival(topic, queue_id)  # same step as the empty read
 
     # -- offsets ----------------------------------------------------------------------------
 

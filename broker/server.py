@@ -74,12 +74,15 @@ class Broker:
         if event is not None:
             event.set()
 
-    async def wait_arrival(self, topic: str, queue_id: int) -> None:
+    def arrival(self, topic: str, queue_id: int) -> anyio.Event:
+        """An event set by the next :meth:`notify_arrival` of this queue. Take it in the
+        same step as the read that found nothing (no ``await`` in between), or a message
+        stored in the gap wakes nobody."""
         key = (topic, queue_id)
         event = self._arrivals.get(key)
         if event is None:
             event = self._arrivals[key] = anyio.Event()
-        await event.wait()
+        return event
 
     # -- lifecycle --------------------------------------------------------------------------
 

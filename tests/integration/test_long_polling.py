@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
+from broker.config import BrokerConfig
+from broker.server import Broker, EmbeddedBroker
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
+from txmq.protocol import Frame, FrameKind, RequestCode
 
 pytestmark = pytest.mark.anyio
 
@@ -43,3 +48,38 @@ async def test_held_pull_answers_when_a_message_arrives(
         res = await consumer.pull("lp", 0, 0, long_poll=0.5)
         waited = time.perf_counter() - began
         assert res.status == PullStatus.NO_NEW_MSG and 0.4 <= waited < 3
+
+
+async def test_a_message_stored_before_the_held_pull_starts_waiting_still_wakes_it(
+    tmp_path: Path,
+) -> None:
+    """The broker runs a held pull as a task, which starts a loop iteration after the read
+    that found nothing; a message stored in that gap must answer the pull at once, not at
+    the end of its 10 s hold."""
+    broker = Broker(BrokerConfig(store=tmp_path / "store", port=0))
+    async with anyio.create_task_group() as tg:
+        await tg.start(broker.serve)
+        try:
+            proc = broker.processor
+
+            def frame(code: RequestCode, body: bytes = b"", **header: Any) -> Frame:
+                return Frame(FrameKind.REQUEST, code, 1, header, body)
+
+            create = frame(RequestCode.UPDATE_AND_CREATE_TOPIC, topic="gap", queue_nums=1)
+            assert not inspect.isawaitable(proc.handle(None, create))  # type: ignore[arg-type]
+            held = proc.handle(
+                None,  # type: ignore[arg-type]
+                frame(RequestCode.PULL_MESSAGE, topic="gap", queue_id=0, offset=0, suspend_ms=10_000),
+            )
+            assert inspect.isawaitable(held)  # nothing there yet: the pull is held
+            # the gap: a send handled before the held pull's coroutine has run at all
+            sent = proc.handle(
+                None,  # type: ignore[arg-type]
+                frame(RequestCode.SEND_MESSAGE, b"in the gap", topic="gap", queue_id=0),
+            )
+            assert not inspect.isawaitable(sent)
+            with anyio.fail_after(2):
+                code, header, body = await held  # type: ignore[misc]
+            assert code == 0 and b"in the gap" in body, (code, header)
+        finally:
+            broker.request_stop()
