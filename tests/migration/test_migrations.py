@@ -24,6 +24,7 @@ from tests.sqla_support import PG_URL
 from txmq.sqla import VERSION_TABLE, alembic_config, current, downgrade, metadata, upgrade
 
 TXMQ_TABLES = set(metadata.tables)
+HEAD = "0003"  # the newest txmq revision
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_upgrade_builds_exactly_the_metadata_then_downgrade_removes_it(empty_db_
             assert set(inspect(conn).get_table_names()) == TXMQ_TABLES | {VERSION_TABLE}
             assert schema_diffs(conn) == []
             assert describe(conn) == declared()
-            assert current(conn) == ("0001",)
+            assert current(conn) == (HEAD,)
             assert "alembic_version" not in inspect(conn).get_table_names()  # never the app's
         command.downgrade(alembic_config(empty_db_url), "base")
         with engine.connect() as conn:
@@ -114,13 +115,52 @@ def test_upgrade_builds_exactly_the_metadata_then_downgrade_removes_it(empty_db_
         engine.dispose()
 
 
+def test_revisions_one_step_at_a_time(empty_db_url: str) -> None:
+    """0001 -> 0002 (outbox) -> 0003 (consumed keys) and back, each step on its own; the
+    transaction log keeps its rows throughout."""
+    engine = create_engine(empty_db_url)
+    steps = [("0001", {"txmq_transaction_log"}), ("0002", {"txmq_outbox"})]
+    steps.append(("0003", {"txmq_consumed_keys"}))
+    try:
+        with engine.connect() as conn:
+            upgrade(conn, "0001")
+            conn.execute(
+                text(
+                    "INSERT INTO txmq_transaction_log (transaction_id, producer_group, state) "
+                    "VALUES ('t1', 'g', 'COMMITTED')"
+                )
+            )
+            conn.commit()
+        seen: set[str] = set()
+        for rev, tables in steps:
+            with engine.connect() as conn:
+                upgrade(conn, rev)
+            with engine.connect() as conn:
+                seen |= tables
+                assert current(conn) == (rev,)
+                assert set(inspect(conn).get_table_names()) - {VERSION_TABLE} == seen
+        for rev, tables in reversed(steps[1:]):
+            with engine.connect() as conn:
+                downgrade(conn, str(int(rev) - 1).zfill(4))
+                conn.commit()
+            with engine.connect() as conn:
+                seen -= tables
+                assert set(inspect(conn).get_table_names()) - {VERSION_TABLE} == seen
+        with engine.connect() as conn:
+            assert current(conn) == ("0001",)
+            count = conn.execute(text("SELECT count(*) FROM txmq_transaction_log")).scalar()
+            assert count == 1
+    finally:
+        engine.dispose()
+
+
 def test_programmatic_upgrade_on_a_connection(empty_db_url: str) -> None:
     engine = create_engine(empty_db_url)
     try:
         with engine.connect() as conn:
             upgrade(conn)  # commits on its own
         with engine.connect() as conn:
-            assert schema_diffs(conn) == [] and current(conn) == ("0001",)
+            assert schema_diffs(conn) == [] and current(conn) == (HEAD,)
             # the connection is in a transaction now (those reads): the caller commits
             upgrade(conn)  # already at head: nothing to do
             downgrade(conn, "base")
@@ -205,7 +245,7 @@ def test_inside_an_applications_own_alembic(
             tables = set(inspect(conn).get_table_names())
             assert tables == {"orders", "alembic_version", VERSION_TABLE} | TXMQ_TABLES
             assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "a1"
-            assert current(conn) == ("0001",)
+            assert current(conn) == (HEAD,)
             assert schema_diffs(conn) == []
     finally:
         engine.dispose()
@@ -226,9 +266,9 @@ def test_cli_upgrade_current_downgrade(empty_db_url: str) -> None:
     assert r.returncode == 0 and r.stdout.startswith("base"), r
     r = txmq_cli("db", "upgrade", "--url", empty_db_url)
     assert r.returncode == 0, r.stderr
-    assert "base -> 0001 (head)" in r.stdout
-    assert txmq_cli("db", "current", "--url", empty_db_url).stdout.strip() == "0001 (head)"
-    assert "already at 0001" in txmq_cli("db", "upgrade", "--url", empty_db_url).stdout
+    assert f"base -> {HEAD} (head)" in r.stdout
+    assert txmq_cli("db", "current", "--url", empty_db_url).stdout.strip() == f"{HEAD} (head)"
+    assert f"already at {HEAD}" in txmq_cli("db", "upgrade", "--url", empty_db_url).stdout
     engine = create_engine(empty_db_url)
     with engine.begin() as conn:
         conn.execute(
@@ -242,7 +282,7 @@ def test_cli_upgrade_current_downgrade(empty_db_url: str) -> None:
     r = txmq_cli("db", "cleanup", "--url", empty_db_url, "--older-than-days", "1")
     assert r.returncode == 0 and "deleted 1 " in r.stdout, r.stderr
     r = txmq_cli("db", "downgrade", "--url", empty_db_url, "--revision", "base")
-    assert r.returncode == 0 and "0001 (head) -> base" in r.stdout, r.stderr
+    assert r.returncode == 0 and f"{HEAD} (head) -> base" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize(
@@ -279,6 +319,6 @@ def test_upgrade_puts_back_the_callers_op(tmp_path: Path) -> None:
                 upgrade(conn)
                 assert alembic.op._proxy is outer
             conn.commit()
-            assert current(conn) == ("0001",)
+            assert current(conn) == (HEAD,)
     finally:
         engine.dispose()

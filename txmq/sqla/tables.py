@@ -7,22 +7,35 @@ exactly these tables (``tests/migration`` checks that the two never drift apart)
 from __future__ import annotations
 
 from sqlalchemy import (
+    JSON,
+    BigInteger,
     CheckConstraint,
     Column,
     DateTime,
     Index,
+    Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
     Table,
+    Text,
     func,
+    text,
 )
 
 __all__ = [
     "COMMITTED",
+    "CONSUMING",
+    "DONE",
+    "OUTBOX_PARKED",
+    "OUTBOX_PENDING",
+    "OUTBOX_SENT",
     "ROLLED_BACK",
     "TABLE_PREFIX",
+    "consumed_keys",
     "metadata",
+    "outbox",
     "transaction_log",
 ]
 
@@ -55,4 +68,90 @@ A ``COMMITTED`` row is inserted in the same database transaction as the business
 it exists exactly when they do. A check-back that finds no row inserts ``ROLLED_BACK``
 (waiting first for any transaction still holding that primary key), after which the late
 transaction can no longer commit.
+"""
+
+
+OUTBOX_PENDING = "pending"
+"""An outbox row waiting for the relay (or backing off until ``next_attempt_at``)."""
+OUTBOX_SENT = "sent"
+"""An outbox row the broker acknowledged; deleted after the relay's retention time."""
+OUTBOX_PARKED = "parked"
+"""An outbox row that failed ``max_attempts`` times; left for an operator."""
+
+_PENDING_ONLY = text(f"state = '{OUTBOX_PENDING}'")
+_BACKING_OFF = text(f"state = '{OUTBOX_PENDING}' AND next_attempt_at IS NOT NULL")
+
+outbox = Table(
+    "txmq_outbox",
+    metadata,
+    # BIGINT on PostgreSQL (an identity-like serial), INTEGER PRIMARY KEY (the rowid) on SQLite
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), autoincrement=True),
+    Column("msg_id", String(64), nullable=False),
+    Column("topic", String(127), nullable=False),
+    Column("sharding_key", String(255), nullable=True),
+    Column("tags", String(255), nullable=True),
+    Column("keys", Text, nullable=True),
+    Column("properties", JSON, nullable=True),
+    Column("body", LargeBinary, nullable=False),
+    Column("state", String(16), nullable=False, server_default=OUTBOX_PENDING),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text, nullable=True),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("sent_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("id", name="pk_txmq_outbox"),
+    CheckConstraint(
+        f"state IN ('{OUTBOX_PENDING}', '{OUTBOX_SENT}', '{OUTBOX_PARKED}')",
+        name="ck_txmq_outbox_state",
+    ),
+    # the relay's scans: pending rows in id order, a key's pending rows, the keys backing
+    # off — all partial, so sent rows kept for retention cost the relay nothing
+    Index(
+        "ix_txmq_outbox_pending",
+        "id",
+        postgresql_where=_PENDING_ONLY,
+        sqlite_where=_PENDING_ONLY,
+    ),
+    Index(
+        "ix_txmq_outbox_pending_key",
+        "sharding_key",
+        "id",
+        postgresql_where=_PENDING_ONLY,
+        sqlite_where=_PENDING_ONLY,
+    ),
+    Index(
+        "ix_txmq_outbox_backoff",
+        "sharding_key",
+        postgresql_where=_BACKING_OFF,
+        sqlite_where=_BACKING_OFF,
+    ),
+    Index("ix_txmq_outbox_state_sent_at", "state", "sent_at"),
+)
+"""The transactional outbox (``outbox.add`` inserts here through your session).
+
+``id`` is the order: a sharding key's rows are sent in ``id`` order, one relay at a time.
+``msg_id`` is the message id the broker and consumers see, the same on every re-send.
+"""
+
+CONSUMING = "consuming"
+"""A consumed-key mark taken before a handler with outside effects runs (mark mode)."""
+DONE = "done"
+"""A consumed key whose handler finished: the message is never applied again."""
+
+consumed_keys = Table(
+    "txmq_consumed_keys",
+    metadata,
+    Column("consumer_group", String(255), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("consumer_group", "key", name="pk_txmq_consumed_keys"),
+    CheckConstraint(f"state IN ('{CONSUMING}', '{DONE}')", name="ck_txmq_consumed_keys_state"),
+    Index("ix_txmq_consumed_keys_created_at", "created_at"),
+)
+"""The consumed keys (inbox) of idempotent consumers: one row per (group, dedupe key).
+
+Transaction mode inserts ``done`` in the handler's own database transaction; mark mode
+inserts ``consuming`` with ``expires_at`` first, then sets ``done`` when the handler ends.
 """
