@@ -1,3 +1,59 @@
-"""The transactional outbox (table, relay, retention) — arrives with its issue."""
+"""The transactional outbox: add messages in your database transaction; a relay sends
+them to the broker, at least once and in order per sharding key.
 
-__all__: list[str] = []
+::
+
+    from outbox import OutboxRelay, add, add_async
+
+    with Session(engine) as session, session.begin():
+        session.add(Order(id=order_id, amount=42))
+        add(session, Message("orders", body, keys=[f"order-{order_id}"]), sharding_key=order_id)
+
+    async with OutboxRelay(database_url, broker_address) as relay:
+        ...
+
+Or run ``txmq outbox relay --db URL --broker HOST:PORT``; blocking applications embed
+``outbox.sync.OutboxRelay``. The table, ``txmq_outbox``, is
+created by ``txmq db upgrade`` (revision 0002).
+"""
+
+from outbox import sync
+from outbox.claim import Outcome, Row
+from outbox.relay import OUTAGE_ERRORS, OutboxRelay, async_url
+from outbox.store import (
+    CHANNEL,
+    OutboxStats,
+    add,
+    add_async,
+    add_many,
+    add_many_async,
+    cleanup,
+    parked,
+    requeue,
+    stats,
+)
+from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT
+from txmq.sqla.tables import outbox as outbox_table
+
+__all__ = [
+    "CHANNEL",
+    "OUTAGE_ERRORS",
+    "OUTBOX_PARKED",
+    "OUTBOX_PENDING",
+    "OUTBOX_SENT",
+    "OutboxRelay",
+    "OutboxStats",
+    "Outcome",
+    "Row",
+    "add",
+    "add_async",
+    "add_many",
+    "add_many_async",
+    "async_url",
+    "cleanup",
+    "outbox_table",
+    "parked",
+    "requeue",
+    "stats",
+    "sync",
+]

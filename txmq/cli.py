@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from outbox.cli import add_outbox_parser
 from txmq.db import add_db_parser
 from txmq.errors import TxmqError
 from txmq.message import Prop
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=_admin)
 
     add_db_parser(sub)
+    add_outbox_parser(sub)
 
     q = sub.add_parser("quickstart", help="broker in a temporary folder; send and receive")
     q.add_argument("--messages", type=int, default=1000)

@@ -1,0 +1,230 @@
+"""The relay's database side: claim the rows to send, then mark what became of them.
+
+A cycle runs in one database transaction:
+
+1. **claim**, in one statement: the *head* of each sharding key — its oldest pending row
+   — if it is due (``next_attempt_at`` passed) and no other relay holds it, and the
+   claimed keys' further pending rows (in ``id`` order). PostgreSQL: the heads are taken
+   with ``SELECT ... FOR UPDATE SKIP LOCKED``; a head's row lock is its key's lock, so no
+   two relays ever work on one key, and a key's next rows are not a head until its head
+   is marked. Rows without a key are all heads, claimed one by one. SQLite:
+   ``BEGIN IMMEDIATE`` (the writer lock serialises whole cycles of several relays).
+2. the relay sends them (see :mod:`outbox.relay`);
+3. **mark**: sent rows become ``sent`` (or are deleted), a failed row gets ``attempts + 1``,
+   its error and a backoff (or is parked after ``max_attempts``); commit. A crash before
+   the commit leaves everything pending: it is sent again (at least once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    DateTime,
+    Interval,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.exc import OperationalError
+
+from outbox.store import utcnow
+from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
+
+__all__ = ["Outcome", "Row", "claim", "mark"]
+
+# a literal, not a bind parameter: PostgreSQL then uses the partial "pending" indexes even
+# in a generic plan
+_PENDING: ColumnElement[Any] = literal_column(f"'{OUTBOX_PENDING}'")
+
+WINDOW_BATCHES = 4
+"""Heads are looked for among the oldest ``WINDOW_BATCHES * batch_size`` pending rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """An outbox row as the relay sends it."""
+
+    id: int
+    msg_id: str
+    topic: str
+    sharding_key: str | None
+    tags: str | None
+    keys: str | None
+    properties: dict[str, str] | None
+    body: bytes
+    attempts: int
+
+
+@dataclass
+class Outcome:
+    """What a cycle's sends came to."""
+
+    sent: list[int] = field(default_factory=list)
+    failed: list[tuple[Row, BaseException]] = field(default_factory=list)
+    outage: BaseException | None = None
+    """A broker outage (unreachable, timeout, busy): rows it hit are left as they were,
+    without counting an attempt."""
+
+
+_COLUMNS = (
+    outbox.c.id,
+    outbox.c.msg_id,
+    outbox.c.topic,
+    outbox.c.sharding_key,
+    outbox.c.tags,
+    outbox.c["keys"],
+    outbox.c.properties,
+    outbox.c.body,
+    outbox.c.attempts,
+)
+
+
+def claim(conn: Connection, batch_size: int) -> list[Row]:
+    """Begin the cycle's transaction and claim up to ``batch_size`` rows, in ``id`` order.
+
+    Leaves the transaction open: the caller sends, then calls :func:`mark` and commits
+    (or rolls back, and the rows stay pending).
+    """
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        _begin_immediate(conn)
+    stmt = _CLAIMS.get((dialect, batch_size))
+    if stmt is None:
+        stmt = _CLAIMS[(dialect, batch_size)] = _claim_statement(dialect, batch_size)
+    return [Row(*r) for r in conn.execute(stmt, {"now": utcnow(conn)})]
+
+
+_CLAIMS: dict[tuple[str, int], Any] = {}  # built once: building it costs more than running it
+
+
+def _claim_statement(dialect: str, batch_size: int) -> Any:
+    o = outbox
+    # A key's head is its smallest pending id. Heads are looked for among the oldest
+    # pending rows of keys not backing off only (a window a few batches long), which
+    # always hold the whole past of any key seen in them: the smallest id of a key in the
+    # window is its head. Keys whose oldest row lies beyond the window wait for older rows
+    # to go first; a key backing off (or parking) never fills the window and stalls the
+    # others. Rows without a key are each their own head.
+    # PostgreSQL: the database's clock decides what is due; SQLite: the relay's
+    now = func.now() if dialect == "postgresql" else bindparam("now", type_=DateTime())
+    # keys whose head is backing off: all their rows wait (only a head ever backs off)
+    blocked = select(o.c.sharding_key).where(
+        o.c.state == _PENDING,
+        o.c.next_attempt_at.is_not(None),
+        o.c.next_attempt_at > now,
+        o.c.sharding_key.is_not(None),
+    )
+    w = (
+        select(o.c.id, o.c.sharding_key)
+        .where(
+            o.c.state == _PENDING,
+            or_(o.c.next_attempt_at.is_(None), o.c.next_attempt_at <= now),
+            or_(o.c.sharding_key.is_(None), o.c.sharding_key.not_in(blocked)),
+        )
+        .order_by(o.c.id)
+        .limit(max(1, batch_size * WINDOW_BATCHES))
+        .subquery("window")
+    )
+    unkeyed_apart = case((w.c.sharding_key.is_(None), w.c.id))
+    head_ids = select(func.min(w.c.id)).group_by(w.c.sharding_key, unkeyed_apart)
+    heads_q = (
+        select(o.c.id, o.c.sharding_key)
+        .where(
+            o.c.id.in_(head_ids),
+            o.c.state == _PENDING,  # re-checked under the lock: another relay may be done
+            or_(o.c.next_attempt_at.is_(None), o.c.next_attempt_at <= now),
+        )
+        .order_by(o.c.id)
+        .limit(batch_size)
+    )
+    if dialect == "postgresql":
+        heads_q = heads_q.with_for_update(skip_locked=True, of=o)
+    heads = heads_q.cte("heads")
+    # One statement: the claimed heads (locked in the CTE) and, for the claimed keys, their
+    # further pending rows within the window (only a key's head can be backing off, so
+    # all of these are due); bounding them by the window keeps a deep backlog cheap.
+    edge = select(func.max(w.c.id)).scalar_subquery()
+    unkeyed = select(*_COLUMNS).where(
+        o.c.id.in_(select(heads.c.id).where(heads.c.sharding_key.is_(None)))
+    )
+    keyed = select(*_COLUMNS).where(
+        o.c.state == _PENDING,
+        o.c.id <= edge,
+        o.c.sharding_key.in_(select(heads.c.sharding_key).where(heads.c.sharding_key.isnot(None))),
+    )
+    both = union_all(unkeyed, keyed).subquery("claimed")
+    return select(both).order_by(both.c.id).limit(batch_size)
+
+
+def backoff_delay(attempts: int, base: float, cap: float) -> float:
+    """Seconds before attempt ``attempts + 1``: ``base * 2 ** (attempts - 1)``, capped."""
+    return float(min(cap, base * 2 ** max(0, attempts - 1)))
+
+
+def mark(
+    conn: Connection,
+    outcome: Outcome,
+    *,
+    max_attempts: int,
+    backoff: float,
+    max_backoff: float,
+    delete_sent: bool,
+) -> list[int]:
+    """Record the outcome in the cycle's transaction (the caller commits); returns the ids
+    of the rows parked now."""
+    o = outbox
+    postgres = conn.dialect.name == "postgresql"
+    if outcome.sent:
+        params = {"ids": sorted(outcome.sent), "now": utcnow(conn)}
+        conn.execute(_DELETE_SENT if delete_sent else _MARK_SENT[postgres], params)
+    parked: list[int] = []
+    for row, exc in outcome.failed:
+        attempts = row.attempts + 1
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        if attempts >= max_attempts:
+            parked.append(row.id)
+            values: dict[str, Any] = {"state": OUTBOX_PARKED, "next_attempt_at": None}
+        else:
+            delay = timedelta(seconds=backoff_delay(attempts, backoff, max_backoff))
+            if postgres:
+                due: Any = func.clock_timestamp() + bindparam("delay", delay, type_=Interval())
+            else:
+                due = utcnow(conn) + delay
+            values = {"state": OUTBOX_PENDING, "next_attempt_at": due}
+        conn.execute(
+            update(o).where(o.c.id == row.id).values(attempts=attempts, last_error=error, **values)
+        )
+    return parked
+
+
+_SENT_IDS = outbox.c.id.in_(bindparam("ids", expanding=True))
+_DELETE_SENT = delete(outbox).where(_SENT_IDS)
+_MARK_SENT = {  # PostgreSQL: the database's clock, when the mark is written
+    postgres: update(outbox)
+    .where(_SENT_IDS)
+    .values(
+        state=OUTBOX_SENT,
+        sent_at=func.clock_timestamp() if postgres else bindparam("now", type_=DateTime()),
+    )
+    for postgres in (True, False)
+}
+
+
+def _begin_immediate(conn: Connection) -> None:
+    try:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    except OperationalError as exc:
+        if "within a transaction" not in str(exc.orig):
+            raise
+        # the driver began a transaction itself; the first write takes the writer lock

@@ -1,0 +1,176 @@
+"""``txmq outbox``: run a relay, and look after the outbox table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import anyio
+
+__all__ = ["add_outbox_parser", "run_outbox"]
+
+log = logging.getLogger("txmq.outbox")
+
+
+def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``txmq outbox ...`` to the ``txmq`` command's subcommands."""
+    o = sub.add_parser(
+        "outbox",
+        help="the transactional outbox: relay it to the broker, inspect it",
+        description=(
+            "Messages added with outbox.add() wait in the txmq_outbox table of your database "
+            "until a relay sends them to the broker. DB is a SQLAlchemy URL, e.g. "
+            "postgresql+psycopg://user@host/db or sqlite:///app.db."
+        ),
+    )
+    osub = o.add_subparsers(dest="outbox_cmd", required=True)
+    r = osub.add_parser(
+        "relay",
+        help="send outbox rows to the broker until stopped (SIGTERM/SIGINT)",
+        description=(
+            "Sends outbox rows at least once, in order per sharding key. Several relays may "
+            "run at once on PostgreSQL (each key is worked on by one relay at a time); on "
+            "SQLite run one. Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite."
+        ),
+    )
+    r.add_argument("--broker", help="HOST:PORT (default $TXMQ_BROKER_ADDRESS or 127.0.0.1:10911)")
+    r.add_argument("--batch-size", type=int, default=500, help="rows per cycle (default 500)")
+    r.add_argument(
+        "--max-attempts", type=int, default=10, help="failed sends before a row is parked"
+    )
+    r.add_argument("--backoff", type=float, default=0.5, help="first retry delay, seconds")
+    r.add_argument(
+        "--poll-interval", type=float, help="seconds between polls (1 with LISTEN, 0.1 SQLite)"
+    )
+    r.add_argument("--no-listen", action="store_true", help="poll only, even on PostgreSQL")
+    r.add_argument(
+        "--retention-hours",
+        type=float,
+        default=24.0,
+        help="delete sent rows this long after sending (default 24; 0 deletes them at once)",
+    )
+    r.add_argument(
+        "--stats-interval", type=float, default=10.0, help="print stats every N s (0: never)"
+    )
+    st = osub.add_parser("stats", help="backlog, lag, parked and sent rows")
+    pk = osub.add_parser("parked", help="rows parked after their last failed attempt")
+    pk.add_argument("--max", type=int, default=100, help="most rows to show")
+    rq = osub.add_parser("requeue", help="send parked rows again")
+    which = rq.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=int, action="append", help="row id (repeat for several)")
+    which.add_argument("--all", action="store_true", help="every parked row")
+    cl = osub.add_parser("cleanup", help="delete sent rows (the relay does it as well)")
+    cl.add_argument("--older-than-hours", type=float, default=24.0)
+    for p in (r, st, pk, rq, cl):
+        p.add_argument("--db", "--url", dest="db", required=True, help="SQLAlchemy database URL")
+    for p in (st, pk):
+        p.add_argument("--json", action="store_true", help="print JSON")
+    o.set_defaults(func=run_outbox)
+
+
+def run_outbox(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from txmq.db import _describe
+
+    try:
+        if args.outbox_cmd == "relay":
+            return _relay(args)
+        return _table_command(args)
+    except (SQLAlchemyError, ArgumentError) as exc:
+        print(f"txmq: error: {_describe(exc, args.db)}", file=sys.stderr)
+    return 1
+
+
+def _table_command(args: argparse.Namespace) -> int:
+    import outbox
+    from txmq.cli import format_table
+    from txmq.db import with_connection
+
+    cmd = args.outbox_cmd
+    if cmd == "stats":
+        s = with_connection(args.db, outbox.stats)
+        if args.json:
+            print(json.dumps(s.as_dict()))
+        else:
+            print(format_table([s.as_dict()]))
+    elif cmd == "parked":
+        rows = with_connection(args.db, lambda conn: outbox.parked(conn, limit=args.max))
+        if args.json:
+            print(json.dumps(rows, default=str, indent=2))
+        else:
+            print(format_table(rows))
+    elif cmd == "requeue":
+        n = with_connection(
+            args.db, lambda conn: outbox.requeue(conn, None if args.all else args.id)
+        )
+        print(f"requeued {n} parked row(s)")
+    elif cmd == "cleanup":
+        age = timedelta(hours=args.older_than_hours)
+        n = with_connection(args.db, lambda conn: outbox.cleanup(conn, age))
+        print(f"deleted {n} sent outbox row(s) older than {age}")
+    else:  # pragma: no cover - argparse rejects it
+        raise SystemExit(f"unknown outbox command {cmd}")
+    return 0
+
+
+def _relay(args: argparse.Namespace) -> int:
+    from sqlalchemy import make_url
+
+    from outbox.relay import OutboxRelay
+
+    relay = OutboxRelay(
+        args.db,
+        args.broker,
+        batch_size=args.batch_size,
+        max_attempts=args.max_attempts,
+        backoff=args.backoff,
+        poll_interval=args.poll_interval,
+        listen=not args.no_listen,
+        retention=timedelta(hours=args.retention_hours),
+    )
+    shown = make_url(args.db).render_as_string(hide_password=True)
+
+    async def run() -> None:
+        async with relay, anyio.create_task_group() as tg:
+            how = "LISTEN/NOTIFY" if relay.listen else f"polling every {relay.poll_interval:g} s"
+            print(
+                f"txmq outbox relay: {shown} -> {relay.producer.address} ({how})",
+                flush=True,
+            )
+            if args.stats_interval > 0:
+                tg.start_soon(_print_stats, relay, args.stats_interval)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("received %s; stopping the relay", signal.Signals(signum).name)
+                    break
+            tg.cancel_scope.cancel()
+        print(f"txmq outbox relay stopped; sent {relay.sent_total} row(s)", flush=True)
+
+    anyio.run(run)
+    return 0
+
+
+async def _print_stats(relay: Any, interval: float) -> None:
+    last_sent, last_time = relay.sent_total, time.monotonic()
+    while True:
+        await anyio.sleep(interval)
+        try:
+            s = await relay.stats()
+        except Exception as exc:
+            log.warning("outbox stats failed: %s", exc)
+            continue
+        now = time.monotonic()
+        rate = (relay.sent_total - last_sent) / max(now - last_time, 1e-9)
+        last_sent, last_time = relay.sent_total, now
+        print(
+            f"outbox: sent {relay.sent_total} ({rate:.0f}/s), backlog {s.backlog}, "
+            f"lag {s.lag_seconds:.3f} s, parked {s.parked}",
+            flush=True,
+        )

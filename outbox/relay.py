@@ -1,0 +1,475 @@
+"""The outbox relay: sends outbox rows to the broker, at least once, in order per key.
+
+::
+
+    async with OutboxRelay("postgresql+psycopg://app@db/orders", "127.0.0.1:10911") as relay:
+        ...                       # relays in the background until the block ends
+        print(await relay.lag_seconds(), await relay.backlog())
+
+or ``txmq outbox relay --db URL --broker HOST:PORT``. Several relays may run at once on
+PostgreSQL: each cycle claims whole sharding keys (see :mod:`outbox.claim`), so no row is
+sent by two relays at a time and a key's order holds. On SQLite cycles are serialised by
+the writer lock (one relay is all SQLite needs).
+
+A relay wakes on PostgreSQL ``LISTEN txmq_outbox`` (``outbox.add`` notifies at commit),
+and polls every ``poll_interval`` seconds besides (only polls on SQLite). It sends the
+rows of all keys that hash to one queue in one ``send_batch`` (in ``id`` order, so each
+key's order holds), the queues concurrently, then marks them sent in the transaction that
+claimed them: a crash between the send and the commit sends
+them again — consumers deduplicate on the message id, which stays the same
+(``txmq.idempotent``). A row whose send fails is retried with exponential backoff; after
+``max_attempts`` failures it is *parked* and the rows after it in its key go on (its key's
+order is broken at that row, as RocketMQ moves on to the next message after the last
+retry). A broker outage (unreachable, timeout, busy) costs no attempts: the relay waits.
+
+Order holds per sharding key *within a topic* (a key's rows of one topic land on one
+queue, in ``id`` order), as RocketMQ orders per queue; rows without a key go in any order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Self
+
+import anyio
+from sqlalchemy import Engine, make_url
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from outbox.claim import Outcome, Row, claim, mark
+from outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
+from txmq.errors import BrokerBusy, BrokerUnavailable, FlushDiskTimeout, RequestTimeout
+from txmq.message import Message, Prop, stable_hash
+from txmq.producer import Producer
+
+__all__ = ["OUTAGE_ERRORS", "OutboxRelay", "async_url"]
+
+log = logging.getLogger("txmq.outbox")
+
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    BrokerUnavailable,
+    RequestTimeout,
+    BrokerBusy,
+    FlushDiskTimeout,
+)
+"""Errors that say the broker, not the row, is the problem: no attempt is counted."""
+
+MAX_BATCH_MESSAGES = 256
+MAX_BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(slots=True)
+class _OutboxMessage(Message):
+    """A message that keeps the id fixed when the row was added, on every (re-)send, and
+    says its sharding key (the relay picks the key's queue itself)."""
+
+    fixed_id: str = ""
+    sharding_key: str | None = None
+
+    def wire_properties(self, msg_id: str) -> dict[str, str]:
+        props = Message.wire_properties(self, self.fixed_id)
+        if self.sharding_key is not None:
+            props[Prop.SHARDING_KEY] = self.sharding_key
+        return props
+
+
+def _message(row: Row) -> _OutboxMessage:
+    return _OutboxMessage(
+        row.topic,
+        row.body,
+        row.tags,
+        row.keys or (),
+        dict(row.properties or {}),
+        fixed_id=row.msg_id,
+        sharding_key=row.sharding_key,
+    )
+
+
+def async_url(db: str | URL) -> URL:
+    """The async-driver form of a database URL (``sqlite:`` → ``sqlite+aiosqlite:``,
+    ``postgresql:`` → ``postgresql+psycopg:``)."""
+    url = make_url(db)
+    backend, _, driver = url.drivername.partition("+")
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        return url.set(drivername="sqlite+aiosqlite")
+    if backend == "postgresql" and driver in ("", "psycopg"):
+        return url.set(drivername="postgresql+psycopg")
+    if url.get_dialect().is_async:
+        return url
+    raise ValueError(f"no async driver for {url.drivername}: use postgresql+psycopg or sqlite")
+
+
+class OutboxRelay:
+    """Sends the outbox of one database to one broker. See the module documentation.
+
+    ``db``: a database URL, an :class:`AsyncEngine` or an :class:`Engine` (its URL is used
+    with the async driver). ``broker``: a broker address (the relay runs its own
+    producer) or a started :class:`txmq.Producer`.
+
+    ``batch_size`` rows per cycle; ``max_attempts`` failed sends before a row is parked;
+    ``backoff`` / ``max_backoff`` seconds between a failed row's attempts (doubling);
+    ``poll_interval`` seconds between polls (default 1 s with LISTEN on PostgreSQL, 0.1 s on
+    SQLite); ``retention``: sent rows are deleted this long after being sent (checked
+    every ``cleanup_interval`` seconds); ``retention=timedelta(0)`` deletes rows as they
+    are sent instead of marking them.
+    """
+
+    def __init__(
+        self,
+        db: str | URL | AsyncEngine | Engine,
+        broker: str | Producer | None = None,
+        *,
+        batch_size: int = 500,
+        max_attempts: int = 10,
+        backoff: float = 0.5,
+        max_backoff: float = 60.0,
+        poll_interval: float | None = None,
+        listen: bool = True,
+        retention: timedelta = timedelta(days=1),
+        cleanup_interval: float = 60.0,
+        send_concurrency: int = 16,
+        producer_group: str = "txmq-outbox-relay",
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if retention < timedelta(0):
+            raise ValueError("retention must not be negative")
+        if isinstance(db, AsyncEngine):
+            self.engine, self._own_engine = db, False
+        else:
+            url = db.url if isinstance(db, Engine) else db
+            self.engine, self._own_engine = create_async_engine(async_url(url)), True
+        self.dialect = self.engine.dialect.name
+        if self.dialect not in ("postgresql", "sqlite"):
+            raise ValueError(f"the outbox relay supports postgresql and sqlite, not {self.dialect}")
+        if isinstance(broker, Producer):
+            self.producer, self._own_producer = broker, False
+        else:
+            self.producer, self._own_producer = Producer(broker, producer_group), True
+        self.batch_size = batch_size
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.listen = listen and self.dialect == "postgresql"
+        if poll_interval is None:
+            poll_interval = 1.0 if self.listen else 0.1
+        self.poll_interval = poll_interval
+        self.retention = retention
+        self.cleanup_interval = cleanup_interval
+        self.send_concurrency = send_concurrency
+        # counters since start
+        self.sent_total = 0
+        self.failed_total = 0
+        self.parked_total = 0
+        self.cycles = 0
+        self.listening = False
+        """True while the LISTEN connection is up (PostgreSQL)."""
+        self._wake = anyio.Event()
+        self._limiter = anyio.CapacityLimiter(max(1, send_concurrency))
+        self._lifetime: asyncio.Task[None] | None = None
+        self._stop: anyio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start relaying in the background (any task may call :meth:`stop` later)."""
+        if self._lifetime is not None:
+            return
+        if self._own_producer:
+            try:
+                await self.producer.start()
+            except BaseException:
+                if self._own_engine:
+                    await self.engine.dispose()
+                raise
+        started = anyio.Event()
+        stop = self._stop = anyio.Event()
+
+        async def lifetime() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.run)
+                    started.set()
+                    await stop.wait()
+                    tg.cancel_scope.cancel()
+            finally:
+                started.set()
+
+        self._lifetime = asyncio.get_running_loop().create_task(lifetime())
+        await started.wait()
+
+    async def stop(self) -> None:
+        """Stop relaying (after the cycle in flight, if any)."""
+        task, self._lifetime = self._lifetime, None
+        try:
+            if task is not None:
+                if self._stop is not None:
+                    self._stop.set()
+                await task
+        finally:
+            if self._own_producer:
+                await self.producer.stop()
+            if self._own_engine:
+                await self.engine.dispose()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- metrics -------------------------------------------------------------------------
+
+    async def lag_seconds(self) -> float:
+        """Age of the oldest unsent row, in seconds (0 when the outbox is drained)."""
+        async with self.engine.connect() as conn:
+            return (await conn.run_sync(pending_lag))[1]
+
+    async def backlog(self) -> int:
+        """How many rows wait to be sent (including rows backing off)."""
+        async with self.engine.connect() as conn:
+            return (await conn.run_sync(pending_lag))[0]
+
+    async def stats(self) -> OutboxStats:
+        """Backlog, lag, parked and sent rows."""
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(stats)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Relay until cancelled (the producer must be started)."""
+        async with anyio.create_task_group() as tg:
+            if self.listen:
+                tg.start_soon(self._listen_loop)
+            if self.retention > timedelta(0) and self.cleanup_interval > 0:
+                tg.start_soon(self._cleanup_loop)
+            await self._relay_loop()
+
+    async def _relay_loop(self) -> None:
+        outage_delay = 0.0
+        while True:
+            self._wake = anyio.Event()  # a notification from now on wakes the next wait
+            try:
+                # a cycle in flight finishes before the relay stops (its sends are bounded
+                # by the producer's timeout): cancelling a database driver mid-statement
+                # may leave its connection behind
+                with anyio.CancelScope(shield=True):
+                    outcome = await self.relay_once()
+            except Exception as exc:
+                log.warning("outbox cycle failed (%s); retrying in 1 s", exc)
+                await anyio.sleep(1.0)
+                continue
+            if outcome.outage is not None:
+                outage_delay = min(10.0, max(0.2, outage_delay * 2))
+                log.warning(
+                    "broker unavailable (%s); outbox relay waits %.1f s",
+                    outcome.outage,
+                    outage_delay,
+                )
+                await anyio.sleep(outage_delay)
+                continue
+            outage_delay = 0.0
+            if outcome.sent or outcome.failed:
+                continue  # there may be more right away
+            with anyio.move_on_after(self.poll_interval):
+                await self._wake.wait()
+
+    async def relay_once(self) -> Outcome:
+        """One cycle: claim, send, mark, commit. Returns what happened."""
+        t0 = time.perf_counter()
+        async with self.engine.connect() as conn:
+            rows = await conn.run_sync(claim, self.batch_size)
+            if not rows:
+                await conn.rollback()
+                return Outcome()
+            t1 = time.perf_counter()
+            outcome = await self._send(rows)
+            t2 = time.perf_counter()
+            await self._mark(conn, outcome)
+            await conn.commit()
+        t3 = time.perf_counter()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "cycle: %d rows (%d keys); claim %.1f ms, send %.1f ms, mark+commit %.1f ms",
+                len(rows),
+                len({r.sharding_key for r in rows}),
+                (t1 - t0) * 1000,
+                (t2 - t1) * 1000,
+                (t3 - t2) * 1000,
+            )
+        self.cycles += 1
+        self.sent_total += len(outcome.sent)
+        self.failed_total += len(outcome.failed)
+        return outcome
+
+    async def _mark(self, conn: AsyncConnection, outcome: Outcome) -> None:
+        """Write the outcome in the cycle's transaction (committed by the caller)."""
+        parked = await conn.run_sync(
+            mark,
+            outcome,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff,
+            max_backoff=self.max_backoff,
+            delete_sent=self.retention == timedelta(0),
+        )
+        for row, exc in outcome.failed:
+            if row.id in parked:
+                log.error(
+                    "outbox row %d (%s, key %r) parked after %d attempts: %s",
+                    row.id,
+                    row.topic,
+                    row.sharding_key,
+                    row.attempts + 1,
+                    exc,
+                )
+            else:
+                log.warning("outbox row %d: send failed (%s); will retry", row.id, exc)
+        self.parked_total += len(parked)
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def _send(self, rows: list[Row]) -> Outcome:
+        """Send the cycle's rows: one batch per (topic, queue) — a key's rows all go to its
+        queue, in order — the groups concurrently. A key stops at its first failure."""
+        outcome = Outcome()
+        groups: dict[tuple[str, int | None], list[Row]] = {}
+        nums: dict[str, int | Exception] = {}
+        stopped: set[str | None] = set()
+        for row in rows:
+            queue: int | None = None
+            if row.sharding_key is not None:
+                if row.sharding_key in stopped:
+                    continue
+                if row.topic not in nums:
+                    try:
+                        nums[row.topic] = await self.producer.queue_nums(row.topic, create=True)
+                    except OUTAGE_ERRORS as exc:
+                        outcome.outage = exc
+                        return outcome
+                    except Exception as exc:  # e.g. the broker refuses the topic
+                        nums[row.topic] = exc
+                n = nums[row.topic]
+                if isinstance(n, Exception):
+                    self._failed(row, n, stopped, outcome)
+                    continue
+                queue = stable_hash(row.sharding_key) % n
+            groups.setdefault((row.topic, queue), []).append(row)
+        async with anyio.create_task_group() as tg:
+            for (_, queue), group in groups.items():
+                tg.start_soon(self._send_group, queue, group, outcome)
+        return outcome
+
+    async def _send_group(self, queue: int | None, rows: list[Row], outcome: Outcome) -> None:
+        stopped: set[str | None] = set()  # keys that failed: their later rows wait
+        async with self._limiter:
+            for run in _runs(rows):
+                run = [r for r in run if r.sharding_key is None or r.sharding_key not in stopped]
+                if outcome.outage is not None:
+                    return
+                if not run:
+                    continue
+                try:
+                    if len(run) == 1:
+                        await self.producer.send(_message(run[0]), queue_id=queue)
+                    else:
+                        await self.producer.send_batch([_message(r) for r in run], queue_id=queue)
+                except OUTAGE_ERRORS as exc:
+                    outcome.outage = exc
+                    return
+                except Exception as exc:
+                    if len(run) == 1:
+                        self._failed(run[0], exc, stopped, outcome)
+                    else:
+                        await self._one_by_one(run, queue, stopped, outcome)
+                    continue
+                outcome.sent.extend(r.id for r in run)
+
+    async def _one_by_one(
+        self, run: list[Row], queue: int | None, stopped: set[str | None], outcome: Outcome
+    ) -> None:
+        """A batch failed: send its rows singly, to find the one(s) that fail."""
+        for row in run:
+            if row.sharding_key is not None and row.sharding_key in stopped:
+                continue
+            try:
+                await self.producer.send(_message(row), queue_id=queue)
+            except OUTAGE_ERRORS as exc:
+                outcome.outage = exc
+                return
+            except Exception as exc:
+                self._failed(row, exc, stopped, outcome)
+                continue
+            outcome.sent.append(row.id)
+
+    @staticmethod
+    def _failed(row: Row, exc: Exception, stopped: set[str | None], outcome: Outcome) -> None:
+        outcome.failed.append((row, exc))
+        if row.sharding_key is not None:
+            stopped.add(row.sharding_key)
+
+    # -- waking and cleaning -------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Start the next cycle now (what a NOTIFY does)."""
+        self._wake.set()
+
+    async def _listen_loop(self) -> None:
+        import psycopg
+
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        delay = 0.5
+        while True:
+            try:
+                aconn = await psycopg.AsyncConnection.connect(*cargs, **cparams, autocommit=True)
+                async with aconn:
+                    await aconn.execute(f"LISTEN {CHANNEL}")
+                    self.listening, delay = True, 0.5
+                    self.wake()  # rows may have arrived while nobody listened
+                    async for _ in aconn.notifies():
+                        self.wake()
+            except Exception as exc:
+                log.warning("outbox LISTEN connection lost (%s); polling meanwhile", exc)
+            finally:
+                self.listening = False
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    async def _cleanup_loop(self) -> None:
+        while True:
+            try:
+                with anyio.CancelScope(shield=True):
+                    async with self.engine.connect() as conn:
+                        deleted = await conn.run_sync(cleanup, self.retention)
+                if deleted:
+                    log.info("outbox: deleted %d row(s) sent over %s ago", deleted, self.retention)
+            except SQLAlchemyError as exc:
+                log.warning("outbox cleanup failed: %s", exc)
+            await anyio.sleep(self.cleanup_interval)
+
+
+def _runs(rows: list[Row]) -> Iterator[list[Row]]:
+    """Consecutive rows of one topic, as batches within the broker's limits."""
+    run: list[Row] = []
+    size = 0
+    for row in rows:
+        if run and (
+            row.topic != run[0].topic
+            or len(run) >= MAX_BATCH_MESSAGES
+            or size + len(row.body) > MAX_BATCH_BYTES
+        ):
+            yield run
+            run, size = [], 0
+        run.append(row)
+        size += len(row.body)
+    if run:
+        yield run

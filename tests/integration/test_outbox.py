@@ -1,0 +1,289 @@
+"""The transactional outbox with a real broker and real databases (PostgreSQL and SQLite):
+rows commit or roll back with the caller's session, the relay sends them in order per key
+with stable message ids, wakes on NOTIFY, parks a poison row while other keys flow,
+survives a broker outage without spending attempts, reports lag and backlog, cleans up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy import insert, update
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import outbox
+from broker.server import EmbeddedBroker
+from tests.conftest import ROOT
+from tests.outbox_support import Db, by_key, effects, make_db, read_topic, until
+from txmq import AdminClient, Message, Producer
+from txmq.errors import InvalidTopic, NoPermission
+from txmq.message import Prop
+from txmq.sqla.tables import outbox as outbox_table
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Db]:
+    with make_db(request.param, tmp_path) as d:
+        yield d
+
+
+def add_rows(db: Db, topic: str, rows: list[tuple[str | None, str]]) -> list[str]:
+    with Session(db.engine) as session, session.begin():
+        return [
+            outbox.add(session, Message(topic, body.encode()), sharding_key=key)
+            for key, body in rows
+        ]
+
+
+async def test_add_commits_and_rolls_back_with_the_session(db: Db) -> None:
+    with Session(db.engine) as session:
+        with session.begin():
+            session.execute(insert(effects).values(key="order-1", body="created"))
+            msg_id = outbox.add(
+                session,
+                Message("orders", b"one", tags="created", properties={"a": "b"}),
+                sharding_key="1",
+            )
+        with pytest.raises(RuntimeError), session.begin():
+            session.execute(insert(effects).values(key="order-2", body="created"))
+            outbox.add(session, Message("orders", b"two"), sharding_key="2")
+            raise RuntimeError("declined")
+    aengine = create_async_engine(db.aurl)
+    try:
+        async with AsyncSession(aengine) as asession:
+            async with asession.begin():
+                ids = await outbox.add_many_async(
+                    asession, [Message("orders", b"three", keys=["k3"]), Message("orders", b"four")]
+                )
+            with pytest.raises(RuntimeError):
+                async with asession.begin():
+                    await outbox.add_async(asession, Message("orders", b"five"))
+                    raise RuntimeError("declined")
+    finally:
+        await aengine.dispose()
+    rows = db.outbox_rows()
+    assert [r["body"] for r in rows] == [b"one", b"three", b"four"]
+    assert [r["msg_id"] for r in rows] == [msg_id, *ids]
+    assert rows[0]["state"] == "pending" and rows[0]["attempts"] == 0
+    assert rows[0]["sharding_key"] == "1" and rows[0]["tags"] == "created"
+    assert rows[0]["properties"] == {"a": "b"} and rows[0]["keys"] == msg_id  # keyless: its id
+    assert rows[1]["keys"] == "k3"
+    assert db.effects() == [("order-1", "created")]
+
+
+async def test_add_refuses_what_the_broker_would(db: Db) -> None:
+    aengine = create_async_engine(db.aurl)
+    try:
+        with Session(db.engine) as session:
+            with pytest.raises(InvalidTopic):
+                outbox.add(session, Message("%DLQ%x", b""))
+            with pytest.raises(InvalidTopic):
+                outbox.add(session, Message("bad topic", b""))
+            with pytest.raises(ValueError, match="reserved"):
+                outbox.add(session, Message("t", b"", properties={"KEYS": "x"}))
+            with pytest.raises(ValueError, match="delay"):
+                outbox.add(session, Message("t", b"", delay_level=3))
+            with pytest.raises(TypeError, match="add_async"):
+                outbox.add(AsyncSession(aengine), Message("t", b""))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="add\\(\\)"):
+            await outbox.add_async(Session(db.engine), Message("t", b""))  # type: ignore[arg-type]
+    finally:
+        await aengine.dispose()
+    assert db.outbox_rows() == []
+
+
+async def test_relay_sends_in_order_per_key_with_stable_ids(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    b = embedded_broker()
+    rows = [(f"k{i % 3}", f"{i % 3}:{i // 3}") for i in range(30)] + [(None, "free")]
+    ids = add_rows(db, "ordered", rows)
+    async with outbox.OutboxRelay(db.aurl, b.address) as relay:
+        await until(lambda: db.count(state="sent") == 31)
+        assert await relay.backlog() == 0 and await relay.lag_seconds() == 0.0
+        assert relay.sent_total == 31
+    msgs = await read_topic(b.address, "ordered")
+    seen = by_key(msgs)
+    for k in range(3):
+        assert seen[f"k{k}"] == [f"{k}:{i}" for i in range(10)]
+        assert len({m.queue_id for m in msgs if m.get_property(Prop.SHARDING_KEY) == f"k{k}"}) == 1
+    assert seen[None] == ["free"]
+    assert sorted(m.msg_id for m in msgs) == sorted(ids)  # the ids add() returned
+    assert all(m.keys == [m.msg_id] for m in msgs)
+    assert all(r["sent_at"] is not None for r in db.outbox_rows())
+
+
+async def test_notify_wakes_the_relay_without_polling(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    if db.backend != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    b = embedded_broker()
+    async with outbox.OutboxRelay(db.aurl, b.address, poll_interval=60) as relay:
+        await until(lambda: relay.listening)
+        await anyio.sleep(0.2)  # the first cycle (after LISTEN) is over: it waits now
+        start = time.monotonic()
+        add_rows(db, "woken", [("k", "x")])
+        await until(lambda: db.count(state="sent") == 1, timeout=5)
+        assert time.monotonic() - start < 2.0  # far below the 60 s poll
+
+
+class PoisonProducer(Producer):
+    """Refuses any message whose body is b"poison", as a broker refusing it would."""
+
+    async def send(self, msg: Message, **kwargs: Any) -> Any:
+        if msg.body == b"poison":
+            raise NoPermission("refused: poison")
+        return await super().send(msg, **kwargs)
+
+    async def send_batch(self, msgs: Any, **kwargs: Any) -> Any:
+        if any(m.body == b"poison" for m in msgs):
+            raise NoPermission("refused: poison in batch")
+        return await super().send_batch(msgs, **kwargs)
+
+
+async def test_poison_row_is_parked_after_n_attempts_while_other_keys_flow(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    b = embedded_broker()
+    behind = [("bad", f"after{i}") for i in range(20)]  # a backlog behind the poison row,
+    add_rows(db, "poisoned", [("bad", "before"), ("bad", "poison"), *behind])  # > a window
+    add_rows(db, "poisoned", [("good", f"g{i}") for i in range(5)] + [("bad", "last")])
+    async with PoisonProducer(b.address) as producer:
+        relay = outbox.OutboxRelay(
+            db.aurl, producer, max_attempts=3, backoff=0.3, poll_interval=0.05, batch_size=4
+        )
+        async with relay:
+            # the good key is all sent while the poison row still waits for attempt 2
+            await until(lambda: db.count(state="sent") == 6)
+            poison = next(r for r in db.outbox_rows() if r["body"] == b"poison")
+            assert poison["state"] == "pending" and 1 <= poison["attempts"] < 3
+            # more rows of other keys keep flowing during its backoff
+            add_rows(db, "poisoned", [("good", "g5"), ("other", "o0")])
+            await until(lambda: db.count(state="sent") == 8, timeout=5)
+            await until(lambda: db.count(state="parked") == 1)
+            await until(lambda: db.count(state="sent") == 29)  # then its key moves on
+            assert relay.parked_total == 1
+            assert (await relay.stats()).parked == 1
+    poison = next(r for r in db.outbox_rows() if r["body"] == b"poison")
+    assert poison["state"] == "parked" and poison["attempts"] == 3
+    assert "NoPermission: refused: poison" in poison["last_error"]
+    seen = by_key(await read_topic(b.address, "poisoned"))
+    assert seen["bad"] == ["before", *(body for _, body in behind), "last"]
+    assert seen["good"] == [f"g{i}" for i in range(6)]
+    with db.engine.connect() as conn:
+        listed = outbox.parked(conn)
+        assert [p["id"] for p in listed] == [poison["id"]]
+        assert outbox.requeue(conn) == 1
+        conn.commit()  # parked() began a transaction: requeue() joined it
+    row = next(r for r in db.outbox_rows() if r["body"] == b"poison")
+    assert row["state"] == "pending" and row["attempts"] == 0
+
+
+async def test_a_topic_the_broker_refuses_is_parked_and_others_flow(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    b = embedded_broker(auto_create_topic=False)
+    async with AdminClient(b.address) as admin:
+        await admin.create_topic("exists", 2)
+    add_rows(db, "missing", [("k", "m1"), (None, "m2")])
+    add_rows(db, "exists", [("k2", "e1"), (None, "e2")])
+    async with outbox.OutboxRelay(db.aurl, b.address, max_attempts=2, backoff=0.05):
+        await until(lambda: db.count(state="parked") == 2 and db.count(state="sent") == 2)
+    assert {r["body"]: r["state"] for r in db.outbox_rows()} == {
+        b"m1": "parked",
+        b"m2": "parked",
+        b"e1": "sent",
+        b"e2": "sent",
+    }
+    assert all("TopicNotFound" in (r["last_error"] or "") for r in db.outbox_rows()[:2])
+
+
+async def test_broker_outage_costs_no_attempts(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
+    b = embedded_broker()
+    address = b.address
+    add_rows(db, "outage", [("k", "before")])
+    async with outbox.OutboxRelay(db.aurl, address, max_attempts=2, poll_interval=0.05) as relay:
+        await until(lambda: db.count(state="sent") == 1)
+        b.stop()
+        add_rows(db, "outage", [("k", "during1"), ("k", "during2")])
+        await until(lambda: relay.cycles >= 1 and relay.failed_total == 0, timeout=5)
+        await anyio.sleep(1.0)  # several cycles against a dead broker
+        rows = db.outbox_rows()
+        assert [(r["state"], r["attempts"]) for r in rows[1:]] == [("pending", 0)] * 2
+        assert await relay.backlog() == 2 and await relay.lag_seconds() >= 1.0
+
+
+async def test_retention_cleanup_and_delete_on_send(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    b = embedded_broker()
+    add_rows(db, "kept", [("k", "a"), ("k", "b")])
+    async with outbox.OutboxRelay(db.aurl, b.address, retention=timedelta(hours=1)):
+        await until(lambda: db.count(state="sent") == 2)
+    long_ago = datetime.now(UTC) - timedelta(hours=2)
+    if db.backend == "sqlite":
+        long_ago = long_ago.replace(tzinfo=None)
+    with db.engine.begin() as conn:
+        first = conn.execute(outbox_table.select().order_by(outbox_table.c.id)).first()
+        assert first is not None
+        conn.execute(
+            update(outbox_table).where(outbox_table.c.id == first.id).values(sent_at=long_ago)
+        )
+    with db.engine.connect() as conn:
+        assert outbox.cleanup(conn, timedelta(hours=1)) == 1
+    assert [r["body"] for r in db.outbox_rows()] == [b"b"]
+    add_rows(db, "kept", [("k", "c")])
+    async with outbox.OutboxRelay(db.aurl, b.address, retention=timedelta(0)):
+        await until(lambda: db.count(state="pending") == 0)
+    assert [r["body"] for r in db.outbox_rows()] == [b"b"]  # "c" deleted on send
+    assert by_key(await read_topic(b.address, "kept"))["k"] == ["a", "b", "c"]
+
+
+def test_sync_relay_and_cli(db: Db, embedded_broker: Callable[..., EmbeddedBroker]) -> None:
+    b = embedded_broker()
+    add_rows(db, "synced", [("k", "a"), (None, "b")])
+    with outbox.sync.OutboxRelay(db.url, b.address, poll_interval=0.05) as relay:
+        deadline = time.monotonic() + 20
+        while relay.backlog() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert relay.backlog() == 0 and relay.lag_seconds() == 0.0
+        assert relay.stats().sent == 2
+    with db.engine.begin() as conn:
+        conn.execute(update(outbox_table).values(state="parked", last_error="x", attempts=9))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "txmq", "outbox", *args, "--db", db.url],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    r = cli("stats")
+    assert r.returncode == 0 and "PARKED" in r.stdout, r.stderr
+    r = cli("stats", "--json")
+    assert '"parked": 2' in r.stdout and '"backlog": 0' in r.stdout, r.stdout
+    r = cli("parked")
+    assert r.returncode == 0 and r.stdout.count("synced") == 2, r.stdout
+    first = db.outbox_rows()[0]["id"]
+    r = cli("requeue", "--id", str(first))
+    assert "requeued 1 " in r.stdout, r.stderr
+    r = cli("requeue", "--all")
+    assert "requeued 1 " in r.stdout, r.stderr
+    assert db.count(state="pending") == 2
+    r = cli("cleanup", "--older-than-hours", "1")
+    assert r.returncode == 0 and "deleted 0 " in r.stdout, r.stderr
