@@ -1,5 +1,7 @@
 """txmq: change your database and tell other services, as one reliable step."""
 
+from typing import TYPE_CHECKING, Any
+
 from txmq.admin import AdminClient
 from txmq.errors import (
     BrokerUnavailable,
@@ -21,6 +23,9 @@ from txmq.transaction import (
     TransactionProducer,
     TransactionSendResult,
 )
+
+if TYPE_CHECKING:
+    from txmq.inbox import idempotent
 
 __all__ = [
     "AdminClient",
@@ -47,7 +52,19 @@ __all__ = [
     "TransactionProducer",
     "TransactionSendResult",
     "TxmqError",
+    "idempotent",
     "stable_hash",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # txmq.idempotent needs SQLAlchemy, imported only when it is first used
+    if name == "idempotent":
+        from txmq.inbox import idempotent
+
+        globals()["idempotent"] = idempotent
+        return idempotent
+    raise AttributeError(f"module 'txmq' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"

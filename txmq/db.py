@@ -47,6 +47,13 @@ def add_db_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="delete rows older than this (default 7); keep them longer than the broker "
         "may still check a half message",
     )
+    clean.add_argument(
+        "--table",
+        choices=["transaction-log", "consumed-keys"],
+        default="transaction-log",
+        help="which table: the transaction log (default) or idempotent consumers' keys",
+    )
+    clean.add_argument("--group", help="consumed-keys: only this dedupe group")
     for p in (up, down, dsub.choices["current"], clean):
         p.add_argument("--url", required=True, help="SQLAlchemy database URL")
     d.set_defaults(func=run_db)
@@ -94,6 +101,14 @@ def _run(args: argparse.Namespace) -> int:
         from txmq.sqla.checker import _cleanup_on
 
         age = timedelta(days=args.older_than_days)
+        if args.table == "consumed-keys":
+            from txmq.inbox import cleanup_consumed_keys
+
+            deleted = with_connection(
+                url, lambda conn: cleanup_consumed_keys(conn, age, group=args.group)
+            )
+            print(f"deleted {deleted} consumed key(s) older than {age}")
+            return 0
         deleted = with_connection(url, lambda conn: _cleanup_on(conn, age, 10_000))
         print(f"deleted {deleted} transaction-log row(s) older than {age}")
     else:  # pragma: no cover - argparse rejects it

@@ -1,0 +1,195 @@
+"""The outbox relay under crashes and concurrency (PostgreSQL and SQLite): a relay
+SIGKILLed between sending and marking sends again and an idempotent consumer applies each
+message once; three relays at once deliver 50 keys x 200 rows, every row, in key order."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import outbox
+import txmq
+from broker.server import EmbeddedBroker
+from tests.conftest import ROOT
+from tests.outbox_support import by_key, effects, make_db, read_topic, until
+from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer
+
+pytestmark = pytest.mark.anyio
+
+BACKENDS = ["postgresql", "sqlite"]
+
+
+class Spawner:
+    """Starts Python processes from the repository root; :meth:`kill_all` ends them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def __call__(self, *args: str) -> subprocess.Popen[str]:
+        log = (self.tmp_path / f"proc{len(self.procs)}.stderr").open("a")
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.kill_all()
+
+
+def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> str:
+    """The first stdout line starting with ``prefix`` (lines before it are skipped)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {prefix!r} line within {timeout}s")
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"process exited ({proc.wait()}) before {prefix!r}")
+            if line.startswith(prefix):
+                return line.strip()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_relay_killed_after_send_before_mark_resends_and_consumer_applies_once(
+    backend: str,
+    tmp_path: Path,
+    embedded_broker: Callable[..., EmbeddedBroker],
+    spawn: Spawner,
+) -> None:
+    b = embedded_broker()
+    topic = f"crash-{backend}"
+    with make_db(backend, tmp_path) as orders_db, make_db(backend, tmp_path) as billing_db:
+        with Session(orders_db.engine) as session, session.begin():
+            for key, body in [("o1", "o1:created"), ("o1", "o1:paid"), ("o2", "o2:created")]:
+                outbox.add(session, Message(topic, body.encode()), sharding_key=key)
+            outbox.add(session, Message(topic, b"free"))
+        aengine = create_async_engine(billing_db.aurl)
+        deliveries: list[str] = []
+
+        @txmq.idempotent(aengine, group="billing")
+        async def apply(msg: MessageExt, session: AsyncSession) -> None:
+            await session.execute(insert(effects).values(key=msg.msg_id, body=msg.body.decode()))
+
+        async def counting(msg: MessageExt) -> object:
+            deliveries.append(msg.msg_id)
+            return await apply(msg)
+
+        async with AdminClient(b.address) as admin:
+            await admin.create_topic(topic, 4)
+        consumer = PushConsumer(
+            b.address,
+            "billing",
+            listener=counting,
+            consume_from=ConsumeFrom.FIRST_OFFSET,
+        )
+        consumer.subscribe(topic)
+        try:
+            async with consumer:
+                relay = spawn(
+                    "tests/outbox_relay_proc.py", "--db", orders_db.url, "--broker", b.address
+                )
+                sent = read_line(relay, "SENT ")
+                assert len(sent.split()[1].split(",")) == 4
+                # the broker has them and the consumer applied them; the rows are unmarked
+                await until(lambda: len(billing_db.effects()) == 4)
+                assert orders_db.count(state="pending") == 4
+                relay.send_signal(signal.SIGKILL)
+                relay.wait(10)
+                async with outbox.OutboxRelay(orders_db.aurl, b.address, poll_interval=0.05):
+                    await until(lambda: orders_db.count(state="sent") == 4)
+                    await until(lambda: len(deliveries) == 8)  # every message twice
+        finally:
+            spawn.kill_all()  # before the schema is dropped: a live relay holds its locks
+            await aengine.dispose()
+        applied = billing_db.effects()
+        assert sorted(body for _, body in applied) == [
+            "free",
+            "o1:created",
+            "o1:paid",
+            "o2:created",
+        ]
+        assert Counter(deliveries) == Counter({msg_id: 2 for msg_id, _ in applied})
+        stored = by_key(await read_topic(b.address, topic))
+        assert stored["o1"] == ["o1:created", "o1:paid"] * 2  # order kept, duplicates after
+        assert stored["o2"] == ["o2:created"] * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_three_relays_deliver_every_row_in_key_order(
+    backend: str,
+    tmp_path: Path,
+    embedded_broker: Callable[..., EmbeddedBroker],
+    spawn: Spawner,
+) -> None:
+    keys, per_key = 50, 200
+    b = embedded_broker()
+    topic = f"three-{backend}"
+    with make_db(backend, tmp_path) as db, contextlib.closing(spawn) as _:
+        relays = [
+            spawn(
+                "-m", "txmq", "outbox", "relay", "--db", db.url, "--broker", b.address,
+                "--batch-size", "20", "--stats-interval", "0",
+            )
+            for _ in range(3)
+        ]  # fmt: skip
+        for r in relays:
+            read_line(r, "txmq outbox relay: ")
+        for seq in range(per_key):  # 200 transactions of one row per key, all relays running
+            with Session(db.engine) as session, session.begin():
+                for k in range(keys):
+                    outbox.add(session, Message(topic, f"{seq}".encode()), sharding_key=f"key{k}")
+        await until(lambda: db.count(state="sent") == keys * per_key, timeout=90)
+        assert db.count() == keys * per_key
+        sent_by = []
+        for r in relays:
+            r.send_signal(signal.SIGTERM)
+            line = read_line(r, "txmq outbox relay stopped")
+            sent_by.append(int(re.findall(r"sent (\d+) row", line)[0]))
+            assert r.wait(10) == 0
+    assert sum(sent_by) == keys * per_key  # no row sent twice
+    assert all(n > 0 for n in sent_by), sent_by  # and all three took part
+    stored = by_key(await read_topic(b.address, topic))
+    assert set(stored) == {f"key{k}" for k in range(keys)}
+    for k in range(keys):
+        assert stored[f"key{k}"] == [str(i) for i in range(per_key)], f"key{k}"
