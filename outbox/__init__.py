@@ -19,7 +19,7 @@ created by ``txmq db upgrade`` (revision 0002).
 
 from outbox import sync
 from outbox.claim import Outcome, Row
-from outbox.relay import OUTAGE_ERRORS, OutboxRelay, async_url
+from outbox.relay import OUTAGE_ERRORS, OutboxNotReady, OutboxRelay, async_url
 from outbox.store import (
     CHANNEL,
     OutboxStats,
@@ -41,6 +41,7 @@ __all__ = [
     "OUTBOX_PARKED",
     "OUTBOX_PENDING",
     "OUTBOX_SENT",
+    "OutboxNotReady",
     "OutboxRelay",
     "OutboxStats",
     "Outcome",

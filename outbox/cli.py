@@ -77,14 +77,17 @@ def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run_outbox(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-    from txmq.db import _describe
+    from outbox.relay import OutboxNotReady
+    from txmq.db import describe_db_error
 
     try:
         if args.outbox_cmd == "relay":
             return _relay(args)
         return _table_command(args)
     except (SQLAlchemyError, ArgumentError) as exc:
-        print(f"txmq: error: {_describe(exc, args.db)}", file=sys.stderr)
+        print(f"txmq: error: {describe_db_error(exc, args.db)}", file=sys.stderr)
+    except OutboxNotReady as exc:
+        print(f"txmq: error: {exc}", file=sys.stderr)
     return 1
 
 
@@ -121,8 +124,6 @@ def _table_command(args: argparse.Namespace) -> int:
 
 
 def _relay(args: argparse.Namespace) -> int:
-    from sqlalchemy import make_url
-
     from outbox.relay import OutboxRelay
 
     relay = OutboxRelay(
@@ -135,13 +136,12 @@ def _relay(args: argparse.Namespace) -> int:
         listen=not args.no_listen,
         retention=timedelta(hours=args.retention_hours),
     )
-    shown = make_url(args.db).render_as_string(hide_password=True)
 
     async def run() -> None:
         async with relay, anyio.create_task_group() as tg:
             how = "LISTEN/NOTIFY" if relay.listen else f"polling every {relay.poll_interval:g} s"
             print(
-                f"txmq outbox relay: {shown} -> {relay.producer.address} ({how})",
+                f"txmq outbox relay: {relay.shown_url} -> {relay.producer.address} ({how})",
                 flush=True,
             )
             if args.stats_interval > 0:

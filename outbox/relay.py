@@ -37,18 +37,26 @@ from datetime import timedelta
 from typing import Self
 
 import anyio
-from sqlalchemy import Engine, make_url
+from sqlalchemy import Engine, inspect, make_url
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from outbox.claim import Outcome, Row, claim, mark
 from outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
-from txmq.errors import BrokerBusy, BrokerUnavailable, FlushDiskTimeout, RequestTimeout
+from txmq.db import describe_db_error
+from txmq.errors import (
+    BrokerBusy,
+    BrokerUnavailable,
+    FlushDiskTimeout,
+    RequestTimeout,
+    TxmqError,
+)
 from txmq.message import Message, Prop, stable_hash
 from txmq.producer import Producer
+from txmq.sqla.tables import outbox as outbox_table
 
-__all__ = ["OUTAGE_ERRORS", "OutboxRelay", "async_url"]
+__all__ = ["OUTAGE_ERRORS", "OutboxNotReady", "OutboxRelay", "async_url"]
 
 log = logging.getLogger("txmq.outbox")
 
@@ -59,6 +67,10 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     FlushDiskTimeout,
 )
 """Errors that say the broker, not the row, is the problem: no attempt is counted."""
+
+class OutboxNotReady(TxmqError):
+    """The relay's database is unreachable, or has no ``txmq_outbox`` table yet."""
+
 
 MAX_BATCH_MESSAGES = 256
 MAX_BATCH_BYTES = 1024 * 1024
@@ -144,9 +156,12 @@ class OutboxRelay:
             raise ValueError("retention must not be negative")
         if isinstance(db, AsyncEngine):
             self.engine, self._own_engine = db, False
+            given: str | URL = db.url
         else:
-            url = db.url if isinstance(db, Engine) else db
-            self.engine, self._own_engine = create_async_engine(async_url(url)), True
+            given = db.url if isinstance(db, Engine) else db
+            self.engine, self._own_engine = create_async_engine(async_url(given)), True
+        self.shown_url = make_url(given).render_as_string(hide_password=True)
+        """The database URL as given (password hidden), for messages."""
         self.dialect = self.engine.dialect.name
         if self.dialect not in ("postgresql", "sqlite"):
             raise ValueError(f"the outbox relay supports postgresql and sqlite, not {self.dialect}")
@@ -183,13 +198,14 @@ class OutboxRelay:
         """Start relaying in the background (any task may call :meth:`stop` later)."""
         if self._lifetime is not None:
             return
-        if self._own_producer:
-            try:
+        try:
+            await self._check_database()
+            if self._own_producer:
                 await self.producer.start()
-            except BaseException:
-                if self._own_engine:
-                    await self.engine.dispose()
-                raise
+        except BaseException:
+            if self._own_engine:
+                await self.engine.dispose()
+            raise
         started = anyio.Event()
         stop = self._stop = anyio.Event()
 
@@ -205,6 +221,20 @@ class OutboxRelay:
 
         self._lifetime = asyncio.get_running_loop().create_task(lifetime())
         await started.wait()
+
+    async def _check_database(self) -> None:
+        """Fail at start, with a clear message, on a database the relay cannot use; once
+        running, the relay rides out a database outage (it retries every cycle)."""
+        try:
+            async with self.engine.connect() as conn:
+                has = await conn.run_sync(lambda c: inspect(c).has_table(outbox_table.name))
+        except SQLAlchemyError as exc:
+            raise OutboxNotReady(describe_db_error(exc, self.shown_url)) from None
+        if not has:
+            raise OutboxNotReady(
+                f"{self.shown_url} has no {outbox_table.name} table: run "
+                f"'txmq db upgrade --url {self.shown_url}' (or txmq.sqla.upgrade) first"
+            )
 
     async def stop(self) -> None:
         """Stop relaying (after the cycle in flight, if any)."""
@@ -256,7 +286,7 @@ class OutboxRelay:
             await self._relay_loop()
 
     async def _relay_loop(self) -> None:
-        outage_delay = 0.0
+        outage_delay = error_delay = 0.0
         while True:
             self._wake = anyio.Event()  # a notification from now on wakes the next wait
             try:
@@ -266,9 +296,13 @@ class OutboxRelay:
                 with anyio.CancelScope(shield=True):
                     outcome = await self.relay_once()
             except Exception as exc:
-                log.warning("outbox cycle failed (%s); retrying in 1 s", exc)
-                await anyio.sleep(1.0)
+                error_delay = min(10.0, max(1.0, error_delay * 2))
+                log.warning(
+                    "outbox cycle failed (%s); retrying in %.0f s", self._short(exc), error_delay
+                )
+                await anyio.sleep(error_delay)
                 continue
+            error_delay = 0.0
             if outcome.outage is not None:
                 outage_delay = min(10.0, max(0.2, outage_delay * 2))
                 log.warning(
@@ -423,6 +457,12 @@ class OutboxRelay:
         """Start the next cycle now (what a NOTIFY does)."""
         self._wake.set()
 
+    def _short(self, exc: BaseException) -> str:
+        """One line for a cycle's error (a database error without its SQL statement)."""
+        if isinstance(exc, DBAPIError):
+            return describe_db_error(exc, self.shown_url)
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+
     async def _listen_loop(self) -> None:
         import psycopg
 
@@ -453,7 +493,7 @@ class OutboxRelay:
                 if deleted:
                     log.info("outbox: deleted %d row(s) sent over %s ago", deleted, self.retention)
             except SQLAlchemyError as exc:
-                log.warning("outbox cleanup failed: %s", exc)
+                log.warning("outbox cleanup failed: %s", self._short(exc))
             await anyio.sleep(self.cleanup_interval)
 
 

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
+    from sqlalchemy.engine import URL
     from sqlalchemy.exc import SQLAlchemyError
 
 # SQLAlchemy and alembic are imported when a db command runs, not with the CLI.
 
-__all__ = ["add_db_parser", "run_db"]
+__all__ = ["add_db_parser", "describe_db_error", "run_db"]
 
 R = TypeVar("R")
 
@@ -70,7 +71,7 @@ def run_db(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except SQLAlchemyError as exc:
-        print(f"txmq: error: {_describe(exc, args.url)}", file=sys.stderr)
+        print(f"txmq: error: {describe_db_error(exc, args.url)}", file=sys.stderr)
     except CommandError as exc:
         print(f"txmq: error: {exc}", file=sys.stderr)
     return 1
@@ -152,7 +153,9 @@ def with_connection(url: str, fn: Callable[[Connection], R]) -> R:
         engine.dispose()
 
 
-def _describe(exc: SQLAlchemyError, url: str) -> str:
+def describe_db_error(exc: SQLAlchemyError, url: str | URL) -> str:
+    """One line for a database error: the URL (password hidden) and the driver's message,
+    not the SQL statement."""
     from sqlalchemy import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError
 

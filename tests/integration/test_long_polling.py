@@ -67,10 +67,9 @@ async def test_a_message_stored_before_the_held_pull_starts_waiting_still_wakes_
 
             create = frame(RequestCode.UPDATE_AND_CREATE_TOPIC, topic="gap", queue_nums=1)
             assert not inspect.isawaitable(proc.handle(None, create))  # type: ignore[arg-type]
-            held = proc.handle(
-                None,  # type: ignore[arg-type]
-                frame(RequestCode.PULL_MESSAGE, topic="gap", queue_id=0, offset=0, suspend_ms=10_000),
-            )
+            pull = frame(RequestCode.PULL_MESSAGE, topic="gap", queue_id=0, offset=0)
+            pull.header["suspend_ms"] = 10_000
+            held = proc.handle(None, pull)  # type: ignore[arg-type]
             assert inspect.isawaitable(held)  # nothing there yet: the pull is held
             # the gap: a send handled before the held pull's coroutine has run at all
             sent = proc.handle(
