@@ -77,6 +77,10 @@ class BrokerConfig:
     transaction_check_max: int = 15
 
     def __post_init__(self) -> None:
+        if isinstance(self.store, str):  # BrokerConfig(store="/var/lib/txmq") in code
+            object.__setattr__(self, "store", Path(self.store))
+        if not isinstance(self.store, Path):
+            raise SettingsError(f"store must be a path, not {type(self.store).__name__}")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"port {self.port} is not between 0 and 65535")
         if not 1 <= self.default_queue_nums <= 1024:

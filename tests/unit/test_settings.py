@@ -33,6 +33,9 @@ def test_bad_configuration_is_a_clear_error(tmp_path: Path) -> None:
         BrokerConfig.load(env={"TXMQ_BROKER_FLUSH": "sometimes"})
     with pytest.raises(SettingsError, match="port"):
         BrokerConfig(port=70000)
+    assert BrokerConfig(store=str(tmp_path / "s")).store == tmp_path / "s"  # a str will do
+    with pytest.raises(SettingsError, match="store must be a path, not int"):
+        BrokerConfig(store=7)  # type: ignore[arg-type]
     cfg.write_text("not toml [")
     with pytest.raises(SettingsError, match="not valid TOML"):
         BrokerConfig.load(cfg, env={})
