@@ -36,9 +36,9 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.exc import OperationalError
 
 from outbox.store import utcnow
+from txmq.sqla.checker import begin_immediate
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
 
 __all__ = ["Outcome", "Row", "claim", "mark"]
@@ -98,7 +98,7 @@ def claim(conn: Connection, batch_size: int) -> list[Row]:
     """
     dialect = conn.dialect.name
     if dialect == "sqlite":
-        _begin_immediate(conn)
+        begin_immediate(conn)
     stmt = _CLAIMS.get((dialect, batch_size))
     if stmt is None:
         stmt = _CLAIMS[(dialect, batch_size)] = _claim_statement(dialect, batch_size)
@@ -220,11 +220,3 @@ _MARK_SENT = {  # PostgreSQL: the database's clock, when the mark is written
     for postgres in (True, False)
 }
 
-
-def _begin_immediate(conn: Connection) -> None:
-    try:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-    except OperationalError as exc:
-        if "within a transaction" not in str(exc.orig):
-            raise
-        # the driver began a transaction itself; the first write takes the writer lock

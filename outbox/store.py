@@ -27,9 +27,8 @@ from sqlalchemy import Connection, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from txmq.errors import InvalidTopic, MessageTooLarge
-from txmq.message import Message, is_system_topic, new_message_id, validate_topic_name
-from txmq.producer import DEFAULT_MAX_MESSAGE_SIZE
+from txmq.message import Message, new_message_id
+from txmq.producer import check_message
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
 
 __all__ = [
@@ -149,18 +148,7 @@ def _check(msg: Message) -> None:
     """What the producer would refuse, refused now, inside the business transaction."""
     if not isinstance(msg, Message):
         raise TypeError(f"expected a txmq Message, got {type(msg).__name__}")
-    why = validate_topic_name(msg.topic)
-    if why:
-        raise InvalidTopic(why)
-    if is_system_topic(msg.topic):
-        raise InvalidTopic(f"topic {msg.topic!r} is a reserved system topic")
-    if not isinstance(msg.body, bytes | bytearray | memoryview):
-        raise TypeError("message body must be bytes")
-    if len(msg.body) > DEFAULT_MAX_MESSAGE_SIZE:
-        raise MessageTooLarge(
-            f"message body of {len(msg.body)} bytes is over the limit of "
-            f"{DEFAULT_MAX_MESSAGE_SIZE} bytes"
-        )
+    check_message(msg)
     if msg.delay_level:
         raise ValueError("delayed messages cannot go through the outbox (delay_level must be 0)")
     if msg.tags is not None and len(msg.tags) > 255:

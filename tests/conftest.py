@@ -1,8 +1,10 @@
-"""Shared fixtures: embedded brokers and broker processes on temporary stores."""
+"""Shared fixtures: embedded brokers and broker processes on temporary stores, and Python
+helper processes (``spawn``) whose stdout lines the tests wait for."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -128,3 +130,61 @@ def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+class Spawner:
+    """Starts Python processes from the repository root, stdout piped (read it with
+    :func:`read_line`), stderr to a file in ``tmp_path``; :meth:`kill_all` ends them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def __call__(self, *args: str) -> subprocess.Popen[str]:
+        log = (self.tmp_path / f"proc{len(self.procs)}.stderr").open("a")
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.kill_all()
+
+
+def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> str:
+    """The first stdout line starting with ``prefix`` (lines before it are skipped)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {prefix!r} line within {timeout}s")
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"process exited ({proc.wait()}) before {prefix!r}")
+            if line.startswith(prefix):
+                return line.strip()

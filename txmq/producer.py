@@ -20,6 +20,7 @@ __all__ = [
     "Producer",
     "SendCallback",
     "SendResult",
+    "check_message",
     "select_by_hash",
     "send_result",
 ]
@@ -67,6 +68,24 @@ def send_result(topic: str, h: dict[str, Any]) -> SendResult:
     )
 
 
+
+def check_message(msg: Message, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+    """Refuse, before anything is sent or stored, what the broker would refuse: a bad or
+    reserved topic, a body that isn't bytes or is over ``max_message_size``."""
+    why = _why_bad_topic(msg.topic)
+    if why:
+        raise InvalidTopic(why)
+    if is_system_topic(msg.topic):
+        raise InvalidTopic(f"topic {msg.topic!r} is a reserved system topic")
+    if not isinstance(msg.body, bytes | bytearray | memoryview):
+        raise TypeError("message body must be bytes")
+    if len(msg.body) > max_message_size:
+        raise MessageTooLarge(
+            f"message body of {len(msg.body)} bytes is over the limit of "
+            f"{max_message_size} bytes"
+        )
+
+
 class Producer(BrokerClient):
     """Sends messages to a broker.
 
@@ -94,18 +113,7 @@ class Producer(BrokerClient):
     # -- validation ------------------------------------------------------------------------
 
     def _check(self, msg: Message) -> None:
-        why = _why_bad_topic(msg.topic)
-        if why:
-            raise InvalidTopic(why)
-        if is_system_topic(msg.topic):
-            raise InvalidTopic(f"topic {msg.topic!r} is a reserved system topic")
-        if not isinstance(msg.body, bytes | bytearray | memoryview):
-            raise TypeError("message body must be bytes")
-        if len(msg.body) > self.max_message_size:
-            raise MessageTooLarge(
-                f"message body of {len(msg.body)} bytes is over the limit of "
-                f"{self.max_message_size} bytes"
-            )
+        check_message(msg, self.max_message_size)
 
     async def _pick(
         self,

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -25,7 +25,6 @@ from txmq import producer as _producer
 from txmq import pull as _pull
 from txmq import push as _push
 from txmq import transaction as _tx
-from txmq.client import BrokerClient
 from txmq.message import Message, MessageExt, new_message_id
 
 __all__ = [
@@ -37,11 +36,23 @@ __all__ = [
     "TransactionProducer",
 ]
 
-C = TypeVar("C", bound=BrokerClient)
+class AsyncLifecycle(Protocol):
+    """What a facade can run: an object used as ``async with obj: ...``."""
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc: Any) -> Any: ...
+
+
+C = TypeVar("C", bound=AsyncLifecycle)
 R = TypeVar("R")
 
 
 class SyncClient(Generic[C]):
+    """Runs ``client`` (an async client, or anything with ``async with``) for its whole
+    lifetime in one task of an event loop in a background thread; ``_call`` runs its
+    coroutine methods there."""
+
     def __init__(self, client: C) -> None:
         self.aio = client
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None

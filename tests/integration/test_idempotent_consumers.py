@@ -5,11 +5,7 @@ mark mode)."""
 
 from __future__ import annotations
 
-import os
-import select
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,7 +21,7 @@ from sqlalchemy.orm import Session
 
 import txmq
 from broker.server import EmbeddedBroker
-from tests.conftest import ROOT
+from tests.conftest import Spawner, read_line
 from tests.outbox_support import Db, effects, make_db, until
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, Producer, PushConsumer
 from txmq.sqla.tables import consumed_keys
@@ -124,36 +120,13 @@ def key_states(db: Db) -> set[tuple[str, str]]:
         return {(k, state) for k, state in conn.execute(sql_select(t.c.key, t.c.state))}
 
 
-def spawn_consumer(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    log = (tmp_path / "consumer.stderr").open("a")
-    proc = subprocess.Popen(
-        [sys.executable, "tests/idempotent_consumer_proc.py", *args],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-    )
-    log.close()
-    return proc
-
-
-def expect_line(proc: subprocess.Popen[str], text: str, timeout: float = 30.0) -> None:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            line = proc.stdout.readline()
-            assert line, f"consumer exited ({proc.wait()}) before {text!r}"
-            if line.strip() == text:
-                return
-    raise AssertionError(f"no {text!r} within {timeout}s")
-
-
 @pytest.mark.parametrize("mode", ["transaction", "mark"])
 async def test_consumer_killed_inside_the_handler_is_retried_and_applied_once(
-    db: Db, mode: str, tmp_path: Path, embedded_broker: Callable[..., EmbeddedBroker]
+    db: Db,
+    mode: str,
+    tmp_path: Path,
+    embedded_broker: Callable[..., EmbeddedBroker],
+    spawn: Spawner,
 ) -> None:
     b = embedded_broker(message_delay_levels=LEVELS)
     topic = f"killed-{db.backend}-{mode}"
@@ -162,24 +135,20 @@ async def test_consumer_killed_inside_the_handler_is_retried_and_applied_once(
     await create_topic(b.address, topic)
     args = ["--broker", b.address, "--group", group, "--topic", topic, "--db", db.url]
     args += ["--mode", mode, "--hang-on", "hang", "--expiry", "2", "--out", str(out)]
-    proc = spawn_consumer(tmp_path, *args)
+    proc = spawn("tests/idempotent_consumer_proc.py", *args)
     try:
-        expect_line(proc, "READY")
+        read_line(proc, "READY")
         async with Producer(b.address) as producer:
             # "ok" is applied and its key done before "hang" arrives (a kill between an
             # outside effect and its "done" would repeat that effect: mark mode's contract)
             await producer.send(Message(topic, b"ok", keys=["evt-ok"]), sharding_key="order-7")
             await until(lambda: ("evt-ok", "done") in key_states(db))
             await producer.send(Message(topic, b"hang", keys=["evt-hang"]), sharding_key="order-7")
-        expect_line(proc, "ENTERED hang")
+        assert read_line(proc, "ENTERED ") == "ENTERED hang"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        spawn.kill_all()
 
     # a new member of the group picks the message up again (async this time)
     aengine = create_async_engine(db.aurl)

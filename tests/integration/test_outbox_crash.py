@@ -5,15 +5,10 @@ message once; three relays at once deliver 50 keys x 200 rows, every row, in key
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import select
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,70 +19,13 @@ from sqlalchemy.orm import Session
 import outbox
 import txmq
 from broker.server import EmbeddedBroker
-from tests.conftest import ROOT
+from tests.conftest import Spawner, read_line
 from tests.outbox_support import by_key, effects, make_db, read_topic, until
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer
 
 pytestmark = pytest.mark.anyio
 
 BACKENDS = ["postgresql", "sqlite"]
-
-
-class Spawner:
-    """Starts Python processes from the repository root; :meth:`kill_all` ends them."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def __call__(self, *args: str) -> subprocess.Popen[str]:
-        log = (self.tmp_path / f"proc{len(self.procs)}.stderr").open("a")
-        proc = subprocess.Popen(
-            [sys.executable, *args],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-        )
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        self.kill_all()
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path)
-    yield spawner
-    spawner.kill_all()
-
-
-def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -> str:
-    """The first stdout line starting with ``prefix`` (lines before it are skipped)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no {prefix!r} line within {timeout}s")
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"process exited ({proc.wait()}) before {prefix!r}")
-            if line.startswith(prefix):
-                return line.strip()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

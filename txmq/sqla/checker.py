@@ -38,7 +38,7 @@ from txmq.transaction import LocalTransactionState
 if TYPE_CHECKING:
     from txmq.transaction import TransactionListener
 
-__all__ = ["SqlTransactionChecker"]
+__all__ = ["SqlTransactionChecker", "begin_immediate"]
 
 log = logging.getLogger("txmq.sqla")
 
@@ -147,7 +147,7 @@ class SqlTransactionChecker:
         previous = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
         conn.exec_driver_sql(f"PRAGMA busy_timeout = {ms}")
         try:
-            _begin_immediate(conn)
+            begin_immediate(conn)
             try:
                 lite = (
                     sqlite_insert(transaction_log)
@@ -240,15 +240,17 @@ def _cleanup_on(conn: Connection, older_than: timedelta, batch_size: int) -> int
             return total
 
 
-def _begin_immediate(conn: Connection) -> None:
+def begin_immediate(conn: Connection) -> None:
+    """SQLite: begin a transaction that holds the writer lock from its first statement
+    (``BEGIN IMMEDIATE``), waiting up to the busy timeout for it."""
     try:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
     except OperationalError as exc:
         if "within a transaction" not in str(exc.orig):
             raise
         # The engine began a (deferred) transaction itself, as SQLAlchemy's pysqlite
-        # "begin" recipe does; the INSERT that follows takes the writer lock instead,
-        # waiting the same busy timeout.
+        # "begin" recipe does; the first write that follows takes the writer lock
+        # instead, waiting the same busy timeout.
 
 
 def _is_lock_wait(exc: BaseException) -> bool:
