@@ -1,18 +1,27 @@
 """The relay's database side: claim the rows to send, then mark what became of them.
 
-A cycle runs in one database transaction:
+A cycle:
 
 1. **claim**, in one statement: the *head* of each sharding key — its oldest pending row
    — if it is due (``next_attempt_at`` passed) and no other relay holds it, and the
-   claimed keys' further pending rows (in ``id`` order). PostgreSQL: the heads are taken
-   with ``SELECT ... FOR UPDATE SKIP LOCKED``; a head's row lock is its key's lock, so no
-   two relays ever work on one key, and a key's next rows are not a head until its head
-   is marked. Rows without a key are all heads, claimed one by one. SQLite:
-   ``BEGIN IMMEDIATE`` (the writer lock serialises whole cycles of several relays).
-2. the relay sends them (see :mod:`outbox.relay`);
+   claimed keys' further pending rows (in ``id`` order). Rows without a key are all
+   heads, claimed one by one.
+
+   - PostgreSQL: the heads are taken with ``SELECT ... FOR UPDATE SKIP LOCKED`` and the
+     transaction stays open while the relay sends; a head's row lock is its key's lock,
+     so no two relays ever work on one key, and a key's next rows are not a head until
+     its head is marked. Row locks never hold up the application's inserts.
+   - SQLite has one lock for the whole database, and the application's writes would wait
+     for it (and fail after their busy timeout) while the relay waits on the broker. So
+     the claim is a **lease**: under ``BEGIN IMMEDIATE`` the claimed rows'
+     ``next_attempt_at`` moves ``lease`` ahead and the transaction commits at once. A
+     leased key is not due for anyone (as if backing off) until the lease ends.
+2. the relay sends them (see :mod:`outbox.relay`), holding no SQLite lock;
 3. **mark**: sent rows become ``sent`` (or are deleted), a failed row gets ``attempts + 1``,
-   its error and a backoff (or is parked after ``max_attempts``); commit. A crash before
-   the commit leaves everything pending: it is sent again (at least once).
+   its error and a backoff (or is parked after ``max_attempts``), a row neither sent nor
+   failed (a broker outage, a key stopped at a failure) is due again at once; commit. A
+   crash before that leaves the rows pending: they are sent again (at least once) — on
+   PostgreSQL at once, on SQLite when the lease ends.
 """
 
 from __future__ import annotations
@@ -90,11 +99,12 @@ _COLUMNS = (
 )
 
 
-def claim(conn: Connection, batch_size: int) -> list[Row]:
-    """Begin the cycle's transaction and claim up to ``batch_size`` rows, in ``id`` order.
+def claim(conn: Connection, batch_size: int, lease: timedelta) -> list[Row]:
+    """Claim up to ``batch_size`` rows, in ``id`` order.
 
-    Leaves the transaction open: the caller sends, then calls :func:`mark` and commits
-    (or rolls back, and the rows stay pending).
+    PostgreSQL: leaves the cycle's transaction open (the claimed heads locked); the caller
+    sends, then calls :func:`mark` and commits (or rolls back: the rows stay pending).
+    SQLite: leases the rows for ``lease`` and commits; :func:`mark` begins anew.
     """
     dialect = conn.dialect.name
     if dialect == "sqlite":
@@ -102,7 +112,14 @@ def claim(conn: Connection, batch_size: int) -> list[Row]:
     stmt = _CLAIMS.get((dialect, batch_size))
     if stmt is None:
         stmt = _CLAIMS[(dialect, batch_size)] = _claim_statement(dialect, batch_size)
-    return [Row(*r) for r in conn.execute(stmt, {"now": utcnow(conn)})]
+    now = utcnow(conn)
+    rows = [Row(*r) for r in conn.execute(stmt, {"now": now})]
+    if dialect == "sqlite":
+        if rows:
+            ids = [r.id for r in rows]
+            conn.execute(_LEASE, {"ids": ids, "until": now + lease})
+        conn.commit()
+    return rows
 
 
 _CLAIMS: dict[tuple[str, int], Any] = {}  # built once: building it costs more than running it
@@ -180,11 +197,18 @@ def mark(
     backoff: float,
     max_backoff: float,
     delete_sent: bool,
+    claimed: list[Row],
 ) -> list[int]:
-    """Record the outcome in the cycle's transaction (the caller commits); returns the ids
-    of the rows parked now."""
+    """Record the outcome of sending the ``claimed`` rows in the cycle's transaction (on
+    SQLite a new one; the caller commits); returns the ids of the rows parked now."""
     o = outbox
     postgres = conn.dialect.name == "postgresql"
+    if not postgres:
+        begin_immediate(conn)
+        done = set(outcome.sent) | {row.id for row, _ in outcome.failed}
+        unsent = [r.id for r in claimed if r.id not in done]
+        if unsent:  # their lease ends now: due again (an outage, a key stopped at a failure)
+            conn.execute(_RELEASE, {"ids": unsent})
     if outcome.sent:
         params = {"ids": sorted(outcome.sent), "now": utcnow(conn)}
         conn.execute(_DELETE_SENT if delete_sent else _MARK_SENT[postgres], params)
@@ -210,10 +234,21 @@ def mark(
 
 _SENT_IDS = outbox.c.id.in_(bindparam("ids", expanding=True))
 _DELETE_SENT = delete(outbox).where(_SENT_IDS)
+_LEASE = (
+    update(outbox)
+    .where(_SENT_IDS)
+    .values(next_attempt_at=bindparam("until", type_=DateTime()))
+)
+_RELEASE = (
+    update(outbox)
+    .where(_SENT_IDS, outbox.c.state == OUTBOX_PENDING)
+    .values(next_attempt_at=None)
+)
 _MARK_SENT = {  # PostgreSQL: the database's clock, when the mark is written
     postgres: update(outbox)
     .where(_SENT_IDS)
     .values(
+        next_attempt_at=None,
         state=OUTBOX_SENT,
         sent_at=func.clock_timestamp() if postgres else bindparam("now", type_=DateTime()),
     )

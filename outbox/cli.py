@@ -35,8 +35,8 @@ def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="send outbox rows to the broker until stopped (SIGTERM/SIGINT)",
         description=(
             "Sends outbox rows at least once, in order per sharding key. Several relays may "
-            "run at once on PostgreSQL (each key is worked on by one relay at a time); on "
-            "SQLite run one. Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite."
+            "run at once (each key is worked on by one relay at a time); SQLite needs one. "
+            "Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite."
         ),
     )
     r.add_argument("--broker", help="HOST:PORT (default $TXMQ_BROKER_ADDRESS or 127.0.0.1:10911)")
@@ -54,6 +54,12 @@ def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=float,
         default=24.0,
         help="delete sent rows this long after sending (default 24; 0 deletes them at once)",
+    )
+    r.add_argument(
+        "--claim-lease",
+        type=float,
+        default=30.0,
+        help="SQLite: seconds a cycle's rows stay claimed while sent (default 30)",
     )
     r.add_argument(
         "--stats-interval", type=float, default=10.0, help="print stats every N s (0: never)"
@@ -135,6 +141,7 @@ def _relay(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         listen=not args.no_listen,
         retention=timedelta(hours=args.retention_hours),
+        claim_lease=args.claim_lease,
     )
 
     async def run() -> None:

@@ -6,10 +6,11 @@
         ...                       # relays in the background until the block ends
         print(await relay.lag_seconds(), await relay.backlog())
 
-or ``txmq outbox relay --db URL --broker HOST:PORT``. Several relays may run at once on
-PostgreSQL: each cycle claims whole sharding keys (see :mod:`outbox.claim`), so no row is
-sent by two relays at a time and a key's order holds. On SQLite cycles are serialised by
-the writer lock (one relay is all SQLite needs).
+or ``txmq outbox relay --db URL --broker HOST:PORT``. Several relays may run at once:
+each cycle claims whole sharding keys (see :mod:`outbox.claim`: row locks on PostgreSQL,
+a lease on SQLite), so no row is sent by two relays at a time and a key's order holds.
+The relay never holds a lock that the application's own writes would wait for while it
+talks to the broker. (One relay is all SQLite needs.)
 
 A relay wakes on PostgreSQL ``LISTEN txmq_outbox`` (``outbox.add`` notifies at commit),
 and polls every ``poll_interval`` seconds besides (only polls on SQLite). It sends the
@@ -129,7 +130,10 @@ class OutboxRelay:
     ``poll_interval`` seconds between polls (default 1 s with LISTEN on PostgreSQL, 0.1 s on
     SQLite); ``retention``: sent rows are deleted this long after being sent (checked
     every ``cleanup_interval`` seconds); ``retention=timedelta(0)`` deletes rows as they
-    are sent instead of marking them.
+    are sent instead of marking them. ``claim_lease`` (SQLite only, seconds): how long the
+    rows of a cycle are claimed while the relay sends them without holding the database's
+    lock; rows of a relay that died while sending are sent again after it (make it longer
+    than a cycle's sends can take: the producer's send timeout and retries).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class OutboxRelay:
         cleanup_interval: float = 60.0,
         send_concurrency: int = 16,
         producer_group: str = "txmq-outbox-relay",
+        claim_lease: float = 30.0,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -154,6 +159,9 @@ class OutboxRelay:
             raise ValueError("max_attempts must be at least 1")
         if retention < timedelta(0):
             raise ValueError("retention must not be negative")
+        if not claim_lease > 0:
+            raise ValueError("claim_lease must be positive")
+        self.claim_lease = timedelta(seconds=claim_lease)
         if isinstance(db, AsyncEngine):
             self.engine, self._own_engine = db, False
             given: str | URL = db.url
@@ -322,14 +330,14 @@ class OutboxRelay:
         """One cycle: claim, send, mark, commit. Returns what happened."""
         t0 = time.perf_counter()
         async with self.engine.connect() as conn:
-            rows = await conn.run_sync(claim, self.batch_size)
+            rows = await conn.run_sync(claim, self.batch_size, self.claim_lease)
             if not rows:
                 await conn.rollback()
                 return Outcome()
             t1 = time.perf_counter()
             outcome = await self._send(rows)
             t2 = time.perf_counter()
-            await self._mark(conn, outcome)
+            await self._mark(conn, outcome, rows)
             await conn.commit()
         t3 = time.perf_counter()
         if log.isEnabledFor(logging.DEBUG):
@@ -346,8 +354,8 @@ class OutboxRelay:
         self.failed_total += len(outcome.failed)
         return outcome
 
-    async def _mark(self, conn: AsyncConnection, outcome: Outcome) -> None:
-        """Write the outcome in the cycle's transaction (committed by the caller)."""
+    async def _mark(self, conn: AsyncConnection, outcome: Outcome, rows: list[Row]) -> None:
+        """Write the outcome of sending ``rows`` (committed by the caller)."""
         parked = await conn.run_sync(
             mark,
             outcome,
@@ -355,6 +363,7 @@ class OutboxRelay:
             backoff=self.backoff,
             max_backoff=self.max_backoff,
             delete_sent=self.retention == timedelta(0),
+            claimed=rows,
         )
         for row, exc in outcome.failed:
             if row.id in parked:

@@ -13,11 +13,11 @@ import sys
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from outbox import OutboxRelay, Outcome
+from outbox import OutboxRelay, Outcome, Row
 
 
 class HangBeforeMark(OutboxRelay):
-    async def _mark(self, conn: AsyncConnection, outcome: Outcome) -> None:
+    async def _mark(self, conn: AsyncConnection, outcome: Outcome, rows: list[Row]) -> None:
         print("SENT " + ",".join(map(str, sorted(outcome.sent))), flush=True)
         await anyio.sleep_forever()
 
@@ -26,8 +26,12 @@ async def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--db", required=True)
     p.add_argument("--broker", required=True)
+    p.add_argument("--claim-lease", type=float, default=30.0)
     args = p.parse_args(argv)
-    async with HangBeforeMark(args.db, args.broker, poll_interval=0.05):
+    relay = HangBeforeMark(
+        args.db, args.broker, poll_interval=0.05, claim_lease=args.claim_lease
+    )
+    async with relay:
         print("READY", flush=True)
         await anyio.sleep_forever()
 

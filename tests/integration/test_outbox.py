@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import insert, text, update
+from sqlalchemy import create_engine, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -344,3 +344,61 @@ async def test_relay_rides_out_its_database_connections_being_killed(
             add_rows(db, "killed", [("k", "after1"), ("k", "after2")])
             await until(lambda: db.count(state="sent") == 3 and relay.listening)
         assert by_key(await read_topic(b.address, "killed"))["k"] == ["before", "after1", "after2"]
+
+
+class StalledProducer(Producer):
+    """Sends wait while ``stalled`` is set: a broker that has stopped answering."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stalled = False
+        self.waiting = anyio.Event()
+        self.resume = anyio.Event()
+
+    async def _stall(self) -> None:
+        if self.stalled:
+            self.waiting.set()
+            await self.resume.wait()
+
+    async def send(self, msg: Message, **kwargs: Any) -> Any:
+        await self._stall()
+        return await super().send(msg, **kwargs)
+
+    async def send_batch(self, msgs: Any, **kwargs: Any) -> Any:
+        await self._stall()
+        return await super().send_batch(msgs, **kwargs)
+
+
+async def test_a_stalled_broker_never_holds_up_the_applications_writes(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    """While the relay waits on the broker, the application keeps committing its own
+    transactions (with outbox rows) at once: the relay holds no lock on SQLite (its
+    claim is a lease in a short transaction) and none that inserts wait for on
+    PostgreSQL. A crash while sending is covered by the lease (see the crash tests)."""
+    b = embedded_broker()
+    quick = create_engine(db.url, connect_args={"timeout": 0.5} if db.backend == "sqlite" else {})
+    async with StalledProducer(b.address) as producer:
+        relay = outbox.OutboxRelay(db.aurl, producer, poll_interval=0.02)
+        async with relay:
+            add_rows(db, "stalled", [("k", "first")])
+            await until(lambda: db.count(state="sent") == 1)
+            producer.stalled = True
+            try:
+                add_rows(db, "stalled", [("k", "second")])
+                with anyio.fail_after(10):
+                    await producer.waiting.wait()  # the relay is inside a send now
+                began = time.monotonic()
+                with Session(quick) as session, session.begin():  # SQLite: 0.5 s busy timeout
+                    for i in range(3):
+                        body = f"during{i}".encode()
+                        outbox.add(session, Message("stalled", body), sharding_key="k")
+                assert time.monotonic() - began < 0.5
+                assert db.count(state="pending") == 4
+            finally:
+                producer.stalled = False
+                producer.resume.set()  # else stopping the relay waits for the stalled send
+            await until(lambda: db.count(state="sent") == 5)
+    quick.dispose()
+    stored = by_key(await read_topic(b.address, "stalled"))
+    assert stored["k"] == ["first", "second", "during0", "during1", "during2"]

@@ -64,9 +64,9 @@ async def test_relay_killed_after_send_before_mark_resends_and_consumer_applies_
         consumer.subscribe(topic)
         try:
             async with consumer:
-                relay = spawn(
-                    "tests/outbox_relay_proc.py", "--db", orders_db.url, "--broker", b.address
-                )
+                # SQLite: the dead relay's rows are leased; sent again when the lease ends
+                args = ["--db", orders_db.url, "--broker", b.address, "--claim-lease", "2"]
+                relay = spawn("tests/outbox_relay_proc.py", *args)
                 sent = read_line(relay, "SENT ")
                 assert len(sent.split()[1].split(",")) == 4
                 # the broker has them and the consumer applied them; the rows are unmarked

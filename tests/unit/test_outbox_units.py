@@ -56,6 +56,8 @@ def test_relay_arguments_are_checked() -> None:
         OutboxRelay("sqlite:///x.db", "127.0.0.1:1", batch_size=0)
     with pytest.raises(ValueError, match="max_attempts"):
         OutboxRelay("sqlite:///x.db", "127.0.0.1:1", max_attempts=0)
+    with pytest.raises(ValueError, match="claim_lease"):
+        OutboxRelay("sqlite:///x.db", "127.0.0.1:1", claim_lease=0)
 
 
 def test_importing_txmq_does_not_import_sqlalchemy() -> None:
