@@ -73,6 +73,7 @@ def idempotent(
     group: str | None = None,
     mode: Mode = "transaction",
     expiry: timedelta | float = DEFAULT_EXPIRY,
+    on_duplicate: Callable[[MessageExt, str], None] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[[MessageExt], Any]]:
     """Make ``handler`` a push-consumer listener that applies each message once.
 
@@ -85,7 +86,8 @@ def idempotent(
     ``handler(msg, session)`` and its writes through ``session`` commit together with the
     key (don't commit it yourself) — or ``"mark"`` — ``handler(msg)`` with effects
     outside the database, guarded by a ``consuming`` mark that expires after ``expiry``
-    (make it longer than the handler can take).
+    (make it longer than the handler can take). ``on_duplicate(msg, key)`` is called
+    (in the listener's thread or task) for each message skipped as a duplicate: a metric.
 
     The handler returns None/SUCCESS, or ``RECONSUME_LATER`` (or False) to roll back and
     retry; an exception rolls back too (and is raised to the consumer: retry).
@@ -106,7 +108,7 @@ def idempotent(
                 "async_sessionmaker, def with an Engine / sessionmaker"
             )
         scope = (group or f"{handler.__module__}.{handler.__qualname__}")[:MAX_KEY_LENGTH]
-        guard = _Guard(scope, key, ttl)
+        guard = _Guard(scope, key, ttl, on_duplicate)
         if mode == "transaction":
             made = guard.async_tx(handler, factory) if is_async else guard.tx(handler, factory)
         else:
@@ -189,10 +191,24 @@ def _now(dialect: str) -> datetime:
 class _Guard:
     """The dedupe logic of one decorated handler, for its four flavours."""
 
-    def __init__(self, group: str, key: Callable[[MessageExt], str], ttl: timedelta) -> None:
+    def __init__(
+        self,
+        group: str,
+        key: Callable[[MessageExt], str],
+        ttl: timedelta,
+        on_duplicate: Callable[[MessageExt, str], None] | None,
+    ) -> None:
         self.group = group
         self.key_of = key
         self.ttl = ttl
+        self.on_duplicate = on_duplicate
+
+    def duplicate(self, msg: MessageExt, k: str) -> ConsumeResult:
+        """A duplicate was skipped: log it, tell ``on_duplicate``; acknowledge it."""
+        log.debug("%s: duplicate %r (message %s) skipped", self.group, k, msg.msg_id)
+        if self.on_duplicate is not None:
+            self.on_duplicate(msg, k)
+        return ConsumeResult.SUCCESS
 
     def key(self, msg: MessageExt) -> str:
         k = self.key_of(msg)
@@ -222,10 +238,7 @@ class _Guard:
                     conn = session.connection()  # Core: lighter than the ORM's execute
                     if not _inserted(conn.execute(*self._done_row(conn, k))):
                         session.rollback()
-                        log.debug(
-                            "%s: duplicate %r (message %s) skipped", self.group, k, msg.msg_id
-                        )
-                        return ConsumeResult.SUCCESS
+                        return self.duplicate(msg, k)
                     if _later(handler(msg, session)):
                         session.rollback()
                         return ConsumeResult.RECONSUME_LATER
@@ -247,10 +260,7 @@ class _Guard:
                     stmt, params = self._done_row(conn.sync_connection, k)  # type: ignore[arg-type]
                     if not _inserted(await conn.execute(stmt, params)):
                         await session.rollback()
-                        log.debug(
-                            "%s: duplicate %r (message %s) skipped", self.group, k, msg.msg_id
-                        )
-                        return ConsumeResult.SUCCESS
+                        return self.duplicate(msg, k)
                     if _later(await handler(msg, session)):
                         await session.rollback()
                         return ConsumeResult.RECONSUME_LATER
@@ -303,8 +313,7 @@ class _Guard:
 
     def _verdict(self, got: datetime | str, msg: MessageExt, k: str) -> ConsumeResult | None:
         if got == "done":
-            log.debug("%s: duplicate %r (message %s) skipped", self.group, k, msg.msg_id)
-            return ConsumeResult.SUCCESS
+            return self.duplicate(msg, k)
         if got == "busy":
             log.info("%s: %r is being consumed elsewhere; later", self.group, k)
             return ConsumeResult.RECONSUME_LATER

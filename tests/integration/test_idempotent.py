@@ -71,8 +71,11 @@ def test_default_key() -> None:
 
 async def test_transaction_mode_sync(db: Db) -> None:
     flaky = Flaky(RuntimeError("db write failed"), ConsumeResult.RECONSUME_LATER)
+    skipped: list[tuple[str, str]] = []
 
-    @txmq.idempotent(db.engine, group="billing")
+    @txmq.idempotent(
+        db.engine, group="billing", on_duplicate=lambda m, k: skipped.append((m.msg_id, k))
+    )
     def apply(msg: MessageExt, session: Session) -> Any:
         key = default_key(msg)
         session.execute(insert(effects).values(key=key, body=msg.body.decode()))
@@ -84,7 +87,10 @@ async def test_transaction_mode_sync(db: Db) -> None:
     assert apply(message("a", "k1")) is ConsumeResult.RECONSUME_LATER
     assert db.effects() == [] and key_rows(db) == []
     assert apply(message("a", "k1")) is ConsumeResult.SUCCESS
-    assert apply(message("a again", "k1")) is ConsumeResult.SUCCESS  # duplicate: skipped
+    assert skipped == []
+    again = message("a again", "k1")
+    assert apply(again) is ConsumeResult.SUCCESS  # duplicate: skipped
+    assert skipped == [(again.msg_id, "k1")]
     assert apply(message("b", msg_id="M2")) is ConsumeResult.SUCCESS  # no keys: the id
     assert db.effects() == [("k1", "a"), ("M2", "b")]
     assert key_rows(db) == [("billing", "M2", "done"), ("billing", "k1", "done")]
@@ -115,11 +121,11 @@ async def test_transaction_mode_async_with_a_long_key(db: Db) -> None:
     assert key.startswith("sha256:") and state == "done"
 
 
-def run_mark_flavour(db: Db, flavour: str, handler_body: Any) -> Any:
+def run_mark_flavour(db: Db, flavour: str, handler_body: Any, **options: Any) -> Any:
     """A mark-mode listener (sync or async flavour) whose handler calls handler_body(msg)."""
     if flavour == "sync":
 
-        @txmq.idempotent(db.engine, group="mailer", mode="mark", expiry=30)
+        @txmq.idempotent(db.engine, group="mailer", mode="mark", expiry=30, **options)
         def send_mail(msg: MessageExt) -> Any:
             return handler_body(msg)
 
@@ -129,7 +135,7 @@ def run_mark_flavour(db: Db, flavour: str, handler_body: Any) -> Any:
         return call, None
     aengine = create_async_engine(db.aurl)
 
-    @txmq.idempotent(aengine, group="mailer", mode="mark", expiry=30)
+    @txmq.idempotent(aengine, group="mailer", mode="mark", expiry=30, **options)
     async def send_mail_async(msg: MessageExt) -> Any:
         return handler_body(msg)
 
@@ -146,7 +152,10 @@ async def test_mark_mode(db: Db, flavour: str) -> None:
         sent.append(msg.body.decode())
         return result
 
-    listener, aengine = run_mark_flavour(db, flavour, body)
+    skipped: list[str] = []
+    listener, aengine = run_mark_flavour(
+        db, flavour, body, on_duplicate=lambda m, k: skipped.append(k)
+    )
     try:
         with pytest.raises(RuntimeError):
             await listener(message("mail-1", "m1"))
@@ -155,7 +164,9 @@ async def test_mark_mode(db: Db, flavour: str) -> None:
         assert key_rows(db) == []
         assert await listener(message("mail-1", "m1")) is ConsumeResult.SUCCESS
         assert key_rows(db) == [("mailer", "m1", "done")]
+        assert skipped == []
         assert await listener(message("mail-1 again", "m1")) is ConsumeResult.SUCCESS
+        assert skipped == ["m1"]
         assert sent == ["mail-1", "mail-1"]  # the failing call raised before appending
         # someone else's valid mark: later, without running; once expired: taken over
         soon = datetime.now(UTC) + timedelta(seconds=30)
