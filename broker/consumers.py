@@ -129,6 +129,12 @@ class ConsumerManager:
                 dropped += self.unregister(group, cid, why=f"no heartbeat for {expiry_s:g}s")
         return dropped
 
+    def topic_changed(self, topic: str) -> None:
+        """A topic appeared or changed its queue count: its subscribed groups rebalance."""
+        for group, info in list(self._groups.items()):
+            if any(topic in m.subscriptions for m in info.members.values()):
+                self.notify(group)
+
     def notify(self, group: str) -> None:
         """Tell every member of ``group`` that its client ids changed (oneway, best effort)."""
         info = self._groups.get(group)

@@ -50,6 +50,7 @@ class Broker:
         )
         self.offsets = ConsumerOffsetManager(config.store / "config" / "offsets.json")
         self.consumers = ConsumerManager()
+        self.topics.on_change.append(lambda cfg: self.consumers.topic_changed(cfg.name))
         self.producers = ProducerManager()
         self.locks = RebalanceLockManager(config.lock_expiry_s)
         self.schedule = ScheduleMessageService(self)

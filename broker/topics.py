@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +33,9 @@ class TopicManager:
         self._topics: dict[str, TopicConfig] = {
             name: TopicConfig(**cfg) for name, cfg in raw.get("topics", {}).items()
         }
+        self.on_change: list[Callable[[TopicConfig], None]] = []
+        """Called (on the broker's loop) when a topic is created or its queue count changes:
+        its consumers rebalance at once instead of at their next periodic rebalance."""
 
     def _persist(self) -> None:
         write_json_atomic(self.path, {"topics": {n: asdict(c) for n, c in self._topics.items()}})
@@ -59,10 +63,14 @@ class TopicManager:
             raise InvalidTopic(f"queue count must be between 1 and {MAX_QUEUE_NUMS}")
         with self._lock:
             cfg = TopicConfig(name, queue_nums, system)
-            if self._topics.get(name) != cfg:
+            changed = self._topics.get(name) != cfg
+            if changed:
                 self._topics[name] = cfg
                 self._persist()
-            return cfg
+        if changed:
+            for hook in self.on_change:
+                hook(cfg)
+        return cfg
 
     def delete(self, name: str) -> bool:
         with self._lock:

@@ -356,3 +356,37 @@ async def test_tag_subscription_filters_on_the_broker(
     assert sorted(got) == sorted(
         f"{('created', 'paid', 'shipped')[i % 3]}:{i}" for i in range(30) if i % 3
     )
+
+
+@pytest.mark.parametrize("orderly", [False, True])
+async def test_a_topic_created_after_subscribing_is_consumed_at_once(
+    embedded_broker: Callable[..., EmbeddedBroker], orderly: bool
+) -> None:
+    """The broker tells a topic's subscribed groups when it appears (or changes its queue
+    count), so its first consumers don't wait for their periodic rebalance (60 s here)."""
+    b = embedded_broker()
+    got = anyio.Event()
+
+    async def listener(msg: MessageExt) -> None:
+        got.set()
+
+    consumer = PushConsumer(
+        b.address,
+        "late-topic",
+        listener=listener,
+        orderly=orderly,
+        consume_from="FIRST_OFFSET",
+        rebalance_interval=60.0,
+    )
+    consumer.subscribe("born-later")
+    async with consumer:
+        assert not any(t == "born-later" for t, _ in consumer.queues_held)
+        async with Producer(b.address) as producer:
+            await producer.send(Message("born-later", b"first"))  # auto-creates the topic
+        with anyio.fail_after(10):
+            await got.wait()
+        async with AdminClient(b.address) as admin:
+            await admin.create_topic("born-later", 6)  # more queues: taken at once too
+        with anyio.fail_after(10):
+            while len([q for t, q in consumer.queues_held if t == "born-later"]) != 6:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
