@@ -25,7 +25,7 @@ echo "== setting up .venv"
 scripts/setup.sh dev
 
 echo "== ruff"
-.venv/bin/ruff check txmq broker outbox migrations tests bench
+.venv/bin/ruff check txmq broker outbox migrations examples tests bench
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"

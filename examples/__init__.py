@@ -1,0 +1,1 @@
+"""Examples that use txmq end to end (run from the repository root)."""

@@ -1,0 +1,192 @@
+"""``python -m examples.orders``: the services, their front, the checker and the demo.
+
+python -m examples.orders demo                      # the README's demo
+python -m examples.orders order-service --db URL --broker HOST:PORT [--port N]
+python -m examples.orders inventory-service --db URL --broker HOST:PORT [--port N]
+python -m examples.orders seed --db URL apple=60 pear=40
+python -m examples.orders place --url http://127.0.0.1:PORT --product apple --quantity 2
+python -m examples.orders orders --url http://127.0.0.1:PORT [--state CANCELLED]
+python -m examples.orders stock --url http://127.0.0.1:PORT
+python -m examples.orders check --orders-db URL --inventory-db URL
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+import anyio
+
+from examples.orders import db as dbs
+
+__all__ = ["main"]
+
+
+def _serve_orders(args: argparse.Namespace) -> int:
+    from examples.orders.order_service import OrderService
+
+    dbs.upgrade("orders", args.db)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    svc = OrderService(args.db, args.broker, instance=args.instance).start(args.port)
+    try:
+        assert svc.server is not None
+        print(f"READY {svc.server.url}", flush=True)
+        stop.wait()
+    finally:
+        svc.stop()
+    return 0
+
+
+def _serve_inventory(args: argparse.Namespace) -> int:
+    from examples.orders.inventory_service import InventoryService
+
+    dbs.upgrade("inventory", args.db)
+
+    async def run() -> None:
+        svc = InventoryService(
+            args.db,
+            args.broker,
+            instance=args.instance,
+            max_reconsume_times=args.max_reconsume_times,
+            claim_lease=args.claim_lease,
+        )
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            await svc.start(args.port)
+            try:
+                assert svc.server is not None
+                print(f"READY {svc.server.url}", flush=True)
+                async for _ in signals:
+                    break
+            finally:
+                await svc.stop()
+
+    anyio.run(run)
+    return 0
+
+
+def _front(args: argparse.Namespace) -> int:
+    from examples.orders.web import request
+
+    if args.cmd == "place":
+        status, data = request(
+            args.url, "POST", "/orders", {"product": args.product, "quantity": args.quantity}
+        )
+    elif args.cmd == "orders":
+        status, data = request(
+            args.url, "GET", "/orders" + (f"?state={args.state}" if args.state else "")
+        )
+    else:
+        status, data = request(args.url, "GET", "/stock")
+    print(json.dumps(data, indent=2))
+    return 0 if status < 400 else 1
+
+
+def _seed(args: argparse.Namespace) -> int:
+    stock: dict[str, int] = {}
+    for item in args.stock:
+        product, _, units = item.partition("=")
+        if not product or not units.isdigit():
+            raise SystemExit(f"expected PRODUCT=UNITS, got {item!r}")
+        stock[product] = int(units)
+    dbs.upgrade("inventory", args.db)
+    dbs.seed_stock(args.db, stock)
+    print(f"stock: {stock}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from examples.orders.checker import check
+    from examples.orders.demo import books_lines
+
+    report = check(args.orders_db, args.inventory_db)
+    print("\n".join(books_lines(report)))
+    return 0 if report.ok else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from examples.orders.demo import ALL_FAULTS, DemoConfig, print_summary, run_demo
+
+    faults = () if args.no_faults else tuple(args.fault or ALL_FAULTS)
+    config = DemoConfig(
+        orders=args.orders,
+        orders_db=args.orders_db,
+        inventory_db=args.inventory_db,
+        faults=faults,
+        seed=args.seed,
+    )
+    result = run_demo(config, progress=print)
+    print_summary(result)
+    return 0 if result.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m examples.orders",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--log-level", default="WARNING")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="broker + both services, a load of orders, faults, the books")
+    d.add_argument("--orders", type=int, default=300, help="orders to place (default 300)")
+    d.add_argument("--orders-db", help="the order service's database URL (default: SQLite)")
+    d.add_argument("--inventory-db", help="the inventory's database URL (default: SQLite)")
+    d.add_argument("--fault", action="append", help="only these faults (repeat)")
+    d.add_argument("--no-faults", action="store_true")
+    d.add_argument("--seed", type=int, default=7, help="random seed of the load")
+    d.set_defaults(func=_demo)
+
+    for name, func in (("order-service", _serve_orders), ("inventory-service", _serve_inventory)):
+        s = sub.add_parser(name, help=f"run the {name}")
+        s.add_argument("--db", required=True, help="its database URL")
+        s.add_argument("--broker", required=True, help="HOST:PORT")
+        s.add_argument("--port", type=int, default=0, help="HTTP port (default: any free)")
+        s.add_argument("--instance", default=f"{name.split('-')[0]}-1")
+        s.set_defaults(func=func)
+        if name == "inventory-service":
+            s.add_argument("--max-reconsume-times", type=int, default=16)
+            s.add_argument("--claim-lease", type=float, default=30.0)
+
+    sd = sub.add_parser("seed", help="set the inventory's stock")
+    sd.add_argument("--db", required=True)
+    sd.add_argument("stock", nargs="+", help="PRODUCT=UNITS")
+    sd.set_defaults(func=_seed)
+
+    for name in ("place", "orders", "stock"):
+        f = sub.add_parser(name, help=f"{name} through a service's HTTP front")
+        f.add_argument("--url", required=True, help="the service's http://HOST:PORT")
+        if name == "place":
+            f.add_argument("--product", required=True)
+            f.add_argument("--quantity", type=int, default=1)
+        if name == "orders":
+            f.add_argument("--state")
+        f.set_defaults(func=_front)
+
+    c = sub.add_parser("check", help="the consistency checker")
+    c.add_argument("--orders-db", required=True)
+    c.add_argument("--inventory-db", required=True)
+    c.set_defaults(func=_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    result: Any = args.func(args)
+    return int(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""The orders demo: a broker and both services as real processes, a load of orders,
+faults injected one after another, then the books.
+
+Faults (each between two parts of the load):
+
+- ``order-crash-before-commit``: the order service is SIGKILLed after sending the half
+  message, before its database commit. The order must never exist; the broker checks back,
+  the checker finds no committed transaction and the half message is rolled back.
+- ``order-crash-after-commit``: SIGKILLed after the database commit, before telling the
+  broker COMMIT. The order must exist and settle: the check-back commits the message.
+- ``broker-restart``: the broker is SIGKILLed; orders placed meanwhile are refused (and
+  leave nothing half-done); it restarts on the same store and port and everyone reconnects.
+- ``inventory-crash``: the inventory service is SIGKILLed inside its handler, after its
+  writes, before their commit: the message is delivered again and applied once.
+- ``duplicates``: copies of already-consumed ``OrderCreated`` messages are sent again: the
+  idempotent consumer skips every one.
+- ``poison``: a malformed ``OrderCreated`` fails every time: retried, then dead-lettered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from examples.orders import db as dbs
+from examples.orders.checker import Report, check
+from examples.orders.faults_demo import FAULTS, Fault, FaultResult
+from examples.orders.models import CANCELLED, CONFIRMED, PENDING, Order
+from examples.orders.procs import Proc, free_port
+from examples.orders.web import request
+from txmq.sqla.tables import ROLLED_BACK, transaction_log
+from txmq.sync import AdminClient
+
+__all__ = ["ALL_FAULTS", "DemoConfig", "DemoResult", "books_lines", "print_summary", "run_demo"]
+
+ALL_FAULTS = tuple(FAULTS)
+DEFAULT_STOCK = {"apple": 60, "fig": 60, "kiwi": 60, "pear": 60, "plum": 60}
+
+# Short for a demo (defaults: check every 30 s after 6 s; retries 1 s … 2 h)
+BROKER_TOML = """\
+[broker]
+transaction_check_interval_s = 1.0
+transaction_timeout_s = 2.0
+message_delay_levels = "100ms 200ms 300ms 500ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s"
+"""
+INVENTORY_MAX_RECONSUME = 3
+
+
+@dataclass
+class DemoConfig:
+    orders: int = 300
+    orders_db: str | None = None
+    """The order service's database URL; None: a SQLite file in the demo's folder."""
+    inventory_db: str | None = None
+    faults: tuple[str, ...] = ALL_FAULTS
+    seed: int = 7
+    clients: int = 4
+    stock: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_STOCK))
+    duplicates: int = 20
+    settle_timeout: float = 120.0
+
+
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    report: Report
+    folder: str
+    databases: str
+    requested: int = 0
+    accepted: int = 0
+    refused: int = 0
+    faults: list[FaultResult] = field(default_factory=list)
+    inventory: dict[str, Any] = field(default_factory=dict)
+    dead_lettered: list[str] = field(default_factory=list)
+    settled: bool = False
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.settled and self.report.ok and all(f.verified for f in self.faults)
+
+
+class Demo:
+    """The running system; :mod:`examples.orders.faults_demo` drives its faults."""
+
+    def __init__(self, config: DemoConfig, folder: Path, progress: Callable[[str], None]) -> None:
+        self.config = config
+        self.folder = folder
+        self.say = progress
+        self.orders_db = config.orders_db or f"sqlite:///{folder / 'orders.db'}"
+        self.inventory_db = config.inventory_db or f"sqlite:///{folder / 'inventory.db'}"
+        self.port = free_port()
+        self.broker_address = f"127.0.0.1:{self.port}"
+        self.broker: Proc | None = None
+        self.orders: Proc | None = None
+        self.inventory: Proc | None = None
+        self.orders_url = self.inventory_url = ""
+        self.accepted: list[dict[str, Any]] = []
+        self.refused = 0
+        self.requested = 0
+
+    # -- processes -------------------------------------------------------------------------
+
+    def start_broker(self) -> None:
+        cfg = self.folder / "broker.toml"
+        cfg.write_text(BROKER_TOML)
+        args = ["txmq", "broker", "start", "--store", str(self.folder / "broker")]
+        args += ["--port", str(self.port), "--config", str(cfg)]
+        self.broker = Proc("broker", args, self.folder / "broker.log")
+        self.broker.wait_line("txmq broker listening on ")
+
+    def start_orders(self) -> None:
+        args = ["examples.orders", "order-service", "--db", self.orders_db]
+        args += ["--broker", self.broker_address]
+        self.orders = Proc("order-service", args, self.folder / "order-service.log")
+        self.orders_url = self.orders.wait_line("READY ").split()[1]
+
+    def start_inventory(self) -> None:
+        args = ["examples.orders", "inventory-service", "--db", self.inventory_db]
+        args += ["--broker", self.broker_address, "--claim-lease", "5"]
+        args += ["--max-reconsume-times", str(INVENTORY_MAX_RECONSUME)]
+        self.inventory = Proc("inventory-service", args, self.folder / "inventory-service.log")
+        self.inventory_url = self.inventory.wait_line("READY ").split()[1]
+
+    def close(self) -> None:
+        for proc in (self.orders, self.inventory, self.broker):
+            if proc is not None:
+                proc.stop()
+
+    # -- load ------------------------------------------------------------------------------
+
+    def place(self, product: str, quantity: int) -> tuple[int, Any]:
+        """POST /orders; (0, error) when the service can't be reached."""
+        self.requested += 1
+        try:
+            status, data = request(
+                self.orders_url, "POST", "/orders", {"product": product, "quantity": quantity}
+            )
+        except OSError as exc:
+            status, data = 0, str(exc)
+        if status == 201:
+            self.accepted.append(data)
+        elif status in (0, 503):
+            self.refused += 1
+        else:
+            raise RuntimeError(f"order refused with {status}: {data}")
+        return status, data
+
+    def load(self, orders: list[tuple[str, int]]) -> None:
+        with ThreadPoolExecutor(self.config.clients) as pool:
+            list(pool.map(lambda o: self.place(*o), orders))
+
+    def stats(self, url: str) -> dict[str, Any]:
+        status, data = request(url, "GET", "/stats")
+        if status != 200:
+            raise RuntimeError(f"GET {url}/stats: {status} {data}")
+        result: dict[str, Any] = data
+        return result
+
+    def order_states(self, ids: list[str]) -> dict[str, str]:
+        engine = dbs.connect(self.orders_db)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(select(Order.id, Order.state).where(Order.id.in_(ids)))
+                return {i: s for i, s in rows}
+        finally:
+            engine.dispose()
+
+    def rolled_back_transactions(self) -> int:
+        """Rows the check-back's ROLLBACK answers left in the order service's log."""
+        engine = dbs.connect(self.orders_db)
+        try:
+            with engine.connect() as conn:
+                t = transaction_log
+                q = select(func.count()).select_from(t).where(t.c.state == ROLLED_BACK)
+                return int(conn.execute(q).scalar_one())
+        finally:
+            engine.dispose()
+
+    def dlq(self) -> list[str]:
+        with AdminClient(self.broker_address) as admin:
+            return [" ".join(m.keys) for m in admin.dlq_list("inventory-service", max=100)]
+
+    def pending_transactions(self) -> int:
+        with AdminClient(self.broker_address) as admin:
+            return len(admin.transactions("pending"))
+
+
+def _check_fresh(url: str) -> None:
+    engine = dbs.connect(url)
+    try:
+        with engine.connect() as conn:
+            n = conn.execute(select(func.count()).select_from(Order)).scalar_one()
+    finally:
+        engine.dispose()
+    if n:
+        raise SystemExit(f"the demo needs a fresh order database; {url} has {n} orders")
+
+
+def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: None) -> DemoResult:
+    unknown = set(config.faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown faults {sorted(unknown)}: choose from {', '.join(FAULTS)}")
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="txmq-orders-")))
+        demo = Demo(config, folder, progress)
+        stack.callback(demo.close)
+        dbs.upgrade("orders", demo.orders_db)
+        dbs.upgrade("inventory", demo.inventory_db)
+        _check_fresh(demo.orders_db)
+        dbs.seed_stock(demo.inventory_db, config.stock)
+        progress(f"broker: a txmq broker process on {demo.broker_address}, store in {folder}")
+        demo.start_broker()
+        demo.start_inventory()
+        demo.start_orders()
+        progress(f"services: orders {demo.orders_url}, inventory {demo.inventory_url}")
+
+        rng = random.Random(config.seed)
+        products = sorted(config.stock)
+        load = [(rng.choice(products), rng.randint(1, 3)) for _ in range(config.orders)]
+        faults = [FAULTS[name] for name in config.faults]
+        parts = _split(load, len(faults) + 1)
+        results: list[tuple[Fault, FaultResult]] = []
+        for i, part in enumerate(parts):
+            demo.load(part)
+            progress(f"load: {demo.requested} orders requested, {len(demo.accepted)} accepted")
+            if i < len(faults):
+                progress(f"fault: {faults[i].what}")
+                results.append((faults[i], faults[i].inject(demo)))
+        result = DemoResult(config, Report(), str(folder), _describe(demo))
+        result.settled = _settle(demo, results, config.settle_timeout)
+        for fault, fr in results:
+            fault.verify(demo, fr)
+        result.faults = [fr for _, fr in results]
+        result.report = check(demo.orders_db, demo.inventory_db)
+        result.inventory = demo.stats(demo.inventory_url)
+        result.dead_lettered = demo.dlq()
+        result.requested, result.accepted = demo.requested, len(demo.accepted)
+        result.refused = demo.refused
+        result.elapsed = time.monotonic() - began
+        return result
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _split(items: list[Any], parts: int) -> list[list[Any]]:
+    size = -(-len(items) // parts)
+    return [items[i * size : (i + 1) * size] for i in range(parts)]
+
+
+def _describe(demo: Demo) -> str:
+    if demo.config.orders_db is None and demo.config.inventory_db is None:
+        return "SQLite files orders.db and inventory.db in the demo's folder"
+    return f"orders {demo.orders_db.split('@')[-1]}, inventory {demo.inventory_db.split('@')[-1]}"
+
+
+def _settle(demo: Demo, faults: list[tuple[Fault, FaultResult]], timeout: float) -> bool:
+    """Wait (bounded) until every order is settled, the outbox is drained, no half message
+    is pending and every fault's own condition holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        report = check(demo.orders_db, demo.inventory_db)
+        inventory = demo.stats(demo.inventory_url)
+        if (
+            report.pending == 0
+            and inventory["outbox_backlog"] == 0
+            and demo.pending_transactions() == 0
+            and all(f.settled(demo, r) for f, r in faults)
+        ):
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def books_lines(report: Report) -> list[str]:
+    o = report.orders
+    lines = [
+        f"orders:    {CONFIRMED} {o.get(CONFIRMED, 0)} · {CANCELLED} {o.get(CANCELLED, 0)}"
+        f" · {PENDING} {o.get(PENDING, 0)}",
+        "stock:     product   initial  available  reserved",
+    ]
+    for st in report.stock:
+        lines.append(
+            f"           {st['product']:<8} {st['initial']:>8} {st['available']:>10}"
+            f" {st['reserved']:>9}"
+        )
+    if report.ok:
+        lines.append(
+            "books:     BALANCED — every order settled, available + reserved = initial for "
+            "every product, no order reserved twice, no reservation without an order"
+        )
+    else:
+        lines.append("books:     DO NOT BALANCE")
+        lines += [f"           - {p}" for p in report.problems]
+    return lines
+
+
+def print_summary(result: DemoResult, out: Callable[[str], None] = print) -> None:
+    inv = result.inventory
+    out("")
+    out("== txmq orders demo ==")
+    out(f"databases: {result.databases}")
+    out(
+        f"load:      {result.requested} orders requested by {result.config.clients} clients: "
+        f"{result.accepted} accepted, {result.refused} refused while a service was down"
+    )
+    if result.faults:
+        out("faults:")
+        for f in result.faults:
+            out(f"  [{'ok' if f.verified else 'FAILED'}] {f.what}")
+            out(f"         {f.detail}")
+    for line in books_lines(result.report):
+        out(line)
+    out(
+        f"messages:  {inv.get('duplicates_skipped', 0)} duplicate deliveries skipped by the "
+        f"idempotent consumer; {inv.get('handler_failures', 0)} failed deliveries retried; "
+        f"{len(result.dead_lettered)} dead-lettered"
+        + (f" ({', '.join(result.dead_lettered)})" if result.dead_lettered else "")
+    )
+    if not result.settled:
+        out(f"NOT SETTLED within {result.config.settle_timeout:.0f} s")
+    out(f"result:    {'OK' if result.ok else 'FAILED'} in {result.elapsed:.1f} s")

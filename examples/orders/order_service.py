@@ -1,0 +1,207 @@
+"""The order service, in blocking code (``Session``, ``txmq.sync``), as a Flask or Django
+service would be written.
+
+``place(product, quantity)`` creates the order PENDING in a local transaction with a
+transactional send of ``OrderCreated`` (sharded by order id): the order row, the
+transaction-log row and the half message commit together or not at all, and a crash
+between the database commit and the broker's COMMIT is settled by the broker checking
+back with any live producer of the group (``SqlTransactionChecker``).
+
+The inventory's ``StockReserved`` / ``StockRejected`` replies are consumed idempotently
+(the reply's key is recorded in the same transaction as the order's new state): the order
+becomes CONFIRMED, or CANCELLED — the compensation when stock is short.
+
+HTTP: ``POST /orders {"product", "quantity"}``, ``GET /orders[?state=]``,
+``GET /orders/<id>``, ``GET /stats``, ``POST /faults {"crash": point}``.
+Crash points: ``before-db-commit`` (the half message is sent, the order not committed:
+the check-back rolls it back) and ``after-db-commit`` (the order is committed, the broker
+not told: the check-back commits it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any, Self
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+import txmq
+import txmq.sync
+from examples.orders.db import connect
+from examples.orders.faults import Faults
+from examples.orders.models import (
+    CANCELLED,
+    CONFIRMED,
+    ORDER_CREATED,
+    PENDING,
+    STOCK_REPLIES,
+    Order,
+    OrderCreated,
+    StockReply,
+)
+from examples.orders.web import JsonServer, Request
+from txmq import ConsumeFrom, Message, MessageExt
+from txmq.producer import SendResult
+from txmq.sqla import SqlTransactionChecker, transaction
+from txmq.transaction import LocalTransactionState
+
+__all__ = ["GROUP", "OrderService"]
+
+log = logging.getLogger("examples.orders.order_service")
+
+GROUP = "order-service"
+"""The service's producer group (check-backs go to any live member) and consumer group."""
+MAX_QUANTITY = 1000
+
+
+class _FaultyProducer(txmq.sync.TransactionProducer):
+    """Dies before telling the broker COMMIT when ``after-db-commit`` is armed."""
+
+    faults: Faults
+    current: threading.local
+
+    def end_transaction(
+        self,
+        result: SendResult,
+        state: LocalTransactionState | str,
+        *,
+        from_check: bool = False,
+    ) -> str:
+        if not from_check and LocalTransactionState(state) is LocalTransactionState.COMMIT:
+            self.faults.reached("after-db-commit", getattr(self.current, "order_id", "?"))
+        return super().end_transaction(result, state, from_check=from_check)
+
+
+class OrderService:
+    def __init__(self, db: str, broker: str, *, instance: str = "orders-1") -> None:
+        self.engine = connect(db)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.faults = Faults(("before-db-commit", "after-db-commit"))
+        self._current = threading.local()
+        self.producer = _FaultyProducer(broker, GROUP, listener=SqlTransactionChecker(self.engine))
+        self.producer.faults, self.producer.current = self.faults, self._current
+        self.counters: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+        on_reply = txmq.idempotent(
+            self.sessions,
+            group=f"{GROUP}/{STOCK_REPLIES}",
+            on_duplicate=lambda m, k: self._count("replies_duplicate"),
+        )(self._apply_reply)
+        self.consumer = txmq.sync.PushConsumer(
+            broker,
+            GROUP,
+            listener=on_reply,
+            instance_name=instance,
+            consume_from=ConsumeFrom.FIRST_OFFSET,
+        )
+        self.consumer.subscribe(STOCK_REPLIES)
+        self.server: JsonServer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, port: int = 0) -> Self:
+        self.producer.start()
+        self.consumer.start()
+        self.server = JsonServer(
+            {
+                ("POST", "/orders"): self._post_order,
+                ("GET", "/orders"): self._get_orders,
+                ("GET", "/orders/(?P<id>[0-9a-f]{32})"): self._get_order,
+                ("GET", "/stats"): lambda req: (200, self.stats()),
+                ("POST", "/faults"): self.faults.route,
+            },
+            port=port,
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.consumer.stop()
+        self.producer.stop()
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- orders ----------------------------------------------------------------------------
+
+    def place(self, product: str, quantity: int) -> dict[str, Any]:
+        """Create an order and announce it, as one step."""
+        if not isinstance(product, str) or not 0 < len(product) <= 64:
+            raise ValueError("product must be a name of 1 to 64 characters")
+        if isinstance(quantity, bool) or not isinstance(quantity, int):
+            raise ValueError("quantity must be a whole number")
+        if not 0 < quantity <= MAX_QUANTITY:
+            raise ValueError(f"quantity must be between 1 and {MAX_QUANTITY}")
+        order_id = uuid.uuid4().hex
+        self._current.order_id = order_id
+        event = OrderCreated(order_id, product, quantity)
+        msg = Message(
+            ORDER_CREATED, event.encode(), tags="OrderCreated", keys=[f"order-{order_id}-created"]
+        )
+        with transaction(self.producer, self.sessions) as tx:
+            order = Order(id=order_id, product=product, quantity=quantity, state=PENDING)
+            tx.session.add(order)
+            tx.send(msg, sharding_key=order_id)
+            self.faults.reached("before-db-commit", order_id)
+        self._count("orders_placed")
+        return order.as_dict()
+
+    def _apply_reply(self, msg: MessageExt, session: Session) -> None:
+        reply = StockReply.decode(msg.body)
+        order = session.get(Order, reply.order_id, with_for_update=True)
+        if order is None:  # cannot happen: the order commits before its message is sent
+            raise LookupError(f"reply for unknown order {reply.order_id}")
+        if order.state == PENDING:
+            order.state = CONFIRMED if reply.reserved else CANCELLED
+            order.reason = reply.reason
+            order.updated_at = datetime.now(UTC)
+        self._count("replies_applied")
+
+    def _count(self, name: str) -> None:
+        with self._count_lock:
+            self.counters[name] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self.sessions() as s:
+            by_state = dict(
+                s.execute(select(Order.state, func.count()).group_by(Order.state)).all()
+            )
+        with self._count_lock:
+            counters = dict(self.counters)
+        return {"orders": by_state, **counters}
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def _post_order(self, req: Request) -> tuple[int, Any]:
+        if not isinstance(req.body, dict):
+            raise ValueError('expected {"product": "...", "quantity": N}')
+        return 201, self.place(req.body.get("product"), req.body.get("quantity"))  # type: ignore[arg-type]
+
+    def _get_orders(self, req: Request) -> tuple[int, Any]:
+        q = select(Order).order_by(Order.created_at.desc()).limit(100)
+        state = req.param("state")
+        if state is not None:
+            if state.upper() not in (PENDING, CONFIRMED, CANCELLED):
+                raise ValueError(f"state must be {PENDING}, {CONFIRMED} or {CANCELLED}")
+            q = q.where(Order.state == state.upper())
+        with self.sessions() as s:
+            return 200, [o.as_dict() for o in s.scalars(q)]
+
+    def _get_order(self, req: Request) -> tuple[int, Any]:
+        order_id = req.match.group("id")
+        with self.sessions() as s:
+            order = s.get(Order, order_id)
+            if order is None:
+                raise LookupError(f"no order {order_id}")
+            return 200, order.as_dict()
