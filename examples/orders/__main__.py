@@ -121,7 +121,11 @@ def _demo(args: argparse.Namespace) -> int:
         faults=faults,
         seed=args.seed,
     )
-    result = run_demo(config, progress=print)
+    try:
+        result = run_demo(config, progress=print)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print_summary(result)
     return 0 if result.ok else 1
 

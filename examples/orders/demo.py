@@ -203,7 +203,7 @@ def _check_fresh(url: str) -> None:
     finally:
         engine.dispose()
     if n:
-        raise SystemExit(f"the demo needs a fresh order database; {url} has {n} orders")
+        raise ValueError(f"the demo needs a fresh order database; {url} has {n} orders")
 
 
 def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: None) -> DemoResult:

@@ -107,7 +107,11 @@ class OrderService:
 
     def start(self, port: int = 0) -> Self:
         self.producer.start()
-        self.consumer.start()
+        try:
+            self.consumer.start()
+        except BaseException:
+            self.producer.stop()
+            raise
         self.server = JsonServer(
             {
                 ("POST", "/orders"): self._post_order,
