@@ -37,6 +37,7 @@ from examples.orders.faults_demo import FAULTS, Fault, FaultResult
 from examples.orders.models import CANCELLED, CONFIRMED, PENDING, Order
 from examples.orders.procs import Proc, free_port
 from examples.orders.web import request
+from txmq.db import with_connection
 from txmq.sqla.tables import ROLLED_BACK, transaction_log
 from txmq.sync import AdminClient
 
@@ -167,24 +168,14 @@ class Demo:
         return result
 
     def order_states(self, ids: list[str]) -> dict[str, str]:
-        engine = dbs.connect(self.orders_db)
-        try:
-            with engine.connect() as conn:
-                rows = conn.execute(select(Order.id, Order.state).where(Order.id.in_(ids)))
-                return {i: s for i, s in rows}
-        finally:
-            engine.dispose()
+        q = select(Order.id, Order.state).where(Order.id.in_(ids))
+        return with_connection(self.orders_db, lambda conn: {i: st for i, st in conn.execute(q)})
 
     def rolled_back_transactions(self) -> int:
         """Rows the check-back's ROLLBACK answers left in the order service's log."""
-        engine = dbs.connect(self.orders_db)
-        try:
-            with engine.connect() as conn:
-                t = transaction_log
-                q = select(func.count()).select_from(t).where(t.c.state == ROLLED_BACK)
-                return int(conn.execute(q).scalar_one())
-        finally:
-            engine.dispose()
+        t = transaction_log
+        q = select(func.count()).select_from(t).where(t.c.state == ROLLED_BACK)
+        return with_connection(self.orders_db, lambda conn: int(conn.execute(q).scalar_one()))
 
     def dlq(self) -> list[str]:
         with AdminClient(self.broker_address) as admin:
@@ -196,12 +187,8 @@ class Demo:
 
 
 def _check_fresh(url: str) -> None:
-    engine = dbs.connect(url)
-    try:
-        with engine.connect() as conn:
-            n = conn.execute(select(func.count()).select_from(Order)).scalar_one()
-    finally:
-        engine.dispose()
+    q = select(func.count()).select_from(Order)
+    n = with_connection(url, lambda conn: int(conn.execute(q).scalar_one()))
     if n:
         raise ValueError(f"the demo needs a fresh order database; {url} has {n} orders")
 

@@ -18,8 +18,6 @@ HTTP: ``GET /stock``, ``GET /stats``, ``POST /faults {"crash": "in-handler"}`` (
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
 from typing import Any, Self
 
 from sqlalchemy import func, select, update
@@ -28,6 +26,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 import txmq
+from examples.orders.counters import Counters
 from examples.orders.db import connect
 from examples.orders.faults import Faults
 from examples.orders.models import (
@@ -68,19 +67,18 @@ class InventoryService:
         self.read_engine = connect(db)  # the HTTP front's reads, from its threads
         self.relay = outbox.OutboxRelay(self.aengine, broker, claim_lease=claim_lease)
         self.faults = Faults(("in-handler",))
-        self.counters: Counter[str] = Counter()
-        self._count_lock = threading.Lock()
+        self.counters = Counters()
         reserve = txmq.idempotent(
             self.sessions,
             group=f"{GROUP}/{ORDER_CREATED}",
-            on_duplicate=lambda m, k: self._count("duplicates_skipped"),
+            on_duplicate=lambda m, k: self.counters.add("duplicates_skipped"),
         )(self._reserve)
 
         async def listener(msg: MessageExt) -> ConsumeResult:
             try:
                 result: ConsumeResult = await reserve(msg)
             except Exception as exc:
-                self._count("handler_failures")
+                self.counters.add("handler_failures")
                 log.warning("OrderCreated %s failed (%s); retried later", msg.msg_id, exc)
                 raise
             return result
@@ -171,11 +169,7 @@ class InventoryService:
         )
         await session.flush()
         self.faults.reached("in-handler", event.order_id)  # written, not committed
-        self._count("reserved" if reply.reserved else "rejected")
-
-    def _count(self, name: str) -> None:
-        with self._count_lock:
-            self.counters[name] += 1
+        self.counters.add("reserved" if reply.reserved else "rejected")
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -197,8 +191,7 @@ class InventoryService:
                 s.execute(select(Reservation.state, func.count()).group_by(Reservation.state)).all()
             )
             backlog, lag = pending_lag(s.connection())
-        with self._count_lock:
-            counters = dict(self.counters)
+        counters = self.counters.snapshot()
         return {
             "reservations": by_state,
             "outbox_backlog": backlog,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -32,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import txmq
 import txmq.sync
+from examples.orders.counters import Counters
 from examples.orders.db import connect
 from examples.orders.faults import Faults
 from examples.orders.models import (
@@ -85,13 +85,12 @@ class OrderService:
         self._current = threading.local()
         self.producer = _FaultyProducer(broker, GROUP, listener=SqlTransactionChecker(self.engine))
         self.producer.faults, self.producer.current = self.faults, self._current
-        self.counters: Counter[str] = Counter()
-        self._count_lock = threading.Lock()
+        self.counters = Counters()
 
         on_reply = txmq.idempotent(
             self.sessions,
             group=f"{GROUP}/{STOCK_REPLIES}",
-            on_duplicate=lambda m, k: self._count("replies_duplicate"),
+            on_duplicate=lambda m, k: self.counters.add("replies_duplicate"),
         )(self._apply_reply)
         self.consumer = txmq.sync.PushConsumer(
             broker,
@@ -158,7 +157,7 @@ class OrderService:
             tx.session.add(order)
             tx.send(msg, sharding_key=order_id)
             self.faults.reached("before-db-commit", order_id)
-        self._count("orders_placed")
+        self.counters.add("orders_placed")
         return order.as_dict()
 
     def _apply_reply(self, msg: MessageExt, session: Session) -> None:
@@ -170,19 +169,14 @@ class OrderService:
             order.state = CONFIRMED if reply.reserved else CANCELLED
             order.reason = reply.reason
             order.updated_at = datetime.now(UTC)
-        self._count("replies_applied")
-
-    def _count(self, name: str) -> None:
-        with self._count_lock:
-            self.counters[name] += 1
+        self.counters.add("replies_applied")
 
     def stats(self) -> dict[str, Any]:
         with self.sessions() as s:
             by_state = dict(
                 s.execute(select(Order.state, func.count()).group_by(Order.state)).all()
             )
-        with self._count_lock:
-            counters = dict(self.counters)
+        counters = self.counters.snapshot()
         return {"orders": by_state, **counters}
 
     # -- HTTP ------------------------------------------------------------------------------
