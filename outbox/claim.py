@@ -254,4 +254,3 @@ _MARK_SENT = {  # PostgreSQL: the database's clock, when the mark is written
     )
     for postgres in (True, False)
 }
-

@@ -15,13 +15,14 @@ talks to the broker. (One relay is all SQLite needs.)
 A relay wakes on PostgreSQL ``LISTEN txmq_outbox`` (``outbox.add`` notifies at commit),
 and polls every ``poll_interval`` seconds besides (only polls on SQLite). It sends the
 rows of all keys that hash to one queue in one ``send_batch`` (in ``id`` order, so each
-key's order holds), the queues concurrently, then marks them sent in the transaction that
-claimed them: a crash between the send and the commit sends
-them again — consumers deduplicate on the message id, which stays the same
-(``txmq.idempotent``). A row whose send fails is retried with exponential backoff; after
-``max_attempts`` failures it is *parked* and the rows after it in its key go on (its key's
-order is broken at that row, as RocketMQ moves on to the next message after the last
-retry). A broker outage (unreachable, timeout, busy) costs no attempts: the relay waits.
+key's order holds), the queues concurrently, then marks them sent (on PostgreSQL in the
+transaction that claimed them; on SQLite in a second one, the claim being a lease): a
+crash between the send and the mark sends them again — consumers deduplicate on the
+message id, which stays the same (``txmq.idempotent``). A row whose send fails is
+retried with exponential backoff; after ``max_attempts`` failures it is *parked* and the
+rows after it in its key go on (its key's order is broken at that row, as RocketMQ moves
+on to the next message after the last retry). A broker outage (unreachable, timeout,
+busy) costs no attempts: the relay waits.
 
 Order holds per sharding key *within a topic* (a key's rows of one topic land on one
 queue, in ``id`` order), as RocketMQ orders per queue; rows without a key go in any order.
@@ -68,6 +69,7 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     FlushDiskTimeout,
 )
 """Errors that say the broker, not the row, is the problem: no attempt is counted."""
+
 
 class OutboxNotReady(TxmqError):
     """The relay's database is unreachable, or has no ``txmq_outbox`` table yet."""
@@ -470,7 +472,8 @@ class OutboxRelay:
         """One line for a cycle's error (a database error without its SQL statement)."""
         if isinstance(exc, DBAPIError):
             return describe_db_error(exc, self.shown_url)
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
     async def _listen_loop(self) -> None:
         import psycopg
