@@ -7,11 +7,16 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
-# Debian packages: the PostgreSQL JDBC driver (for the Spark reconciliation jobs).
-if ! dpkg -s libpostgresql-jdbc-java >/dev/null 2>&1; then
-    echo "== installing Debian packages"
+# Debian packages for the Spark reconciliation job: the PostgreSQL JDBC driver, and a Java
+# runtime for Spark (17, unless one is there already).
+debs=""
+dpkg -s libpostgresql-jdbc-java >/dev/null 2>&1 || debs="libpostgresql-jdbc-java"
+command -v java >/dev/null || debs="$debs openjdk-17-jre-headless"
+if [ -n "$debs" ]; then
+    echo "== installing Debian packages:$debs"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libpostgresql-jdbc-java >/dev/null
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $debs >/dev/null
 fi
 
 # PostgreSQL: start the local cluster if it is down (tests use TXMQ_TEST_DATABASE_URL).
@@ -25,7 +30,7 @@ echo "== setting up .venv"
 scripts/setup.sh dev
 
 echo "== ruff"
-.venv/bin/ruff check txmq broker outbox migrations examples tests bench
+.venv/bin/ruff check txmq broker outbox migrations examples spark tests bench
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"

@@ -16,6 +16,7 @@ import anyio
 import anyio.abc
 
 from outbox.cli import add_outbox_parser
+from spark.job import add_arguments as add_reconcile_arguments
 from txmq.db import add_db_parser
 from txmq.errors import TxmqError
 from txmq.message import Prop
@@ -305,10 +306,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_db_parser(sub)
     add_outbox_parser(sub)
 
+    r = sub.add_parser(
+        "reconcile",
+        help="find lost, phantom, unconsumed, duplicate, parked and dead-lettered messages",
+        description=(
+            "A PySpark job over the broker's store and txmq's tables in each database; "
+            "writes a Parquet table per anomaly class and exits 1 if any needs attention."
+        ),
+    )
+    add_reconcile_arguments(r)
+    r.set_defaults(func=_reconcile)
+
     q = sub.add_parser("quickstart", help="broker in a temporary folder; send and receive")
     q.add_argument("--messages", type=int, default=1000)
     q.set_defaults(func=_quickstart)
     return p
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    from spark.job import BadOption, execute, options_from
+
+    try:
+        opts = options_from(args)
+    except BadOption as exc:
+        print(f"txmq reconcile: {exc}", file=sys.stderr)
+        return 2
+    return execute(opts)
 
 
 def _quickstart(args: argparse.Namespace) -> int:

@@ -1,0 +1,364 @@
+"""The reconciliation job: ``txmq reconcile ...`` or ``spark-submit spark/job.py ...``.
+
+::
+
+    txmq reconcile --store /var/lib/txmq --db postgresql+psycopg://app@db/orders \\
+        --db postgresql+psycopg://app@db/inventory --sla 10m --out reconcile-out
+
+reads the broker's store and txmq's tables in every ``--db`` (a database may hold a
+transaction log, an outbox and consumed keys, or any of them), classifies (see
+:mod:`spark.classify`), writes one Parquet table per anomaly class under ``--out``, prints a
+summary (also in ``summary.json``) and exits 0 when nothing needs attention, 1 when
+something does, 2 on bad input (unreadable store or database, bad option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "JDBC_JAR",
+    "BadOption",
+    "Options",
+    "add_arguments",
+    "execute",
+    "main",
+    "options_from",
+    "parse_args",
+    "run",
+    "session",
+]
+
+JDBC_JAR = "/usr/share/java/postgresql.jar"
+"""Where Debian's ``libpostgresql-jdbc-java`` puts the driver (``--jdbc-jar`` or
+``TXMQ_JDBC_JAR`` say otherwise)."""
+EXAMPLES = 5
+
+
+class BadOption(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Options:
+    store: str
+    dbs: tuple[str, ...]
+    out: str
+    sla: timedelta = timedelta(minutes=10)
+    now: datetime | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    expect: tuple[tuple[str, str], ...] | None = None
+    producer_groups: tuple[str, ...] = ()
+    master: str | None = None  # None: spark-submit's, else local[*]
+    jdbc_jar: str = field(default_factory=lambda: os.environ.get("TXMQ_JDBC_JAR", JDBC_JAR))
+    partitions: int = 4
+    examples: int = EXAMPLES
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def duration(text: str) -> timedelta:
+    """``90``, ``30s``, ``10m``, ``2h``, ``1d`` as a timedelta."""
+    m = _DURATION.match(text)
+    if not m:
+        raise BadOption(f"not a duration: {text!r} (say 30s, 10m, 2h or 1d)")
+    return timedelta(seconds=float(m.group(1)) * _UNIT[m.group(2)])
+
+
+def instant(text: str) -> datetime:
+    """An ISO 8601 time (UTC unless it says otherwise), or ``-10m``: that long ago."""
+    if text.startswith("-"):
+        return datetime.now(UTC) - duration(text[1:])
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadOption(f"not a time: {text!r} (say 2026-11-23T10:00:00Z or -1h)") from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="the broker's store folder")
+    p.add_argument(
+        "--db",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a database with txmq tables (SQLAlchemy URL); repeat for each service",
+    )
+    p.add_argument("--out", default="reconcile-out", help="folder for the Parquet tables")
+    p.add_argument("--sla", default="10m", help="how long delivery and consumption may take")
+    p.add_argument("--since", help="only transactions from this time (ISO 8601, or -1h)")
+    p.add_argument("--until", help="only transactions before this time")
+    p.add_argument("--now", help="judge the SLA as of this time (default: now)")
+    p.add_argument(
+        "--expect",
+        action="append",
+        default=None,
+        metavar="GROUP=TOPIC[,TOPIC]",
+        help="consumer group GROUP must consume every message of TOPIC (default: the topics "
+        "each group has consumed from)",
+    )
+    p.add_argument(
+        "--producer-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="a producer group whose transactions the databases log (default: those in the logs)",
+    )
+    p.add_argument(
+        "--master", help="Spark master (default: spark-submit's --master, else local[*])"
+    )
+    p.add_argument(
+        "--jdbc-jar",
+        default=os.environ.get("TXMQ_JDBC_JAR", JDBC_JAR),
+        help=f"PostgreSQL JDBC driver (default {JDBC_JAR})",
+    )
+    p.add_argument("--partitions", type=int, default=4, help="JDBC reads per table")
+    p.add_argument("--examples", type=int, default=EXAMPLES, help="examples per class shown")
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    expect: list[tuple[str, str]] | None = None
+    if args.expect is not None:
+        expect = []
+        for item in args.expect:
+            group, sep, topics = item.partition("=")
+            if not sep or not group or not topics:
+                raise BadOption(f"--expect wants GROUP=TOPIC[,TOPIC], not {item!r}")
+            expect += [(group, t) for t in topics.split(",") if t]
+    if not args.db:
+        raise BadOption("name at least one database with --db")
+    if args.partitions < 1:
+        raise BadOption("--partitions must be at least 1")
+    return Options(
+        store=args.store,
+        dbs=tuple(args.db),
+        out=args.out,
+        sla=duration(args.sla),
+        now=instant(args.now) if args.now else None,
+        since=instant(args.since) if args.since else None,
+        until=instant(args.until) if args.until else None,
+        expect=tuple(expect) if expect is not None else None,
+        producer_groups=tuple(args.producer_group),
+        master=args.master,
+        jdbc_jar=args.jdbc_jar,
+        partitions=args.partitions,
+        examples=args.examples,
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    p = argparse.ArgumentParser(prog="txmq reconcile", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return options_from(args)
+    except BadOption as exc:
+        p.error(str(exc))
+        raise  # unreachable
+
+
+def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) -> Any:
+    """A Spark session set up for the job (UTC, the JDBC driver, no UI).  ``master`` None:
+    the one spark-submit was given, or ``local[*]`` when not run by spark-submit."""
+    from pyspark.sql import SparkSession
+
+    # Python workers run this interpreter (its packages: txmq, msgpack, pyarrow)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        builder = builder.master(master or "local[*]")
+    builder = (
+        builder.appName("txmq-reconcile")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+    )
+    if Path(jdbc_jar).is_file():
+        builder = builder.config("spark.jars", jdbc_jar)
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+@dataclass
+class Result:
+    counts: dict[str, int]
+    examples: dict[str, list[dict[str, Any]]]
+    facts: dict[str, Any]
+    out: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.counts.values())
+
+    def summary(self) -> str:
+        from txmq.cli import format_table
+
+        f = self.facts
+        lines = [
+            f"reconciled {f['transactions']} transactional sends, {f['outbox_rows']} outbox "
+            f"rows and {f['messages']} committed messages in {self.seconds:.1f} s",
+            f"window: {f['window']}; SLA {f['sla']}; as of {f['now']}",
+            "expected consumers: "
+            + (", ".join(f"{g} <- {t}" for g, t in f["expected"]) or "(none)"),
+            f"messages waiting in retry topics: {f['retrying']}",
+            "",
+        ]
+        from spark.classify import CLASSES
+
+        lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
+        for c in CLASSES:
+            if self.examples[c]:
+                lines += ["", f"{c} (first {len(self.examples[c])}):"]
+                cols = [
+                    "group",
+                    "transaction_id",
+                    "msg_id",
+                    "topic",
+                    "key",
+                    "local_state",
+                    "broker_state",
+                    "detail",
+                    "at",
+                ]
+                lines.append(format_table(self.examples[c], cols))
+        lines += [
+            "",
+            "nothing needs attention"
+            if self.ok
+            else f"needs attention: {sum(self.counts.values())} anomalies; Parquet tables in "
+            f"{self.out}/<class>",
+        ]
+        return "\n".join(lines)
+
+
+def run(opts: Options, spark: Any | None = None) -> Result:
+    """Reconcile once (with ``spark``, or a session made from ``opts``)."""
+    from pyspark.sql import functions as F
+
+    from spark.classify import CLASSES, classify
+    from spark.sources import read_store, read_table
+    from spark.store_source import segments
+
+    started = time.perf_counter()
+    segments(opts.store)  # a clear error before any Spark work
+    now = opts.now or datetime.now(UTC)
+    if spark is None:
+        spark = session(opts.master, opts.jdbc_jar)
+    margin = opts.sla
+    since_read = opts.since - margin if opts.since else None
+    until_read = opts.until + margin if opts.until else None
+    store = read_store(spark, opts.store, int(since_read.timestamp() * 1000) if since_read else 0)
+    tables = {}
+    for kind in ("log", "outbox", "consumed"):
+        frames = [
+            read_table(
+                spark, db, kind, since=since_read, until=until_read, partitions=opts.partitions
+            )
+            for db in opts.dbs
+        ]
+        df = frames[0]
+        for more in frames[1:]:
+            df = df.unionByName(more)
+        tables[kind] = df
+    anomalies, facts = classify(
+        spark,
+        store,
+        tables["log"],
+        tables["outbox"],
+        tables["consumed"],
+        now=now,
+        sla=opts.sla,
+        since=opts.since,
+        until=opts.until,
+        expect=opts.expect,
+        producer_groups=opts.producer_groups,
+    )
+    everything = anomalies[CLASSES[0]]
+    for c in CLASSES[1:]:
+        everything = everything.unionByName(anomalies[c])
+    everything = everything.cache()
+    counts = {c: 0 for c in CLASSES}
+    for row in everything.groupBy("anomaly").count().collect():
+        counts[row["anomaly"]] = int(row["count"])
+    out = Path(opts.out)
+    examples: dict[str, list[dict[str, Any]]] = {}
+    for c in CLASSES:
+        rows = everything.where(F.col("anomaly") == c)
+        rows.drop("anomaly").write.mode("overwrite").parquet(str(out / c))
+        examples[c] = (
+            [
+                r.asDict()
+                for r in rows.orderBy("at", "msg_id", "transaction_id")
+                .limit(opts.examples)
+                .collect()
+            ]
+            if counts[c]
+            else []
+        )
+    tx_count = facts["transactions"].count()
+    fact_values = {
+        "transactions": tx_count,
+        "outbox_rows": facts["outbox"].count(),
+        "messages": facts["messages"].count(),
+        "retrying": facts["retrying"].count(),
+        "expected": sorted((r["group"], r["topic"]) for r in facts["expected"].collect()),
+        "window": f"{opts.since.isoformat() if opts.since else 'beginning'} .. "
+        f"{opts.until.isoformat() if opts.until else 'end'}",
+        "sla": str(opts.sla),
+        "now": now.isoformat(timespec="seconds"),
+        "master": spark.sparkContext.master,
+    }
+    everything.unpersist()
+    result = Result(counts, examples, fact_values, str(out), time.perf_counter() - started)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(
+        json.dumps(
+            {"ok": result.ok, "counts": counts, "facts": fact_values, "examples": examples},
+            default=str,
+            indent=2,
+        )
+    )
+    return result
+
+
+def execute(opts: Options, spark: Any | None = None) -> int:
+    """Run once, print the summary; the exit code (0 clean, 1 anomalies, 2 bad input)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("txmq reconcile needs PySpark: pip install 'txmq[spark]'", file=sys.stderr)
+        return 2
+    from spark.sources import DatabaseUnreachable
+    from spark.store_source import StoreUnreadable
+
+    try:
+        result = run(opts, spark)
+    except (StoreUnreadable, DatabaseUnreachable, BadOption) as exc:
+        print(f"txmq reconcile: {exc}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    return 0 if result.ok else 1
+
+
+def main(argv: Sequence[str] | None = None, spark: Any | None = None) -> int:
+    return execute(parse_args(argv), spark)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

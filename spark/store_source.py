@@ -1,0 +1,284 @@
+"""A Spark Python data source that reads a broker's store: ``spark.read.format("txmq-store")``.
+
+It walks the commit-log segment files themselves (one Spark partition per segment), so it
+needs neither a running broker nor its consume queues, and it may run beside a live broker:
+records are append-only and CRC-checked, and the tail of the newest segment that is still
+being written is left for the next run.  Each transaction-relevant record becomes one row:
+
+========  ==================================================================================
+kind      what the row is
+========  ==================================================================================
+half      a half (prepared) message: ``topic`` is its real topic, ``group`` its producer
+          group, ``half_offset`` its commit-log offset (the transaction's broker identity)
+op        an op record: ``half_offset`` names the half, ``resolution`` is COMMIT, ROLLBACK
+          or PARKED (the last one for a half wins)
+message   a message in a user topic that is not a transaction's commit (plain sends and the
+          outbox relay's); a commit's data comes from its half and op record
+retry     a copy in ``%RETRY%<group>``: ``group`` is the consumer group, ``msg_id`` the
+          original message id, ``topic`` the original topic
+dlq       a copy in ``%DLQ%<group>``, the same columns as ``retry``
+========  ==================================================================================
+
+Schedule copies, parked copies (their op record says PARKED) and the commit copies of
+transactional messages are skipped by looking at the fixed header only.  Option ``since_ms``
+skips segments (whole, when the next one starts before it) and records stored before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX, CorruptRecord, check_record
+from txmq.message import Prop, SysFlag
+
+__all__ = ["NAME", "SCHEMA", "StoreDataSource", "StoreUnreadable", "scan_segment", "segments"]
+
+NAME = "txmq-store"
+SCHEMA = (
+    "kind string, topic string, `group` string, msg_id string, transaction_id string, "
+    "key string, keys string, half_offset long, resolution string, store_ts long, "
+    "reconsume_times int"
+)
+_FIELDS = [f.split(" ")[0].strip("`") for f in SCHEMA.split(", ")]
+_ARROW = pa.schema(
+    [
+        (name, pa.int64() if name in ("half_offset", "store_ts") else pa.string())
+        if name != "reconsume_times"
+        else (name, pa.int32())
+        for name in _FIELDS
+    ]
+)
+_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+_OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+_RETRY, _DLQ = "%RETRY%", "%DLQ%"
+_SKIP_PREFIXES = ("RMQ_SYS_", "SCHEDULE_TOPIC_", "TRANS_CHECK_MAX_TIME")
+_CHUNK = 8 * 1024 * 1024
+_BATCH = 65536
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+
+
+class StoreUnreadable(RuntimeError):
+    """The store folder is missing, or a sealed segment is damaged."""
+
+
+@dataclass(frozen=True)
+class SegmentPart(InputPartition):
+    path: str
+    last: bool  # the newest segment: a torn tail there is a write in progress
+
+
+def segments(root: str | Path, since_ms: int = 0) -> list[SegmentPart]:
+    """The commit-log segments of the store at ``root`` worth reading, oldest first."""
+    folder = Path(root) / "commitlog"
+    if not folder.is_dir():
+        raise StoreUnreadable(f"{root} is not a txmq broker store (no commitlog folder)")
+    files = sorted(p for p in folder.iterdir() if p.name.isdigit())
+    parts = [SegmentPart(str(p), i == len(files) - 1) for i, p in enumerate(files)]
+    if since_ms > 0:
+        # a segment holds records older than the next segment's first record: skip the
+        # segments whose successor already starts before the window
+        keep = []
+        for i, part in enumerate(parts):
+            nxt = parts[i + 1] if i + 1 < len(parts) else None
+            if nxt is None or _first_store_ts(nxt.path) >= since_ms:
+                keep.append(part)
+        parts = keep
+    return parts
+
+
+def _first_store_ts(path: str) -> int:
+    with open(path, "rb") as f:
+        head = f.read(HEADER.size)
+    if len(head) < HEADER.size or PREFIX.unpack_from(head)[1] != MESSAGE_MAGIC:
+        return 1 << 62  # empty or odd: keep the segment before it
+    return int(HEADER.unpack_from(head)[9])
+
+
+def _props(buf: bytes, p: int) -> tuple[str, dict[str, str]]:
+    """Topic and properties of a record whose body ends at ``p``."""
+    (tlen,) = _U16.unpack_from(buf, p)
+    topic = buf[p + 2 : p + 2 + tlen].decode()
+    q = p + 2 + tlen
+    (plen,) = _U32.unpack_from(buf, q)
+    props: dict[str, str] = msgpack.unpackb(buf[q + 4 : q + 4 + plen]) if plen else {}
+    return topic, props
+
+
+def scan_segment(path: str, last: bool, since_ms: int = 0) -> Iterator[pa.RecordBatch]:
+    """The rows of one segment file, as Arrow batches (see the module docstring)."""
+    cols: dict[str, list[Any]] = {n: [] for n in _FIELDS}
+
+    def add(
+        kind: str,
+        topic: str,
+        group: str | None,
+        msg_id: str | None,
+        tx: str | None,
+        keys: str | None,
+        half: int | None,
+        res: str | None,
+        ts: int,
+        rt: int,
+    ) -> None:
+        cols["kind"].append(kind)
+        cols["topic"].append(topic)
+        cols["group"].append(group)
+        cols["msg_id"].append(msg_id)
+        cols["transaction_id"].append(tx)
+        cols["key"].append(keys.split(" ", 1)[0] if keys else msg_id)
+        cols["keys"].append(keys)
+        cols["half_offset"].append(half)
+        cols["resolution"].append(res)
+        cols["store_ts"].append(ts)
+        cols["reconsume_times"].append(rt)
+
+    def flush() -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_pydict(cols, schema=_ARROW)
+        for v in cols.values():
+            v.clear()
+        return batch
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        off = 0  # position in the file of buf[0]
+        buf = f.read(_CHUNK)
+        pos = 0
+        while off + pos < size:
+            if len(buf) - pos < HEADER.size or len(buf) - pos < PREFIX.unpack_from(buf, pos)[0]:
+                # refill: keep the partial record and read on
+                total, magic = (
+                    PREFIX.unpack_from(buf, pos) if len(buf) - pos >= PREFIX.size else (0, 0)
+                )
+                if magic == BLANK_MAGIC:
+                    break  # the filler at a sealed segment's end
+                more = f.read(max(_CHUNK, total))
+                if not more:
+                    if last:
+                        break  # a write in progress (or torn by a crash)
+                    raise StoreUnreadable(f"{path}: partial record at {off + pos}")
+                buf = buf[pos:] + more
+                off += pos
+                pos = 0
+                continue
+            total, magic = PREFIX.unpack_from(buf, pos)
+            if magic == BLANK_MAGIC:
+                break
+            try:
+                if magic != MESSAGE_MAGIC:
+                    raise CorruptRecord(f"bad magic {magic:#010x}")
+                check_record(buf, pos)
+            except CorruptRecord as exc:
+                if last:
+                    break  # a write in progress (or torn by a crash): the broker's to repair
+                raise StoreUnreadable(f"{path}: record at {off + pos}: {exc}") from exc
+            h = HEADER.unpack_from(buf, pos)
+            sys_flag, store_ts, reconsume, body_len = h[7], h[9], h[10], h[12]
+            body_at = pos + HEADER.size
+            pos += total
+            if store_ts < since_ms:
+                continue
+            topic, props = _props(buf, body_at + body_len)
+            if topic == _HALF_TOPIC:
+                add(
+                    "half",
+                    props.get(Prop.REAL_TOPIC, ""),
+                    props.get(Prop.PRODUCER_GROUP),
+                    props.get(Prop.UNIQ_KEY),
+                    props.get(Prop.TRANSACTION_ID),
+                    props.get(Prop.KEYS),
+                    h[6],
+                    None,
+                    store_ts,
+                    reconsume,
+                )
+            elif topic == _OP_TOPIC:
+                try:
+                    op = json.loads(buf[body_at : body_at + body_len])
+                    half, res = int(op["half_offset"]), str(op["resolution"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                add("op", topic, None, None, None, None, half, res, store_ts, reconsume)
+            elif topic.startswith(_RETRY) or topic.startswith(_DLQ):
+                kind = "retry" if topic.startswith(_RETRY) else "dlq"
+                origin = props.get(Prop.ORIGIN_MESSAGE_ID) or props.get(Prop.UNIQ_KEY)
+                group = topic[len(_RETRY) if kind == "retry" else len(_DLQ) :]
+                add(
+                    kind,
+                    props.get(Prop.RETRY_TOPIC, ""),
+                    group,
+                    origin,
+                    None,
+                    props.get(Prop.KEYS),
+                    None,
+                    None,
+                    store_ts,
+                    reconsume,
+                )
+            elif topic.startswith(_SKIP_PREFIXES):
+                continue
+            elif SysFlag.transaction_value(sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE:
+                continue  # its half and op record say everything
+            else:
+                add(
+                    "message",
+                    topic,
+                    None,
+                    props.get(Prop.UNIQ_KEY),
+                    None,
+                    props.get(Prop.KEYS),
+                    None,
+                    None,
+                    store_ts,
+                    reconsume,
+                )
+            if len(cols["kind"]) >= _BATCH:
+                yield flush()
+    if cols["kind"]:
+        yield flush()
+
+
+class StoreReader(DataSourceReader):
+    def __init__(self, root: str, since_ms: int) -> None:
+        self.root = root
+        self.since_ms = since_ms
+
+    def partitions(self) -> list[SegmentPart]:
+        parts = segments(self.root, self.since_ms)
+        return parts or [SegmentPart("", True)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentPart)
+        if not partition.path:
+            return iter(())
+        return scan_segment(partition.path, partition.last, self.since_ms)
+
+
+class StoreDataSource(DataSource):
+    """``spark.read.format("txmq-store").option("since_ms", ...).load(store_folder)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> StoreReader:
+        root = self.options.get("path")
+        if not root:
+            raise StoreUnreadable("txmq-store needs the store folder: .load(path)")
+        since = int(self.options.get("since_ms", "0") or 0)
+        segments(root)  # fail here, on the driver, with a clear message
+        return StoreReader(root, since)

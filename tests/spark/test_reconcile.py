@@ -1,0 +1,355 @@
+"""The reconciliation job on real data: the orders example on PostgreSQL with a real broker,
+then one hand-made fault of every anomaly class; the job finds exactly those."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from broker.server import EmbeddedBroker
+from examples.orders import db as dbs
+from examples.orders.checker import check
+from examples.orders.inventory_service import InventoryService
+from examples.orders.models import ORDER_CREATED, STOCK_REPLIES
+from examples.orders.order_service import OrderService
+from spark.classify import CLASSES
+from spark.job import JDBC_JAR, main
+from tests.conftest import ROOT, wait_for
+from tests.sqla_support import pg_schema
+from txmq.message import Message
+from txmq.protocol import RequestCode
+from txmq.pull import PullConsumer
+from txmq.sqla.tables import consumed_keys, outbox, transaction_log
+from txmq.sync import AdminClient, Producer, TransactionProducer
+from txmq.transaction import LocalTransactionState
+
+pytestmark = pytest.mark.slow
+
+INVENTORY_GROUP = "inventory-service/order-created"
+ORDERS_GROUP = "order-service/stock-replies"
+
+
+@dataclass
+class World:
+    """The orders example after a healthy run, and the faults seeded since."""
+
+    store: Path
+    orders_db: str
+    inventory_db: str
+    address: str
+    expected: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
+
+
+class Undecided:
+    """A producer's local transaction that never says: the broker checks, then parks."""
+
+    def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, msg: Any) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+
+def _run_orders(orders_db: str, inventory_db: str, address: str) -> None:
+    """Orders placed through the real services until every one is settled."""
+
+    async def serve_inventory(started: anyio.Event, stop: anyio.Event) -> None:
+        async with InventoryService(inventory_db, address):
+            started.set()
+            await stop.wait()
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        started, stop = portal.call(anyio.Event), portal.call(anyio.Event)
+        future = portal.start_task_soon(serve_inventory, started, stop)
+        portal.call(started.wait)
+        try:
+            with OrderService(orders_db, address) as orders:
+                for i in range(12):
+                    orders.place(["apple", "pear"][i % 2], 1 + i % 3)
+                # a local transaction that fails: its half message is rolled back (healthy)
+                from txmq.sqla import transaction
+
+                with (
+                    pytest.raises(RuntimeError),
+                    transaction(orders.producer, orders.sessions) as tx,
+                ):
+                    tx.send(Message(ORDER_CREATED, b"{}", keys=["order-never-created"]))
+                    raise RuntimeError("the business rule said no")
+                wait_for(lambda: check(orders_db, inventory_db).pending == 0, timeout=60)
+                report = check(orders_db, inventory_db)
+                assert report.ok, report.problems
+        finally:
+            portal.call(stop.set)
+            future.result(30)
+
+
+def _seed_faults(w: World) -> None:
+    o, i = dbs.connect(w.orders_db), dbs.connect(w.inventory_db)
+    old = datetime.now(UTC) - timedelta(hours=1)
+    with TransactionProducer(w.address, "order-service") as tp:
+        # lost: committed locally, the broker never got the half message
+        with Session(o) as s, s.begin():
+            s.execute(
+                insert(transaction_log).values(
+                    transaction_id="lost-no-half", producer_group="order-service", state="COMMITTED"
+                )
+            )
+        w.expected["lost"].add("lost-no-half")
+        # lost: committed locally, but the broker was told ROLLBACK
+        r = tp.send_half(
+            Message(ORDER_CREATED, b"{}", keys=["order-lost-created"]),
+            transaction_id="lost-rolled-back",
+        )
+        tp.end_transaction(r, LocalTransactionState.ROLLBACK)
+        with Session(o) as s, s.begin():
+            s.execute(
+                insert(transaction_log).values(
+                    transaction_id="lost-rolled-back",
+                    producer_group="order-service",
+                    state="COMMITTED",
+                )
+            )
+        w.expected["lost"].add("lost-rolled-back")
+        # phantom: committed at the broker, no local transaction (its message was consumed)
+        r = tp.send_half(
+            Message(ORDER_CREATED, b"{}", keys=["order-phantom-created"]),
+            transaction_id="phantom-1",
+        )
+        tp.end_transaction(r, LocalTransactionState.COMMIT)
+        with Session(i) as s, s.begin():
+            s.execute(
+                insert(consumed_keys).values(
+                    consumer_group=INVENTORY_GROUP, key="order-phantom-created", state="done"
+                )
+            )
+        w.expected["phantom"].add("phantom-1")
+    # parked: a live producer of the group that never knows; the broker gives up
+    with TransactionProducer(w.address, "order-service", listener=Undecided()) as tp:
+        tp.send_half(
+            Message(ORDER_CREATED, b"{}", keys=["order-parked-created"]),
+            transaction_id="parked-1",
+            check_immunity_s=0,
+        )
+        with AdminClient(w.address) as admin:
+            wait_for(
+                lambda: any(
+                    t["transaction_id"] == "parked-1" for t in admin.transactions("parked")
+                ),
+                timeout=30,
+            )
+    w.expected["parked"].add("parked-1")
+    with Producer(w.address, "faults") as p:
+        # unconsumed: committed, nobody of the inventory group consumed it
+        r = p.send(Message(ORDER_CREATED, b"{}", keys=["order-unconsumed-created"]))
+        w.expected["unconsumed"].add(r.msg_id)
+        # dead-lettered: a poison message the inventory group gave up on
+        poison = p.send(Message(ORDER_CREATED, b"{not json", keys=["poison-1"]))
+    w.expected["dead_lettered"].add(poison.msg_id)
+
+    async def dead_letter() -> None:
+        async with PullConsumer(w.address, "inventory-service") as pc:
+            got = await pc.pull(ORDER_CREATED, poison.queue_id, poison.queue_offset, max_msgs=1)
+            msg = got.messages[0]
+            assert msg.msg_id == poison.msg_id
+            await pc.request(
+                RequestCode.CONSUMER_SEND_MSG_BACK,
+                {
+                    "group": "inventory-service",
+                    "commit_log_offset": msg.commit_log_offset,
+                    "delay_level": -1,
+                    "max_reconsume_times": 16,
+                    "origin_msg_id": msg.msg_id,
+                },
+            )
+
+    anyio.run(dead_letter)
+    # lost: an outbox row the relay never delivered (it was stopped, then the row parked)
+    lost_outbox = uuid.uuid4().hex
+    with Session(i) as s, s.begin():
+        s.execute(
+            insert(outbox).values(
+                msg_id=lost_outbox,
+                topic=STOCK_REPLIES,
+                keys="order-x-stock",
+                body=b"{}",
+                state="parked",
+                attempts=16,
+                last_error="broker unreachable",
+                created_at=old,
+            )
+        )
+    w.expected["lost"].add(lost_outbox)
+    # duplicate: one order applied by the inventory group under two keys (its id and its key)
+    with Session(i) as s, s.begin():
+        key = s.scalars(
+            select(consumed_keys.c.key)
+            .where(consumed_keys.c.consumer_group == INVENTORY_GROUP)
+            .where(consumed_keys.c.key != "order-phantom-created")
+            .order_by(consumed_keys.c.key)
+            .limit(1)
+        ).one()
+        with AdminClient(w.address) as admin:
+            msg = next(m for m in admin.messages_by_key(key) if m.topic == ORDER_CREATED)
+        s.execute(
+            insert(consumed_keys).values(
+                consumer_group=INVENTORY_GROUP, key=msg.msg_id, state="done"
+            )
+        )
+    w.expected["duplicate"].add(key)
+    o.dispose()
+    i.dispose()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    from broker.config import BrokerConfig
+
+    folder = tmp_path_factory.mktemp("reconcile")
+    with pg_schema() as orders_db, pg_schema() as inventory_db:
+        dbs.upgrade("orders", orders_db)
+        dbs.upgrade("inventory", inventory_db)
+        dbs.seed_stock(inventory_db, {"apple": 8, "pear": 8})
+        broker = EmbeddedBroker(
+            BrokerConfig(
+                store=folder / "store",
+                port=0,
+                transaction_check_interval_s=0.2,
+                transaction_check_max=2,
+            )
+        ).start()
+        try:
+            w = World(folder / "store", orders_db, inventory_db, broker.address)
+            _run_orders(orders_db, inventory_db, broker.address)
+            _seed_faults(w)
+            yield w
+        finally:
+            broker.stop()
+
+
+def _reconcile(w: World, out: Path, spark: Any, *extra: str) -> int:
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    return main(
+        [
+            "--store",
+            str(w.store),
+            "--db",
+            w.orders_db,
+            "--db",
+            w.inventory_db,
+            "--out",
+            str(out),
+            "--sla",
+            "30s",
+            "--now",
+            now.isoformat(),
+            *extra,
+        ],
+        spark=spark,
+    )
+
+
+def _found(spark: Any, out: Path) -> dict[str, set[str]]:
+    found = {}
+    for c in CLASSES:
+        rows = spark.read.parquet(str(out / c)).collect()
+        if c in ("lost", "phantom", "parked"):
+            found[c] = {r["transaction_id"] or r["msg_id"] for r in rows}
+        elif c == "duplicate":
+            found[c] = {r["key"] for r in rows}
+        else:
+            found[c] = {r["msg_id"] for r in rows}
+    return found
+
+
+def test_finds_exactly_the_anomalies_seeded(
+    world: World, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = _reconcile(world, tmp_path / "out", spark)
+    summary = capsys.readouterr().out
+    assert _found(spark, tmp_path / "out") == world.expected, summary
+    assert rc == 1
+    assert "needs attention: 8 anomalies" in summary, summary
+    assert "decide ROLLBACK" in summary  # the parked half never committed locally
+    assert f"{INVENTORY_GROUP} <- {ORDER_CREATED}" in summary
+    assert f"{ORDERS_GROUP} <- {STOCK_REPLIES}" in summary
+    # 12 orders + the failed one + the seeded transactional sends
+    assert "reconciled 17 transactional sends" in summary, summary
+
+
+def test_a_window_after_the_faults_finds_nothing(
+    world: World, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    since = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    rc = _reconcile(world, tmp_path / "out", spark, "--since", since)
+    summary = capsys.readouterr().out
+    assert rc == 0, summary
+    assert "nothing needs attention" in summary
+    assert all(not v for v in _found(spark, tmp_path / "out").values())
+
+
+def test_bad_input_exits_2_with_a_clear_message(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["--store", str(tmp_path / "nowhere"), "--db", db], spark=spark) == 2
+    assert "is not a txmq broker store" in capsys.readouterr().err
+    (tmp_path / "store" / "commitlog").mkdir(parents=True)
+    bad = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+    assert main(["--store", str(tmp_path / "store"), "--db", bad], spark=spark) == 2
+    assert "cannot read txmq_transaction_log" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--store", str(tmp_path / "store"), "--db", db, "--sla", "soon"], spark=spark)
+    assert "not a duration" in capsys.readouterr().err
+
+
+def test_spark_submit_local_2_finds_the_same(world: World, tmp_path: Path) -> None:
+    """The job as a cluster user submits it: spark-submit, a master of two threads."""
+    out = tmp_path / "out"
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "spark-submit"),
+            "--master",
+            "local[2]",
+            "--jars",
+            JDBC_JAR,
+            "--conf",
+            "spark.ui.enabled=false",
+            str(ROOT / "spark" / "job.py"),
+            "--store",
+            str(world.store),
+            "--db",
+            world.orders_db,
+            "--db",
+            world.inventory_db,
+            "--out",
+            str(out),
+            "--sla",
+            "30s",
+            "--now",
+            now.isoformat(),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"] == {c: len(v) for c, v in world.expected.items()}
+    assert summary["facts"]["master"] == "local[2]"
+    assert "needs attention: 8 anomalies" in r.stdout
