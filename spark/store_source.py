@@ -26,9 +26,10 @@ skips segments (whole, when the next one starts before it) and records stored be
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX, CorruptRecord, check_record
+from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX
 from txmq.message import Prop, SysFlag
 
 __all__ = ["NAME", "SCHEMA", "StoreDataSource", "StoreUnreadable", "scan_segment", "segments"]
@@ -67,6 +68,8 @@ _CHUNK = 8 * 1024 * 1024
 _BATCH = 65536
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+#: the two fields of an op record's JSON body the job needs (the broker writes it compactly)
+_OP = re.compile(rb'"half_offset":(\d+).*?"resolution":"([A-Z_]+)"')
 
 
 class StoreUnreadable(RuntimeError):
@@ -106,147 +109,136 @@ def _first_store_ts(path: str) -> int:
     return int(HEADER.unpack_from(head)[9])
 
 
-def _props(buf: bytes, p: int) -> tuple[str, dict[str, str]]:
-    """Topic and properties of a record whose body ends at ``p``."""
-    (tlen,) = _U16.unpack_from(buf, p)
-    topic = buf[p + 2 : p + 2 + tlen].decode()
-    q = p + 2 + tlen
-    (plen,) = _U32.unpack_from(buf, q)
-    props: dict[str, str] = msgpack.unpackb(buf[q + 4 : q + 4 + plen]) if plen else {}
-    return topic, props
-
-
 def scan_segment(path: str, last: bool, since_ms: int = 0) -> Iterator[pa.RecordBatch]:
-    """The rows of one segment file, as Arrow batches (see the module docstring)."""
-    cols: dict[str, list[Any]] = {n: [] for n in _FIELDS}
+    """The rows of one segment file, as Arrow batches (see the module docstring).
 
-    def add(
-        kind: str,
-        topic: str,
-        group: str | None,
-        msg_id: str | None,
-        tx: str | None,
-        keys: str | None,
-        half: int | None,
-        res: str | None,
-        ts: int,
-        rt: int,
-    ) -> None:
-        cols["kind"].append(kind)
-        cols["topic"].append(topic)
-        cols["group"].append(group)
-        cols["msg_id"].append(msg_id)
-        cols["transaction_id"].append(tx)
-        cols["key"].append(keys.split(" ", 1)[0] if keys else msg_id)
-        cols["keys"].append(keys)
-        cols["half_offset"].append(half)
-        cols["resolution"].append(res)
-        cols["store_ts"].append(ts)
-        cols["reconsume_times"].append(rt)
-
-    def flush() -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_pydict(cols, schema=_ARROW)
-        for v in cols.values():
-            v.clear()
-        return batch
-
+    The loop is the job's hot path (one pass of Python per record): the commit copies of
+    transactional messages are skipped from the fixed header, everything is CRC-checked,
+    and rows are kept as tuples and turned into columns once per batch.
+    """
+    rows: list[tuple[Any, ...]] = []
+    append = rows.append
+    header = HEADER.unpack_from
+    crc32 = zlib.crc32
+    unpack = msgpack.unpackb
+    commit_type = SysFlag.TRANSACTION_COMMIT_TYPE
+    mask = SysFlag.TRANSACTION_MASK
+    uniq, keys_p, tx_p = Prop.UNIQ_KEY, Prop.KEYS, Prop.TRANSACTION_ID
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         off = 0  # position in the file of buf[0]
         buf = f.read(_CHUNK)
+        view = memoryview(buf)
         pos = 0
         while off + pos < size:
-            if len(buf) - pos < HEADER.size or len(buf) - pos < PREFIX.unpack_from(buf, pos)[0]:
-                # refill: keep the partial record and read on
-                total, magic = (
-                    PREFIX.unpack_from(buf, pos) if len(buf) - pos >= PREFIX.size else (0, 0)
-                )
-                if magic == BLANK_MAGIC:
-                    break  # the filler at a sealed segment's end
+            avail = len(buf) - pos
+            total, magic = PREFIX.unpack_from(buf, pos) if avail >= PREFIX.size else (0, 0)
+            if magic == BLANK_MAGIC:
+                break  # the filler at a sealed segment's end
+            if avail < HEADER.size or avail < total:  # refill: keep the partial record
                 more = f.read(max(_CHUNK, total))
                 if not more:
                     if last:
                         break  # a write in progress (or torn by a crash)
                     raise StoreUnreadable(f"{path}: partial record at {off + pos}")
                 buf = buf[pos:] + more
+                view = memoryview(buf)
                 off += pos
                 pos = 0
                 continue
-            total, magic = PREFIX.unpack_from(buf, pos)
-            if magic == BLANK_MAGIC:
-                break
-            try:
-                if magic != MESSAGE_MAGIC:
-                    raise CorruptRecord(f"bad magic {magic:#010x}")
-                check_record(buf, pos)
-            except CorruptRecord as exc:
+            h = header(buf, pos)
+            if (
+                magic != MESSAGE_MAGIC
+                or total < HEADER.size + 6
+                or crc32(view[pos + 12 : pos + total]) != h[2]
+            ):
                 if last:
                     break  # a write in progress (or torn by a crash): the broker's to repair
-                raise StoreUnreadable(f"{path}: record at {off + pos}: {exc}") from exc
-            h = HEADER.unpack_from(buf, pos)
-            sys_flag, store_ts, reconsume, body_len = h[7], h[9], h[10], h[12]
-            body_at = pos + HEADER.size
+                why = f"bad magic {magic:#010x}" if magic != MESSAGE_MAGIC else "CRC mismatch"
+                raise StoreUnreadable(f"{path}: record at {off + pos}: {why}")
+            at = pos
             pos += total
-            if store_ts < since_ms:
+            sys_flag, store_ts = h[7], h[9]
+            if store_ts < since_ms or sys_flag & mask == commit_type:
+                continue  # a commit copy: its half and op record say everything
+            body_at = at + HEADER.size
+            p = body_at + h[12]
+            (tlen,) = _U16.unpack_from(buf, p)
+            topic = buf[p + 2 : p + 2 + tlen].decode()
+            if topic == _OP_TOPIC:
+                m = _OP.search(buf, body_at, p)
+                if m is not None:
+                    append(
+                        (
+                            "op",
+                            topic,
+                            None,
+                            None,
+                            None,
+                            None,
+                            None,
+                            int(m[1]),
+                            m[2].decode(),
+                            store_ts,
+                            h[10],
+                        )
+                    )
                 continue
-            topic, props = _props(buf, body_at + body_len)
+            q = p + 2 + tlen
+            (plen,) = _U32.unpack_from(buf, q)
+            props: dict[str, str] = unpack(buf[q + 4 : q + 4 + plen]) if plen else {}
+            mid = props.get(uniq)
+            keys = props.get(keys_p)
+            key = keys.split(" ", 1)[0] if keys else mid
             if topic == _HALF_TOPIC:
-                add(
-                    "half",
-                    props.get(Prop.REAL_TOPIC, ""),
-                    props.get(Prop.PRODUCER_GROUP),
-                    props.get(Prop.UNIQ_KEY),
-                    props.get(Prop.TRANSACTION_ID),
-                    props.get(Prop.KEYS),
-                    h[6],
-                    None,
-                    store_ts,
-                    reconsume,
+                append(
+                    (
+                        "half",
+                        props.get(Prop.REAL_TOPIC, ""),
+                        props.get(Prop.PRODUCER_GROUP),
+                        mid,
+                        props.get(tx_p),
+                        key,
+                        keys,
+                        h[6],
+                        None,
+                        store_ts,
+                        h[10],
+                    )
                 )
-            elif topic == _OP_TOPIC:
-                try:
-                    op = json.loads(buf[body_at : body_at + body_len])
-                    half, res = int(op["half_offset"]), str(op["resolution"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-                add("op", topic, None, None, None, None, half, res, store_ts, reconsume)
             elif topic.startswith(_RETRY) or topic.startswith(_DLQ):
-                kind = "retry" if topic.startswith(_RETRY) else "dlq"
-                origin = props.get(Prop.ORIGIN_MESSAGE_ID) or props.get(Prop.UNIQ_KEY)
-                group = topic[len(_RETRY) if kind == "retry" else len(_DLQ) :]
-                add(
-                    kind,
-                    props.get(Prop.RETRY_TOPIC, ""),
-                    group,
-                    origin,
-                    None,
-                    props.get(Prop.KEYS),
-                    None,
-                    None,
-                    store_ts,
-                    reconsume,
+                kind, group = ("retry", topic[7:]) if topic[1] == "R" else ("dlq", topic[5:])
+                origin = props.get(Prop.ORIGIN_MESSAGE_ID) or mid
+                append(
+                    (
+                        kind,
+                        props.get(Prop.RETRY_TOPIC, ""),
+                        group,
+                        origin,
+                        None,
+                        keys.split(" ", 1)[0] if keys else origin,
+                        keys,
+                        None,
+                        None,
+                        store_ts,
+                        h[10],
+                    )
                 )
-            elif topic.startswith(_SKIP_PREFIXES):
-                continue
-            elif SysFlag.transaction_value(sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE:
-                continue  # its half and op record say everything
-            else:
-                add(
-                    "message",
-                    topic,
-                    None,
-                    props.get(Prop.UNIQ_KEY),
-                    None,
-                    props.get(Prop.KEYS),
-                    None,
-                    None,
-                    store_ts,
-                    reconsume,
-                )
-            if len(cols["kind"]) >= _BATCH:
-                yield flush()
-    if cols["kind"]:
-        yield flush()
+            elif not topic.startswith(_SKIP_PREFIXES):
+                append(("message", topic, None, mid, None, key, keys, None, None, store_ts, h[10]))
+            if len(rows) >= _BATCH:
+                yield _batch(rows)
+                rows.clear()
+    if rows:
+        yield _batch(rows)
+
+
+def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=t) for c, t in zip(columns, _ARROW.types, strict=True)],
+        schema=_ARROW,
+    )
 
 
 class StoreReader(DataSourceReader):

@@ -1,0 +1,144 @@
+"""The txmq-store data source on a store written by the broker's own MessageStore: what each
+record becomes, segments and the window, a write in progress, and damage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.store import MessageStore, StoreConfig
+from spark.sources import read_store
+from spark.store_source import StoreUnreadable, scan_segment, segments
+from txmq.message import Prop, SysFlag
+
+
+def _fill(root: Path) -> dict[str, int]:
+    """Every kind of record, in 4 KiB segments (so there are several)."""
+    offsets: dict[str, int] = {}
+    with MessageStore(StoreConfig(root, segment_size=4096)) as store:
+        def put(name: str, topic: str, body: bytes, props: dict[str, str], **kw: Any) -> None:
+            r = store.put(
+                topic=topic, queue_id=0, body=body, properties=props, born_timestamp=1, **kw
+            )
+            assert r.ok
+            offsets[name] = r.commit_log_offset
+
+        for i in range(40):  # filler: push the interesting records into later segments
+            put(f"plain{i}", "orders", b"x" * 200, {Prop.UNIQ_KEY: f"P{i}", Prop.KEYS: f"k{i}"})
+        put(
+            "half",
+            "RMQ_SYS_TRANS_HALF_TOPIC",
+            b"{}",
+            {
+                Prop.UNIQ_KEY: "H1",
+                Prop.KEYS: "order-1-created extra",
+                Prop.REAL_TOPIC: "orders",
+                Prop.PRODUCER_GROUP: "pg",
+                Prop.TRANSACTION_ID: "tx-1",
+                Prop.TRAN_MSG: "true",
+            },
+            sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
+        )
+        put(
+            "commit",
+            "orders",
+            b"{}",
+            {Prop.UNIQ_KEY: "H1", Prop.KEYS: "order-1-created"},
+            sys_flag=SysFlag.TRANSACTION_COMMIT_TYPE,
+            prepared_transaction_offset=offsets["half"],
+        )
+        op = {"half_offset": offsets["half"], "resolution": "COMMIT", "msg_id": "H1"}
+        put("op", "RMQ_SYS_TRANS_OP_HALF_TOPIC", json.dumps(op).replace(" ", "").encode(), {})
+        put("schedule", "SCHEDULE_TOPIC_XXXX", b"{}", {Prop.UNIQ_KEY: "S1"})
+        put(
+            "retry",
+            "%RETRY%cg",
+            b"{}",
+            {
+                Prop.UNIQ_KEY: "R1",
+                Prop.ORIGIN_MESSAGE_ID: "P3",
+                Prop.RETRY_TOPIC: "orders",
+                Prop.KEYS: "k3",
+            },
+            reconsume_times=2,
+        )
+        put(
+            "dlq",
+            "%DLQ%cg",
+            b"{}",
+            {Prop.UNIQ_KEY: "D1", Prop.ORIGIN_MESSAGE_ID: "P4", Prop.RETRY_TOPIC: "orders"},
+            reconsume_times=17,
+        )
+    return offsets
+
+
+def _rows(root: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in segments(root):
+        for batch in scan_segment(part.path, part.last):
+            out += batch.to_pylist()
+    return out
+
+
+def test_each_record_becomes_its_row(tmp_path: Path) -> None:
+    offsets = _fill(tmp_path)
+    assert len(segments(tmp_path)) > 2
+    rows = _rows(tmp_path)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_kind.setdefault(r["kind"], []).append(r)
+    assert sorted(by_kind) == ["dlq", "half", "message", "op", "retry"]
+    assert len(by_kind["message"]) == 40  # the commit copy and the schedule copy are skipped
+    assert by_kind["message"][3]["msg_id"] == "P3" and by_kind["message"][3]["key"] == "k3"
+    (half,) = by_kind["half"]
+    assert (half["topic"], half["group"], half["msg_id"], half["transaction_id"]) == (
+        "orders",
+        "pg",
+        "H1",
+        "tx-1",
+    )
+    assert half["key"] == "order-1-created" and half["half_offset"] == offsets["half"]
+    (op,) = by_kind["op"]
+    assert (op["half_offset"], op["resolution"]) == (offsets["half"], "COMMIT")
+    (retry,) = by_kind["retry"]
+    assert (retry["group"], retry["msg_id"], retry["topic"], retry["reconsume_times"]) == (
+        "cg",
+        "P3",
+        "orders",
+        2,
+    )
+    (dlq,) = by_kind["dlq"]
+    assert (dlq["group"], dlq["msg_id"], dlq["key"], dlq["reconsume_times"]) == (
+        "cg",
+        "P4",
+        "P4",
+        17,
+    )
+
+
+def test_spark_reads_it_partitioned_by_segment(tmp_path: Path, spark: Any) -> None:
+    _fill(tmp_path)
+    df = read_store(spark, str(tmp_path))
+    assert df.rdd.getNumPartitions() == len(segments(tmp_path))
+    counts = {r["kind"]: r["count"] for r in df.groupBy("kind").count().collect()}
+    assert counts == {"message": 40, "half": 1, "op": 1, "retry": 1, "dlq": 1}
+
+
+def test_a_torn_tail_is_left_for_later_and_damage_is_an_error(tmp_path: Path) -> None:
+    _fill(tmp_path)
+    parts = segments(tmp_path)
+    whole = _rows(tmp_path)
+    newest = Path(parts[-1].path)
+    newest.write_bytes(newest.read_bytes()[:-7])  # a write in progress
+    assert _rows(tmp_path) == whole[:-1]  # the dlq row waits for the next run
+    sealed = Path(parts[0].path)
+    data = bytearray(sealed.read_bytes())
+    data[300] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    with pytest.raises(StoreUnreadable, match="CRC mismatch"):
+        _rows(tmp_path)
+    with pytest.raises(StoreUnreadable, match="not a txmq broker store"):
+        segments(tmp_path / "elsewhere")
