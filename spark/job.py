@@ -266,10 +266,10 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     store = read_store(spark, opts.store, int(since_read.timestamp() * 1000) if since_read else 0)
     tables = {}
     for kind in ("log", "outbox", "consumed"):
+        # a message of the window may be consumed any time later: no upper bound there
+        until = None if kind == "consumed" else until_read
         frames = [
-            read_table(
-                spark, db, kind, since=since_read, until=until_read, partitions=opts.partitions
-            )
+            read_table(spark, db, kind, since=since_read, until=until, partitions=opts.partitions)
             for db in opts.dbs
         ]
         df = frames[0]

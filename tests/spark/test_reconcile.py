@@ -51,6 +51,8 @@ class World:
     inventory_db: str
     address: str
     expected: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
+    seeded_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    lost_outbox: str = ""
 
 
 class Undecided:
@@ -192,6 +194,7 @@ def _seed_faults(w: World) -> None:
             )
         )
     w.expected["lost"].add(lost_outbox)
+    w.lost_outbox = lost_outbox
     # duplicate: one order applied by the inventory group under two keys (its id and its key)
     with Session(i) as s, s.begin():
         key = s.scalars(
@@ -233,6 +236,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         try:
             w = World(folder / "store", orders_db, inventory_db, broker.address)
             _run_orders(orders_db, inventory_db, broker.address)
+            w.seeded_at = datetime.now(UTC)
             _seed_faults(w)
             yield w
         finally:
@@ -289,15 +293,31 @@ def test_finds_exactly_the_anomalies_seeded(
     assert "reconciled 17 transactional sends" in summary, summary
 
 
-def test_a_window_after_the_faults_finds_nothing(
+def test_two_windows_split_the_anomalies_between_them(
     world: World, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    since = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
-    rc = _reconcile(world, tmp_path / "out", spark, "--since", since)
+    """Incremental runs: before the faults were seeded, and from then on. The outbox row
+    dated an hour back and the duplicate (its message is a healthy order's) fall in the
+    first; every other fault in the second."""
+    cut = world.seeded_at.isoformat()
+    rc = _reconcile(world, tmp_path / "before", spark, "--until", cut)
     summary = capsys.readouterr().out
-    assert rc == 0, summary
-    assert "nothing needs attention" in summary
-    assert all(not v for v in _found(spark, tmp_path / "out").values())
+    assert rc == 1 and "reconciled 13 transactional sends" in summary, summary
+    before = _found(spark, tmp_path / "before")
+    assert before == {
+        c: (
+            world.expected[c] if c == "duplicate" else {world.lost_outbox} if c == "lost" else set()
+        )
+        for c in CLASSES
+    }, summary
+    rc = _reconcile(world, tmp_path / "since", spark, "--since", cut)
+    summary = capsys.readouterr().out
+    since = _found(spark, tmp_path / "since")
+    assert rc == 1 and since == {c: world.expected[c] - before[c] for c in CLASSES}, summary
+    later = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+    rc = _reconcile(world, tmp_path / "later", spark, "--since", later)
+    summary = capsys.readouterr().out
+    assert rc == 0 and "nothing needs attention" in summary, summary
 
 
 def test_bad_input_exits_2_with_a_clear_message(

@@ -19,6 +19,7 @@ def _fill(root: Path) -> dict[str, int]:
     """Every kind of record, in 4 KiB segments (so there are several)."""
     offsets: dict[str, int] = {}
     with MessageStore(StoreConfig(root, segment_size=4096)) as store:
+
         def put(name: str, topic: str, body: bytes, props: dict[str, str], **kw: Any) -> None:
             r = store.put(
                 topic=topic, queue_id=0, body=body, properties=props, born_timestamp=1, **kw
