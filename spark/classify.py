@@ -87,8 +87,20 @@ def _shape(df: DataFrame, anomaly: str, **cols: Column) -> DataFrame:
     return df.select(*exprs)
 
 
+def _message_cols(**more: Column) -> dict[str, Column]:
+    """The columns of a row about one message (group, id, topic, key, time), and ``more``."""
+    cols = {n: F.col(n) for n in ("group", "msg_id", "topic", "key", "at")}
+    return cols | more
+
+
 def _map(col: Column, mapping: dict[Any, Any]) -> Column:
-    return F.create_map(*[F.lit(x) for kv in mapping.items() for x in kv])[col]
+    """``mapping[col]`` (NULL when absent), as a CASE expression."""
+    items = iter(mapping.items())
+    k, v = next(items)
+    out = F.when(col == F.lit(k), F.lit(v))
+    for k, v in items:
+        out = out.when(col == F.lit(k), F.lit(v))
+    return out
 
 
 def classify(
@@ -274,13 +286,9 @@ def classify(
     unconsumed_df = _shape(
         unconsumed,
         "unconsumed",
-        group=F.col("group"),
-        msg_id=F.col("msg_id"),
-        topic=F.col("topic"),
-        key=F.col("key"),
-        broker_state=F.lit("COMMITTED"),
-        detail=F.lit("no consumed key after the SLA"),
-        at=F.col("at"),
+        **_message_cols(
+            broker_state=F.lit("COMMITTED"), detail=F.lit("no consumed key after the SLA")
+        ),
     )
     applied = (
         matched.join(in_window.select("msg_id", "key", "topic", "at"), "msg_id")
@@ -298,19 +306,16 @@ def classify(
     duplicate = _shape(
         applied,
         "duplicate",
-        group=F.col("group"),
-        msg_id=F.col("msg_id"),
-        topic=F.col("topic"),
-        key=F.col("key"),
-        broker_state=F.lit("COMMITTED"),
-        detail=F.concat(
-            F.lit("applied "),
-            F.col("n").cast("string"),
-            F.lit(" times, as "),
-            F.concat_ws(", ", "tokens"),
+        **_message_cols(
+            broker_state=F.lit("COMMITTED"),
+            detail=F.concat(
+                F.lit("applied "),
+                F.col("n").cast("string"),
+                F.lit(" times, as "),
+                F.concat_ws(", ", "tokens"),
+            ),
+            db=F.col("db"),
         ),
-        at=F.col("at"),
-        db=F.col("db"),
     )
     consumed_since = matched.join(committed.select("msg_id", "topic"), "msg_id").join(
         F.broadcast(expected), ["group", "topic"]
@@ -329,15 +334,12 @@ def classify(
     dead_lettered = _shape(
         dead,
         "dead_lettered",
-        group=F.col("group"),
-        msg_id=F.col("msg_id"),
-        topic=F.col("topic"),
-        key=F.col("key"),
-        broker_state=F.lit("DLQ"),
-        detail=F.concat(
-            F.lit("dead-lettered after "), F.col("times").cast("string"), F.lit(" deliveries")
+        **_message_cols(
+            broker_state=F.lit("DLQ"),
+            detail=F.concat(
+                F.lit("dead-lettered after "), F.col("times").cast("string"), F.lit(" deliveries")
+            ),
         ),
-        at=F.col("at"),
     )
     retrying = (
         store.where("kind = 'retry'")

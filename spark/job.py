@@ -219,23 +219,13 @@ class Result:
             f"messages waiting in retry topics: {f['retrying']}",
             "",
         ]
-        from spark.classify import CLASSES
+        from spark.classify import CLASSES, COLUMNS
 
         lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
         for c in CLASSES:
             if self.examples[c]:
                 lines += ["", f"{c} (first {len(self.examples[c])}):"]
-                cols = [
-                    "group",
-                    "transaction_id",
-                    "msg_id",
-                    "topic",
-                    "key",
-                    "local_state",
-                    "broker_state",
-                    "detail",
-                    "at",
-                ]
+                cols = [c for c in COLUMNS if c not in ("anomaly", "db")]
                 lines.append(format_table(self.examples[c], cols))
         lines += [
             "",

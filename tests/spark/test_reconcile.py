@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import Engine, Table, insert, select
 from sqlalchemy.orm import Session
 
 from broker.server import EmbeddedBroker
@@ -98,45 +98,36 @@ def _run_orders(orders_db: str, inventory_db: str, address: str) -> None:
             future.result(30)
 
 
+def _insert(engine: Engine, table: Table, **values: Any) -> None:
+    with Session(engine) as s, s.begin():
+        s.execute(insert(table).values(**values))
+
+
+def _half(tp: TransactionProducer, tx_id: str, key: str, state: LocalTransactionState) -> None:
+    r = tp.send_half(Message(ORDER_CREATED, b"{}", keys=[key]), transaction_id=tx_id)
+    tp.end_transaction(r, state)
+
+
 def _seed_faults(w: World) -> None:
     o, i = dbs.connect(w.orders_db), dbs.connect(w.inventory_db)
     old = datetime.now(UTC) - timedelta(hours=1)
+    committed = {"producer_group": "order-service", "state": "COMMITTED"}
     with TransactionProducer(w.address, "order-service") as tp:
         # lost: committed locally, the broker never got the half message
-        with Session(o) as s, s.begin():
-            s.execute(
-                insert(transaction_log).values(
-                    transaction_id="lost-no-half", producer_group="order-service", state="COMMITTED"
-                )
-            )
-        w.expected["lost"].add("lost-no-half")
+        _insert(o, transaction_log, transaction_id="lost-no-half", **committed)
         # lost: committed locally, but the broker was told ROLLBACK
-        r = tp.send_half(
-            Message(ORDER_CREATED, b"{}", keys=["order-lost-created"]),
-            transaction_id="lost-rolled-back",
-        )
-        tp.end_transaction(r, LocalTransactionState.ROLLBACK)
-        with Session(o) as s, s.begin():
-            s.execute(
-                insert(transaction_log).values(
-                    transaction_id="lost-rolled-back",
-                    producer_group="order-service",
-                    state="COMMITTED",
-                )
-            )
-        w.expected["lost"].add("lost-rolled-back")
+        _half(tp, "lost-rolled-back", "order-lost-created", LocalTransactionState.ROLLBACK)
+        _insert(o, transaction_log, transaction_id="lost-rolled-back", **committed)
+        w.expected["lost"] |= {"lost-no-half", "lost-rolled-back"}
         # phantom: committed at the broker, no local transaction (its message was consumed)
-        r = tp.send_half(
-            Message(ORDER_CREATED, b"{}", keys=["order-phantom-created"]),
-            transaction_id="phantom-1",
+        _half(tp, "phantom-1", "order-phantom-created", LocalTransactionState.COMMIT)
+        _insert(
+            i,
+            consumed_keys,
+            consumer_group=INVENTORY_GROUP,
+            key="order-phantom-created",
+            state="done",
         )
-        tp.end_transaction(r, LocalTransactionState.COMMIT)
-        with Session(i) as s, s.begin():
-            s.execute(
-                insert(consumed_keys).values(
-                    consumer_group=INVENTORY_GROUP, key="order-phantom-created", state="done"
-                )
-            )
         w.expected["phantom"].add("phantom-1")
     # parked: a live producer of the group that never knows; the broker gives up
     with TransactionProducer(w.address, "order-service", listener=Undecided()) as tp:
@@ -180,19 +171,18 @@ def _seed_faults(w: World) -> None:
     anyio.run(dead_letter)
     # lost: an outbox row the relay never delivered (it was stopped, then the row parked)
     lost_outbox = uuid.uuid4().hex
-    with Session(i) as s, s.begin():
-        s.execute(
-            insert(outbox).values(
-                msg_id=lost_outbox,
-                topic=STOCK_REPLIES,
-                keys="order-x-stock",
-                body=b"{}",
-                state="parked",
-                attempts=16,
-                last_error="broker unreachable",
-                created_at=old,
-            )
-        )
+    _insert(
+        i,
+        outbox,
+        msg_id=lost_outbox,
+        topic=STOCK_REPLIES,
+        keys="order-x-stock",
+        body=b"{}",
+        state="parked",
+        attempts=16,
+        last_error="broker unreachable",
+        created_at=old,
+    )
     w.expected["lost"].add(lost_outbox)
     w.lost_outbox = lost_outbox
     # duplicate: one order applied by the inventory group under two keys (its id and its key)
