@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 __all__ = ["CLASSES", "COLUMNS", "classify"]
@@ -59,7 +59,7 @@ COLUMNS = (
     "db",
 )
 _RANK = {"ROLLED_BACK": 1, "PENDING": 2, "PARKED": 3, "COMMITTED": 4}
-_STATE_OF_OP = {"COMMIT": "COMMITTED", "ROLLBACK": "ROLLED_BACK", "PARKED": "PARKED"}
+_OP_CODE = {"ROLLBACK": 1, "PARKED": 3, "COMMIT": 4}
 
 
 def _ts(ms: Column) -> Column:
@@ -93,6 +93,23 @@ def _message_cols(**more: Column) -> dict[str, Column]:
     return cols | more
 
 
+def _with_half(df: DataFrame, halves: DataFrame) -> DataFrame:
+    """``df`` (a few transactions) with the producer group, message id, topic and key of
+    each one's highest-ranked half message (NULLs when the broker has none)."""
+    ids = df.select("transaction_id").distinct()
+    attrs = halves.join(F.broadcast(ids), "transaction_id", "left_semi").select(
+        "transaction_id",
+        F.col("group").alias("pgroup"),
+        "msg_id",
+        "topic",
+        "key",
+        F.row_number()
+        .over(Window.partitionBy("transaction_id").orderBy(F.desc("rank"), "msg_id"))
+        .alias("n"),
+    )
+    return df.join(attrs.where("n = 1").drop("n"), "transaction_id", "left")
+
+
 def _map(col: Column, mapping: dict[Any, Any]) -> Column:
     """``mapping[col]`` (NULL when absent), as a CASE expression."""
     items = iter(mapping.items())
@@ -122,18 +139,27 @@ def classify(
     store = store.cache()
 
     # -- the broker's view of each transactional send ----------------------------------------
+    # Aggregations stay numeric (hash aggregates); the strings of the few anomalies are
+    # joined back at the end.  The last op record of a half wins: max(store_ts * 8 + code).
     ops = (
         store.where("kind = 'op'")
+        .select(
+            "half_offset", (F.col("store_ts") * 8 + _map(F.col("resolution"), _OP_CODE)).alias("v")
+        )
         .groupBy("half_offset")
-        .agg(
-            F.max_by("resolution", "store_ts").alias("resolution"),
-            F.max("store_ts").alias("op_ts"),
+        .agg(F.max("v").alias("v"))
+        .select(
+            "half_offset", (F.col("v") % 8).alias("rank"), F.floor(F.col("v") / 8).alias("op_ts")
         )
     )
-    halves = store.where("kind = 'half'").drop("resolution").join(ops, "half_offset", "left")
-    halves = halves.withColumn(
-        "broker_state", F.coalesce(_map(F.col("resolution"), dict(_STATE_OF_OP)), F.lit("PENDING"))
-    ).withColumn("rank", _map(F.col("broker_state"), dict(_RANK)))
+    halves = (
+        store.where("kind = 'half'")
+        .select(
+            "half_offset", "transaction_id", "group", "msg_id", "topic", "key", "keys", "store_ts"
+        )
+        .join(ops, "half_offset", "left")
+        .withColumn("rank", F.coalesce("rank", F.lit(_RANK["PENDING"])))
+    )
     groups = (
         log.select(F.col("producer_group").alias("group"))
         .union(spark.createDataFrame([(g,) for g in producer_groups], "group string"))
@@ -142,15 +168,7 @@ def classify(
     per_tx = (
         halves.join(F.broadcast(groups), "group", "left_semi")
         .groupBy("transaction_id")
-        .agg(
-            F.max("rank").alias("rank"),
-            F.first("group").alias("pgroup"),
-            F.max_by("msg_id", "rank").alias("msg_id"),
-            F.first("topic").alias("topic"),
-            F.first("key").alias("key"),
-            _ts(F.min("store_ts")).alias("half_at"),
-        )
-        .withColumn("broker_state", _map(F.col("rank"), {v: k for k, v in _RANK.items()}))
+        .agg(F.max("rank").alias("rank"), _ts(F.min("store_ts")).alias("half_at"))
     )
     local = log.select(
         "transaction_id",
@@ -162,20 +180,28 @@ def classify(
     tx = (
         local.join(per_tx, "transaction_id", "full_outer")
         .withColumn("at", F.coalesce("local_at", "half_at"))
-        .withColumn("group", F.coalesce("lgroup", "pgroup"))
+        .withColumn("broker_state", _map(F.col("rank"), {v: k for k, v in _RANK.items()}))
         .where(_in_window(F.col("at"), since, until))
-    ).cache()
-    committed_locally = F.col("local_state") == "COMMITTED"
-    lost_tx = tx.where(
-        committed_locally
-        & (
-            F.col("broker_state").isNull()
-            | (F.col("broker_state") == "ROLLED_BACK")
-            | ((F.col("broker_state") == "PENDING") & (F.col("at") < cutoff))
-        )
     )
+    committed_locally = F.col("local_state") == "COMMITTED"
+    state = F.col("broker_state")
+    kind = (
+        F.when(
+            committed_locally
+            & (
+                state.isNull()
+                | (state == "ROLLED_BACK")
+                | ((state == "PENDING") & (F.col("at") < cutoff))
+            ),
+            "lost",
+        )
+        .when((state == "COMMITTED") & ~F.coalesce(committed_locally, F.lit(False)), "phantom")
+        .when(state == "PARKED", "parked")
+    )
+    candidates = tx.withColumn("class", kind).where(F.col("class").isNotNull()).cache()
+    txa = _with_half(candidates, halves).cache()
     tx_cols = {
-        "group": F.col("group"),
+        "group": F.coalesce("lgroup", "pgroup"),
         "transaction_id": F.col("transaction_id"),
         "msg_id": F.col("msg_id"),
         "topic": F.col("topic"),
@@ -186,7 +212,7 @@ def classify(
         "db": F.col("db"),
     }
     lost = _shape(
-        lost_tx,
+        txa.where("class = 'lost'"),
         "lost",
         detail=F.when(F.col("broker_state").isNull(), "the broker never got the half message")
         .when(F.col("broker_state") == "ROLLED_BACK", "the broker rolled the message back")
@@ -194,9 +220,7 @@ def classify(
         **tx_cols,
     )
     phantom = _shape(
-        tx.where(
-            (F.col("broker_state") == "COMMITTED") & ~F.coalesce(committed_locally, F.lit(False))
-        ),
+        txa.where("class = 'phantom'"),
         "phantom",
         detail=F.when(F.col("local_state").isNull(), "no local transaction with this id").otherwise(
             F.concat(F.lit("the local transaction is "), F.col("local_state"))
@@ -204,7 +228,7 @@ def classify(
         **tx_cols,
     )
     parked = _shape(
-        tx.where(F.col("broker_state") == "PARKED"),
+        txa.where("class = 'parked'"),
         "parked",
         detail=F.when(committed_locally, "decide COMMIT: it committed locally").otherwise(
             "decide ROLLBACK: it did not commit locally"
@@ -238,18 +262,12 @@ def classify(
     )
 
     # -- committed messages and their consumption -------------------------------------------
+    # A message stored twice (a retried send) is here twice; the outputs drop the repeats.
     committed = (
-        halves.where("broker_state = 'COMMITTED'")
+        halves.where(F.col("rank") == _RANK["COMMITTED"])
         .select("msg_id", "topic", "key", "keys", _ts(F.col("op_ts")).alias("at"))
         .unionByName(
             stored.select("msg_id", "topic", "key", "keys", _ts(F.col("store_ts")).alias("at"))
-        )
-        .groupBy("msg_id")
-        .agg(
-            F.first("topic").alias("topic"),
-            F.first("key").alias("key"),
-            F.first("keys").alias("keys"),
-            F.min("at").alias("at"),
         )
     ).cache()
     tokens = committed.select(
@@ -275,6 +293,7 @@ def classify(
         )
     else:
         expected = spark.createDataFrame(sorted(set(expect)), "group string, topic string")
+    expected = expected.cache()
     dlq = store.where("kind = 'dlq'")
     in_window = committed.where(_in_window(F.col("at"), since, until))
     unconsumed = (
@@ -282,6 +301,7 @@ def classify(
         .join(F.broadcast(expected), "topic")
         .join(matched.select("msg_id", "group"), ["msg_id", "group"], "left_anti")
         .join(dlq.select("msg_id"), "msg_id", "left_anti")
+        .dropDuplicates(["msg_id", "group"])
     )
     unconsumed_df = _shape(
         unconsumed,
@@ -290,8 +310,19 @@ def classify(
             broker_state=F.lit("COMMITTED"), detail=F.lit("no consumed key after the SLA")
         ),
     )
+    # duplicates: count the distinct consumed keys of each (group, event key) with a hash
+    # aggregate first; only the events applied more than once get their details collected
+    applied_by = matched.join(in_window.select("msg_id", "key", "topic", "at"), "msg_id").cache()
+    twice = (
+        applied_by.select("group", "key", "token")
+        .distinct()
+        .groupBy("group", "key")
+        .count()
+        .where("count > 1")
+        .select("group", "key")
+    )
     applied = (
-        matched.join(in_window.select("msg_id", "key", "topic", "at"), "msg_id")
+        applied_by.join(twice, ["group", "key"], "left_semi")
         .groupBy("group", "key")
         .agg(
             F.countDistinct("token").alias("n"),
@@ -301,7 +332,6 @@ def classify(
             F.min("at").alias("at"),
             F.first("db").alias("db"),
         )
-        .where("n > 1")
     )
     duplicate = _shape(
         applied,
@@ -317,10 +347,7 @@ def classify(
             db=F.col("db"),
         ),
     )
-    consumed_since = matched.join(committed.select("msg_id", "topic"), "msg_id").join(
-        F.broadcast(expected), ["group", "topic"]
-    )
-    dead = (
+    letters = (
         dlq.where(_in_window(_ts(F.col("store_ts")), since, until))
         .groupBy("group", "msg_id")
         .agg(
@@ -329,8 +356,14 @@ def classify(
             F.max("reconsume_times").alias("times"),
             _ts(F.max("store_ts")).alias("at"),
         )
-        .join(consumed_since.select("msg_id"), "msg_id", "left_anti")
+    ).cache()
+    # consumed since by a group that expects its topic (the original topic is on the copy)
+    consumed_since = (
+        matched.join(letters.select("msg_id", "topic").distinct(), "msg_id")
+        .join(F.broadcast(expected), ["group", "topic"])
+        .select("msg_id")
     )
+    dead = letters.join(consumed_since, "msg_id", "left_anti")
     dead_lettered = _shape(
         dead,
         "dead_lettered",
@@ -358,7 +391,7 @@ def classify(
     facts = {
         "transactions": tx,
         "outbox": outbox.where(_in_window(F.col("created_at"), since, until)),
-        "messages": in_window,
+        "messages": in_window.select("msg_id").distinct(),
         "retrying": retrying,
         "expected": expected,
     }

@@ -186,6 +186,8 @@ def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) ->
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "8")
+        # hash joins: sorting millions of string keys is what a sort-merge join costs most
+        .config("spark.sql.join.preferSortMergeJoin", "false")
     )
     if Path(jdbc_jar).is_file():
         builder = builder.config("spark.jars", jdbc_jar)
@@ -265,7 +267,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         df = frames[0]
         for more in frames[1:]:
             df = df.unionByName(more)
-        tables[kind] = df
+        tables[kind] = df if kind == "consumed" else df.cache()  # read twice: keep them
     anomalies, facts = classify(
         spark,
         store,
@@ -282,7 +284,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     everything = anomalies[CLASSES[0]]
     for c in CLASSES[1:]:
         everything = everything.unionByName(anomalies[c])
-    everything = everything.cache()
+    everything = everything.repartition(1).cache()  # few rows: one task per write
     counts = {c: 0 for c in CLASSES}
     for row in everything.groupBy("anomaly").count().collect():
         counts[row["anomaly"]] = int(row["count"])
