@@ -133,10 +133,17 @@ def classify(
     until: datetime | None = None,
     expect: Iterable[tuple[str, str]] | None = None,
     producer_groups: Iterable[str] = (),
-) -> tuple[dict[str, DataFrame], dict[str, DataFrame]]:
-    """(anomalies by class, facts for the summary: transactions, messages, retrying)."""
+) -> tuple[dict[str, DataFrame], dict[str, DataFrame], list[DataFrame]]:
+    """(anomalies by class, facts for the summary, the frames it cached: the caller
+    unpersists them once done with the first two)."""
+    cached: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        cached.append(df.cache())
+        return df
+
     cutoff = F.lit(now - sla)
-    store = store.cache()
+    store = keep(store)
 
     # -- the broker's view of each transactional send ----------------------------------------
     # Aggregations stay numeric (hash aggregates); the strings of the few anomalies are
@@ -198,8 +205,8 @@ def classify(
         .when((state == "COMMITTED") & ~F.coalesce(committed_locally, F.lit(False)), "phantom")
         .when(state == "PARKED", "parked")
     )
-    candidates = tx.withColumn("class", kind).where(F.col("class").isNotNull()).cache()
-    txa = _with_half(candidates, halves).cache()
+    candidates = keep(tx.withColumn("class", kind).where(F.col("class").isNotNull()))
+    txa = keep(_with_half(candidates, halves))
     tx_cols = {
         "group": F.coalesce("lgroup", "pgroup"),
         "transaction_id": F.col("transaction_id"),
@@ -263,13 +270,13 @@ def classify(
 
     # -- committed messages and their consumption -------------------------------------------
     # A message stored twice (a retried send) is here twice; the outputs drop the repeats.
-    committed = (
+    committed = keep(
         halves.where(F.col("rank") == _RANK["COMMITTED"])
         .select("msg_id", "topic", "key", "keys", _ts(F.col("op_ts")).alias("at"))
         .unionByName(
             stored.select("msg_id", "topic", "key", "keys", _ts(F.col("store_ts")).alias("at"))
         )
-    ).cache()
+    )
     tokens = committed.select(
         "msg_id",
         F.explode(
@@ -284,7 +291,7 @@ def classify(
     done = consumed.where("state = 'done'").select(
         F.col("consumer_group").alias("group"), F.col("key").alias("token"), "db"
     )
-    matched = tokens.join(done, "token").select("msg_id", "group", "token", "db").cache()
+    matched = keep(tokens.join(done, "token").select("msg_id", "group", "token", "db"))
     if expect is None:
         expected = (
             matched.join(committed.select("msg_id", "topic"), "msg_id")
@@ -293,7 +300,7 @@ def classify(
         )
     else:
         expected = spark.createDataFrame(sorted(set(expect)), "group string, topic string")
-    expected = expected.cache()
+    expected = keep(expected)
     dlq = store.where("kind = 'dlq'")
     in_window = committed.where(_in_window(F.col("at"), since, until))
     unconsumed = (
@@ -312,7 +319,7 @@ def classify(
     )
     # duplicates: count the distinct consumed keys of each (group, event key) with a hash
     # aggregate first; only the events applied more than once get their details collected
-    applied_by = matched.join(in_window.select("msg_id", "key", "topic", "at"), "msg_id").cache()
+    applied_by = keep(matched.join(in_window.select("msg_id", "key", "topic", "at"), "msg_id"))
     twice = (
         applied_by.select("group", "key", "token")
         .distinct()
@@ -347,7 +354,7 @@ def classify(
             db=F.col("db"),
         ),
     )
-    letters = (
+    letters = keep(
         dlq.where(_in_window(_ts(F.col("store_ts")), since, until))
         .groupBy("group", "msg_id")
         .agg(
@@ -356,7 +363,7 @@ def classify(
             F.max("reconsume_times").alias("times"),
             _ts(F.max("store_ts")).alias("at"),
         )
-    ).cache()
+    )
     # consumed since by a group that expects its topic (the original topic is on the copy)
     consumed_since = (
         matched.join(letters.select("msg_id", "topic").distinct(), "msg_id")
@@ -395,4 +402,4 @@ def classify(
         "retrying": retrying,
         "expected": expected,
     }
-    return anomalies, facts
+    return anomalies, facts, cached

@@ -239,6 +239,12 @@ class Result:
         return "\n".join(lines)
 
 
+def _safe(url: str) -> str:
+    from sqlalchemy import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
     from pyspark.sql import functions as F
@@ -248,7 +254,13 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     from spark.store_source import segments
 
     started = time.perf_counter()
-    segments(opts.store)  # a clear error before any Spark work
+    segments(opts.store)  # clear errors before any Spark work
+    pg = [db for db in opts.dbs if db.startswith("postgresql")]
+    if pg and spark is None and not Path(opts.jdbc_jar).is_file():
+        raise BadOption(
+            f"no PostgreSQL JDBC driver at {opts.jdbc_jar} (for {_safe(pg[0])}): install Debian's "
+            "libpostgresql-jdbc-java, or name the jar with --jdbc-jar / TXMQ_JDBC_JAR"
+        )
     now = opts.now or datetime.now(UTC)
     if spark is None:
         spark = session(opts.master, opts.jdbc_jar)
@@ -268,7 +280,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         for more in frames[1:]:
             df = df.unionByName(more)
         tables[kind] = df if kind == "consumed" else df.cache()  # read twice: keep them
-    anomalies, facts = classify(
+    anomalies, facts, cached = classify(
         spark,
         store,
         tables["log"],
@@ -316,7 +328,8 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         "now": now.isoformat(timespec="seconds"),
         "master": spark.sparkContext.master,
     }
-    everything.unpersist()
+    for df in [everything, *cached, tables["log"], tables["outbox"]]:
+        df.unpersist()
     result = Result(counts, examples, fact_values, str(out), time.perf_counter() - started)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(

@@ -323,6 +323,24 @@ def test_bad_input_exits_2_with_a_clear_message(
     with pytest.raises(SystemExit):
         main(["--store", str(tmp_path / "store"), "--db", db, "--sla", "soon"], spark=spark)
     assert "not a duration" in capsys.readouterr().err
+    # through the txmq command: a missing driver jar is named before Spark starts
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "txmq"),
+            "reconcile",
+            "--store",
+            str(tmp_path / "store"),
+            "--db",
+            "postgresql+psycopg://app:s3cret@db/orders",
+            "--jdbc-jar",
+            str(tmp_path / "no.jar"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no PostgreSQL JDBC driver at" in r.stderr, r.stderr
+    assert "s3cret" not in r.stderr
 
 
 def test_spark_submit_local_2_finds_the_same(world: World, tmp_path: Path) -> None:
