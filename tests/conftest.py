@@ -3,6 +3,7 @@ helper processes (``spawn``) whose stdout lines the tests wait for."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -10,16 +11,40 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.from_thread
 import pytest
 
 from broker.config import BrokerConfig
 from broker.server import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def running_async(service: AbstractAsyncContextManager[Any]) -> Iterator[None]:
+    """Run an async service (``async with service``) in a background event loop while the
+    block runs (e.g. the orders example's inventory service beside sync code)."""
+
+    async def serve(started: anyio.Event, stop: anyio.Event) -> None:
+        async with service:
+            started.set()
+            await stop.wait()
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        started, stop = portal.call(anyio.Event), portal.call(anyio.Event)
+        future = portal.start_task_soon(serve, started, stop)
+        portal.call(started.wait)
+        try:
+            yield
+        finally:
+            portal.call(stop.set)
+            future.result(30)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:

@@ -28,9 +28,7 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--broker", required=True)
     p.add_argument("--claim-lease", type=float, default=30.0)
     args = p.parse_args(argv)
-    relay = HangBeforeMark(
-        args.db, args.broker, poll_interval=0.05, claim_lease=args.claim_lease
-    )
+    relay = HangBeforeMark(args.db, args.broker, poll_interval=0.05, claim_lease=args.claim_lease)
     async with relay:
         print("READY", flush=True)
         await anyio.sleep_forever()

@@ -16,7 +16,6 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 from sqlalchemy.orm import Session
 
@@ -36,7 +35,7 @@ from examples.orders.models import (
 )
 from examples.orders.order_service import OrderService
 from examples.orders.web import request
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
 
 pytestmark = pytest.mark.slow
@@ -151,53 +150,40 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
     assert r.returncode == 0, r.stderr
     dbs.upgrade("orders", orders_db)
     inventory = InventoryService(inventory_db, b.address)
-
-    async def serve_inventory(started: anyio.Event, stop: anyio.Event) -> None:
-        async with inventory:
-            started.set()
-            await stop.wait()
-
-    with anyio.from_thread.start_blocking_portal() as portal:
-        started, stop = portal.call(anyio.Event), portal.call(anyio.Event)
-        future = portal.start_task_soon(serve_inventory, started, stop)
-        portal.call(started.wait)
-        try:
-            with OrderService(orders_db, b.address) as orders:
-                assert orders.server is not None
-                url = orders.server.url
-                r = front("place", "--url", url, "--product", "apple", "--quantity", "2")
-                assert r.returncode == 0 and '"state": "PENDING"' in r.stdout, r
-                r = front("place", "--url", url, "--product", "apple", "--quantity", "2")
-                assert r.returncode == 0, r
-                r = front("place", "--url", url, "--product", "apple", "--quantity", "0")
-                assert r.returncode == 1 and "quantity must be between 1" in r.stdout, r
-                wait_for(lambda: check(orders_db, inventory_db).pending == 0)
-                r = front("orders", "--url", url, "--state", "cancelled")
-                assert r.returncode == 0, r
-                assert r.stdout.count('"state": "CANCELLED"') == 1, r.stdout
-                assert '"CONFIRMED"' not in r.stdout and '"insufficient stock"' in r.stdout
-                r = front("orders", "--url", url)
-                assert r.stdout.count('"state": "CONFIRMED"') == 1, r.stdout
-                r = front("orders", "--url", url, "--state", "lost")
-                assert r.returncode == 1 and "state must be PENDING" in r.stdout, r
-                bad = urllib.request.Request(url + "/orders", data=b"{nope", method="POST")
-                with pytest.raises(urllib.error.HTTPError) as info:
-                    urllib.request.urlopen(bad, timeout=10)
-                assert info.value.code == 400 and b"not JSON" in info.value.read()
-                info.value.close()
-                assert request(url, "GET", "/orders/" + "f" * 32) == (
-                    404,
-                    {"error": f"no order {'f' * 32}"},
-                )
-                assert request(url, "GET", "/nowhere")[0] == 404
-                assert request(url, "POST", "/faults", {"crash": "sideways"})[0] == 400
-                assert inventory.server is not None
-                r = front("stock", "--url", inventory.server.url)
-                assert r.returncode == 0, r
-                assert '"available": 1' in r.stdout and '"reserved": 2' in r.stdout, r.stdout
-        finally:
-            portal.call(stop.set)
-            future.result(30)
+    with running_async(inventory):
+        with OrderService(orders_db, b.address) as orders:
+            assert orders.server is not None
+            url = orders.server.url
+            r = front("place", "--url", url, "--product", "apple", "--quantity", "2")
+            assert r.returncode == 0 and '"state": "PENDING"' in r.stdout, r
+            r = front("place", "--url", url, "--product", "apple", "--quantity", "2")
+            assert r.returncode == 0, r
+            r = front("place", "--url", url, "--product", "apple", "--quantity", "0")
+            assert r.returncode == 1 and "quantity must be between 1" in r.stdout, r
+            wait_for(lambda: check(orders_db, inventory_db).pending == 0)
+            r = front("orders", "--url", url, "--state", "cancelled")
+            assert r.returncode == 0, r
+            assert r.stdout.count('"state": "CANCELLED"') == 1, r.stdout
+            assert '"CONFIRMED"' not in r.stdout and '"insufficient stock"' in r.stdout
+            r = front("orders", "--url", url)
+            assert r.stdout.count('"state": "CONFIRMED"') == 1, r.stdout
+            r = front("orders", "--url", url, "--state", "lost")
+            assert r.returncode == 1 and "state must be PENDING" in r.stdout, r
+            bad = urllib.request.Request(url + "/orders", data=b"{nope", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(bad, timeout=10)
+            assert info.value.code == 400 and b"not JSON" in info.value.read()
+            info.value.close()
+            assert request(url, "GET", "/orders/" + "f" * 32) == (
+                404,
+                {"error": f"no order {'f' * 32}"},
+            )
+            assert request(url, "GET", "/nowhere")[0] == 404
+            assert request(url, "POST", "/faults", {"crash": "sideways"})[0] == 400
+            assert inventory.server is not None
+            r = front("stock", "--url", inventory.server.url)
+            assert r.returncode == 0, r
+            assert '"available": 1' in r.stdout and '"reserved": 2' in r.stdout, r.stdout
     r = front("check", "--orders-db", orders_db, "--inventory-db", inventory_db)
     assert r.returncode == 0 and "BALANCED" in r.stdout, r
 

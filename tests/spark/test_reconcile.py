@@ -27,11 +27,12 @@ from examples.orders.models import ORDER_CREATED, STOCK_REPLIES
 from examples.orders.order_service import OrderService
 from spark.classify import CLASSES
 from spark.job import JDBC_JAR, main
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
 from txmq.message import Message
 from txmq.protocol import RequestCode
 from txmq.pull import PullConsumer
+from txmq.sqla import transaction
 from txmq.sqla.tables import consumed_keys, outbox, transaction_log
 from txmq.sync import AdminClient, Producer, TransactionProducer
 from txmq.transaction import LocalTransactionState
@@ -67,35 +68,22 @@ class Undecided:
 
 def _run_orders(orders_db: str, inventory_db: str, address: str) -> None:
     """Orders placed through the real services until every one is settled."""
-
-    async def serve_inventory(started: anyio.Event, stop: anyio.Event) -> None:
-        async with InventoryService(inventory_db, address):
-            started.set()
-            await stop.wait()
-
-    with anyio.from_thread.start_blocking_portal() as portal:
-        started, stop = portal.call(anyio.Event), portal.call(anyio.Event)
-        future = portal.start_task_soon(serve_inventory, started, stop)
-        portal.call(started.wait)
-        try:
-            with OrderService(orders_db, address) as orders:
-                for i in range(12):
-                    orders.place(["apple", "pear"][i % 2], 1 + i % 3)
-                # a local transaction that fails: its half message is rolled back (healthy)
-                from txmq.sqla import transaction
-
-                with (
-                    pytest.raises(RuntimeError),
-                    transaction(orders.producer, orders.sessions) as tx,
-                ):
-                    tx.send(Message(ORDER_CREATED, b"{}", keys=["order-never-created"]))
-                    raise RuntimeError("the business rule said no")
-                wait_for(lambda: check(orders_db, inventory_db).pending == 0, timeout=60)
-                report = check(orders_db, inventory_db)
-                assert report.ok, report.problems
-        finally:
-            portal.call(stop.set)
-            future.result(30)
+    with (
+        running_async(InventoryService(inventory_db, address)),
+        OrderService(orders_db, address) as orders,
+    ):
+        for i in range(12):
+            orders.place(["apple", "pear"][i % 2], 1 + i % 3)
+        # a local transaction that fails: its half message is rolled back (healthy)
+        with (
+            pytest.raises(RuntimeError),
+            transaction(orders.producer, orders.sessions) as tx,
+        ):
+            tx.send(Message(ORDER_CREATED, b"{}", keys=["order-never-created"]))
+            raise RuntimeError("the business rule said no")
+        wait_for(lambda: check(orders_db, inventory_db).pending == 0, timeout=60)
+        report = check(orders_db, inventory_db)
+        assert report.ok, report.problems
 
 
 def _insert(engine: Engine, table: Table, **values: Any) -> None:
@@ -233,26 +221,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             broker.stop()
 
 
-def _reconcile(w: World, out: Path, spark: Any, *extra: str) -> int:
+def _job_args(w: World, out: Path) -> list[str]:
+    """The job's arguments for the world, judged a minute from now with a 30 s SLA."""
     now = datetime.now(UTC) + timedelta(minutes=1)
-    return main(
-        [
-            "--store",
-            str(w.store),
-            "--db",
-            w.orders_db,
-            "--db",
-            w.inventory_db,
-            "--out",
-            str(out),
-            "--sla",
-            "30s",
-            "--now",
-            now.isoformat(),
-            *extra,
-        ],
-        spark=spark,
-    )
+    return [
+        *("--store", str(w.store), "--db", w.orders_db, "--db", w.inventory_db),
+        *("--out", str(out), "--sla", "30s", "--now", now.isoformat()),
+    ]
+
+
+def _reconcile(w: World, out: Path, spark: Any, *extra: str) -> int:
+    return main([*_job_args(w, out), *extra], spark=spark)
 
 
 def _found(spark: Any, out: Path) -> dict[str, set[str]]:
@@ -346,7 +325,6 @@ def test_bad_input_exits_2_with_a_clear_message(
 def test_spark_submit_local_2_finds_the_same(world: World, tmp_path: Path) -> None:
     """The job as a cluster user submits it: spark-submit, a master of two threads."""
     out = tmp_path / "out"
-    now = datetime.now(UTC) + timedelta(minutes=1)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     r = subprocess.run(
         [
@@ -358,18 +336,7 @@ def test_spark_submit_local_2_finds_the_same(world: World, tmp_path: Path) -> No
             "--conf",
             "spark.ui.enabled=false",
             str(ROOT / "spark" / "job.py"),
-            "--store",
-            str(world.store),
-            "--db",
-            world.orders_db,
-            "--db",
-            world.inventory_db,
-            "--out",
-            str(out),
-            "--sla",
-            "30s",
-            "--now",
-            now.isoformat(),
+            *_job_args(world, out),
         ],
         capture_output=True,
         text=True,
