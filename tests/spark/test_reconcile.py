@@ -37,7 +37,9 @@ from txmq.sqla.tables import consumed_keys, outbox, transaction_log
 from txmq.sync import AdminClient, Producer, TransactionProducer
 from txmq.transaction import LocalTransactionState
 
-pytestmark = pytest.mark.slow
+# a module-wide budget above the default 120 s: the first test also builds the world (the
+# orders example on PostgreSQL) and every test starts Spark work on 2 cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 INVENTORY_GROUP = "inventory-service/order-created"
 ORDERS_GROUP = "order-service/stock-replies"
