@@ -64,6 +64,8 @@ class Options:
     jdbc_jar: str = field(default_factory=lambda: os.environ.get("TXMQ_JDBC_JAR", JDBC_JAR))
     partitions: int = 4
     examples: int = EXAMPLES
+    #: Spark settings for the session the job makes (e.g. spark.driver.memory)
+    conf: tuple[tuple[str, str], ...] = ()
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -128,6 +130,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--partitions", type=int, default=4, help="JDBC reads per table")
     p.add_argument("--examples", type=int, default=EXAMPLES, help="examples per class shown")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit's --conf (e.g. spark.driver.memory=8g)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -157,7 +166,15 @@ def options_from(args: argparse.Namespace) -> Options:
         jdbc_jar=args.jdbc_jar,
         partitions=args.partitions,
         examples=args.examples,
+        conf=tuple(_setting(c) for c in args.conf),
     )
+
+
+def _setting(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise BadOption(f"--conf wants KEY=VALUE, not {item!r}")
+    return key.strip(), value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -185,6 +202,7 @@ def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) ->
         builder.appName("txmq-reconcile")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")
         # hash joins: sorting millions of string keys is what a sort-merge join costs most
         .config("spark.sql.join.preferSortMergeJoin", "false")
@@ -193,7 +211,9 @@ def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) ->
         builder = builder.config("spark.jars", jdbc_jar)
     for k, v in conf.items():
         builder = builder.config(k, v)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")  # the summary is the output; errors still show
+    return spark
 
 
 @dataclass
@@ -263,7 +283,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         )
     now = opts.now or datetime.now(UTC)
     if spark is None:
-        spark = session(opts.master, opts.jdbc_jar)
+        spark = session(opts.master, opts.jdbc_jar, **dict(opts.conf))
     margin = opts.sla
     since_read = opts.since - margin if opts.since else None
     until_read = opts.until + margin if opts.until else None

@@ -304,6 +304,9 @@ def test_bad_input_exits_2_with_a_clear_message(
     with pytest.raises(SystemExit):
         main(["--store", str(tmp_path / "store"), "--db", db, "--sla", "soon"], spark=spark)
     assert "not a duration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--store", str(tmp_path / "store"), "--db", db, "--conf", "driver"], spark=spark)
+    assert "--conf wants KEY=VALUE" in capsys.readouterr().err
     # through the txmq command: a missing driver jar is named before Spark starts
     r = subprocess.run(
         [
