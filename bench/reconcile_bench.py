@@ -37,6 +37,8 @@ if str(ROOT) not in sys.path:
 
 from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
+from broker.consumers import dlq_topic  # noqa: E402
+from broker.transaction import HALF_TOPIC, OP_TOPIC  # noqa: E402
 from txmq.codec import blank_record, encode_record  # noqa: E402
 from txmq.message import Prop, SysFlag  # noqa: E402
 from txmq.sqla.tables import metadata  # noqa: E402
@@ -146,7 +148,7 @@ def generate_store(folder: Path, n: int, t0: int) -> int:
             key = f"order-{i}-created"
             half = _record(
                 w,
-                "RMQ_SYS_TRANS_HALF_TOPIC",
+                HALF_TOPIC,
                 body,
                 {
                     Prop.UNIQ_KEY: mid,
@@ -182,14 +184,14 @@ def generate_store(folder: Path, n: int, t0: int) -> int:
                 },
                 separators=(",", ":"),
             ).encode()
-            _record(w, "RMQ_SYS_TRANS_OP_HALF_TOPIC", op, {}, ts + 6)
+            _record(w, OP_TOPIC, op, {}, ts + 6)
         elif kind != "lost-outbox":
             key = f"event-{i}"
             _record(w, OUTBOX_TOPIC, body, {Prop.UNIQ_KEY: mid, Prop.KEYS: key}, ts + 50)
             if kind == "dead":
                 _record(
                     w,
-                    f"%DLQ%{GROUP}",
+                    dlq_topic(GROUP),
                     body,
                     {
                         Prop.UNIQ_KEY: "D" + mid[1:],
@@ -382,9 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = session(
         args.master,
         JDBC_JAR,
-        **{"spark.driver.memory": args.driver_memory, "spark.ui.showConsoleProgress": "false"},
+        **{"spark.driver.memory": args.driver_memory},
     )
-    spark.sparkContext.setLogLevel("ERROR")
     print(
         f"Spark {spark.version}, master {spark.sparkContext.master}, "
         f"{os.cpu_count()} cores; PostgreSQL at {make_url(PG_URL).host}"

@@ -59,7 +59,12 @@ COLUMNS = (
     "db",
 )
 _RANK = {"ROLLED_BACK": 1, "PENDING": 2, "PARKED": 3, "COMMITTED": 4}
-_OP_CODE = {"ROLLBACK": 1, "PARKED": 3, "COMMIT": 4}
+#: an op record's resolution as the rank of the broker state it leads to
+_OP_CODE = {
+    "ROLLBACK": _RANK["ROLLED_BACK"],
+    "PARKED": _RANK["PARKED"],
+    "COMMIT": _RANK["COMMITTED"],
+}
 
 
 def _ts(ms: Column) -> Column:

@@ -15,6 +15,7 @@ something does, 2 on bad input (unreadable store or database, bad option).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -265,6 +266,10 @@ def _safe(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def _union(frames: Sequence[Any]) -> Any:
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
 def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
     from pyspark.sql import functions as F
@@ -296,9 +301,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             read_table(spark, db, kind, since=since_read, until=until, partitions=opts.partitions)
             for db in opts.dbs
         ]
-        df = frames[0]
-        for more in frames[1:]:
-            df = df.unionByName(more)
+        df = _union(frames)
         tables[kind] = df if kind == "consumed" else df.cache()  # read twice: keep them
     anomalies, facts, cached = classify(
         spark,
@@ -313,10 +316,9 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         expect=opts.expect,
         producer_groups=opts.producer_groups,
     )
-    everything = anomalies[CLASSES[0]]
-    for c in CLASSES[1:]:
-        everything = everything.unionByName(anomalies[c])
-    everything = everything.repartition(1).cache()  # few rows: one task per write
+    everything = (
+        _union([anomalies[c] for c in CLASSES]).repartition(1).cache()
+    )  # few rows: one task per write
     counts = {c: 0 for c in CLASSES}
     for row in everything.groupBy("anomaly").count().collect():
         counts[row["anomaly"]] = int(row["count"])

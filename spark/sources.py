@@ -60,10 +60,6 @@ TABLES = {
 }
 
 
-def _names(columns: str) -> list[str]:
-    return [c.split(" ")[0] for c in columns.split(", ")]
-
-
 def jdbc_url(url: str | URL) -> tuple[str, dict[str, str]]:
     """The JDBC URL and connection properties of a PostgreSQL SQLAlchemy URL."""
     u = make_url(url)
@@ -106,7 +102,7 @@ def read_table(
     """Table ``kind`` (a key of :data:`TABLES`) of database ``db``, within the window, with a
     ``db`` column naming the database; empty if the database does not have the table."""
     table = TABLES[kind]
-    names = _names(table.columns)
+    names = [name for name, _ in _types(table)]
     u = make_url(db)
     pg = u.get_backend_name() == "postgresql"
     where = _where(table, since, until, pg)
@@ -155,10 +151,11 @@ def read_table(
             .option("numPartitions", str(partitions))
         )
     df = reader.load()
-    return _with_db(df.selectExpr(*[f"CAST({c} AS {t})" + f" AS {c}" for c, t in _types(table)]), u)
+    return _with_db(df.selectExpr(*[f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]), u)
 
 
 def _types(table: Table) -> list[tuple[str, str]]:
+    """(name, Spark type) of each column read."""
     return [(c.split(" ")[0], c.split(" ")[1]) for c in table.columns.split(", ")]
 
 

@@ -40,8 +40,10 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from broker.consumers import dlq_topic, retry_topic
+from broker.transaction import HALF_TOPIC, OP_TOPIC
 from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX
-from txmq.message import Prop, SysFlag
+from txmq.message import Prop, SysFlag, is_system_topic
 
 __all__ = ["NAME", "SCHEMA", "StoreDataSource", "StoreUnreadable", "scan_segment", "segments"]
 
@@ -52,18 +54,9 @@ SCHEMA = (
     "reconsume_times int"
 )
 _FIELDS = [f.split(" ")[0].strip("`") for f in SCHEMA.split(", ")]
-_ARROW = pa.schema(
-    [
-        (name, pa.int64() if name in ("half_offset", "store_ts") else pa.string())
-        if name != "reconsume_times"
-        else (name, pa.int32())
-        for name in _FIELDS
-    ]
-)
-_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-_OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-_RETRY, _DLQ = "%RETRY%", "%DLQ%"
-_SKIP_PREFIXES = ("RMQ_SYS_", "SCHEDULE_TOPIC_", "TRANS_CHECK_MAX_TIME")
+_NUMBERS = {"half_offset": pa.int64(), "store_ts": pa.int64(), "reconsume_times": pa.int32()}
+_ARROW = pa.schema([(name, _NUMBERS.get(name, pa.string())) for name in _FIELDS])
+_RETRY, _DLQ = retry_topic(""), dlq_topic("")
 _CHUNK = 8 * 1024 * 1024
 _BATCH = 65536
 _U16 = struct.Struct("<H")
@@ -165,7 +158,7 @@ def scan_segment(path: str, last: bool, since_ms: int = 0) -> Iterator[pa.Record
             p = body_at + h[12]
             (tlen,) = _U16.unpack_from(buf, p)
             topic = buf[p + 2 : p + 2 + tlen].decode()
-            if topic == _OP_TOPIC:
+            if topic == OP_TOPIC:
                 m = _OP.search(buf, body_at, p)
                 if m is not None:
                     append(
@@ -190,7 +183,7 @@ def scan_segment(path: str, last: bool, since_ms: int = 0) -> Iterator[pa.Record
             mid = props.get(uniq)
             keys = props.get(keys_p)
             key = keys.split(" ", 1)[0] if keys else mid
-            if topic == _HALF_TOPIC:
+            if topic == HALF_TOPIC:
                 append(
                     (
                         "half",
@@ -207,7 +200,10 @@ def scan_segment(path: str, last: bool, since_ms: int = 0) -> Iterator[pa.Record
                     )
                 )
             elif topic.startswith(_RETRY) or topic.startswith(_DLQ):
-                kind, group = ("retry", topic[7:]) if topic[1] == "R" else ("dlq", topic[5:])
+                is_retry = topic.startswith(_RETRY)
+                kind, group = (
+                    ("retry", topic[len(_RETRY) :]) if is_retry else ("dlq", topic[len(_DLQ) :])
+                )
                 origin = props.get(Prop.ORIGIN_MESSAGE_ID) or mid
                 append(
                     (
@@ -224,7 +220,7 @@ def scan_segment(path: str, last: bool, since_ms: int = 0) -> Iterator[pa.Record
                         h[10],
                     )
                 )
-            elif not topic.startswith(_SKIP_PREFIXES):
+            elif not is_system_topic(topic):  # schedule and parked copies are skipped
                 append(("message", topic, None, mid, None, key, keys, None, None, store_ts, h[10]))
             if len(rows) >= _BATCH:
                 yield _batch(rows)

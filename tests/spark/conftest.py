@@ -13,6 +13,5 @@ from spark.job import JDBC_JAR, session
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     s = session("local[*]", JDBC_JAR)
-    s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()
