@@ -60,6 +60,9 @@ class BrokerConfig:
     flush_interval_ms: int = 500
     sync_flush_timeout_s: float = 5.0
     retention_hours: float = 72.0
+    #: export each sealed commit-log segment as ``<store>/export/<segment>.parquet`` (in a
+    #: child process, for the reconciliation jobs in ``spark/``); needs pyarrow
+    export_segments: bool = True
     long_polling_max_s: float = 30.0
     offset_persist_interval_s: float = 5.0
     #: delay of each level (1-based) for delayed messages and consumer retries
@@ -141,4 +144,5 @@ class BrokerConfig:
             flush_interval_ms=self.flush_interval_ms,
             retention_hours=self.retention_hours,
             max_message_size=self.max_message_size,
+            export_segments=self.export_segments,
         )

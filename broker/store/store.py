@@ -4,7 +4,8 @@ One commit log holds every record; per-queue consume queues and a key index are
 dispatched synchronously by ``put`` (so a message is readable the moment ``put``
 returns); background threads flush the commit log (ASYNC: periodically, SYNC: group
 commit), flush consume queues and index and write the checkpoint, and delete expired
-segments.  ``put``/``put_batch`` are serialised by one lock; reads take no lock.
+segments; a child process exports each sealed segment as Parquet (``exporting.py``).
+``put``/``put_batch`` are serialised by one lock; reads take no lock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from txmq.message import Prop, tag_hash, validate_topic_name
 from .checkpoint import Checkpoint, write_checkpoint
 from .commitlog import CommitLog, fsync_dir
 from .consumequeue import ConsumeQueue
+from .exporting import SegmentExporter, export_file, pyarrow_installed
 from .flush import CommitLogFlusher, PeriodicThread
 from .index import IndexService
 from .reader import get_from_queue, query_all_by_uniq_key, query_by_key, query_by_uniq_key
@@ -102,6 +104,7 @@ class MessageStore:
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._flusher = CommitLogFlusher(self._cl, config.flush_mode, config.flush_interval_ms)
         self._threads: list[PeriodicThread] = []
+        self._exporter: SegmentExporter | None = None
         self._running = False
         self._closed = False
         self._lock_fd = -1
@@ -160,6 +163,13 @@ class MessageStore:
         ]
         for t in self._threads:
             t.start()
+        if cfg.export_segments:
+            if pyarrow_installed():
+                self._exporter = SegmentExporter(root)
+                self._exporter.start()
+                self._exporter.request()  # segments sealed before this start
+            else:
+                log.info("the Parquet export of sealed segments is off: pyarrow is not installed")
 
     def shutdown(self) -> None:
         with self._lock:
@@ -168,6 +178,8 @@ class MessageStore:
             self._running = False
         for t in self._threads:
             t.stop()
+        if self._exporter is not None:
+            self._exporter.stop()
         self._flusher.stop()
         self._checkpoint()
         (self._root / "abort").unlink(missing_ok=True)
@@ -316,6 +328,7 @@ class MessageStore:
             if not cl.fits(size):
                 self._check_size(rec, len(body))
                 cl.roll()
+                self._sealed()
                 phy = cl.write_pos
                 rec = _encode(p, qoff, phy, ts)
             cl.append(rec, ts)
@@ -323,6 +336,11 @@ class MessageStore:
             if props:
                 index_keys(self._index, props, phy, ts)
         return PutResult(PutStatus.PUT_OK, phy, qoff, ts, size)
+
+    def _sealed(self) -> None:
+        """A segment was sealed (the commit log rolled): have it exported."""
+        if self._exporter is not None:
+            self._exporter.request()
 
     def _check_size(self, record: bytes, body_len: int) -> None:
         if len(record) + PREFIX.size > self._cl.segment_size:
@@ -360,6 +378,7 @@ class MessageStore:
                     self._check_size(rec, len(body))
                     self._write_batch(bufs, todo, results, ts)
                     cl.roll()
+                    self._sealed()
                     pos = cl.write_pos
                     rec = _encode(p, qoff, pos, ts)
                 bufs.append(rec)
@@ -497,6 +516,10 @@ class MessageStore:
             if not victims:
                 return 0
             self._cl.drop_segments(victims, self._lock)
+            for seg in victims:  # an export never outlives its segment
+                export_file(self._root, seg.path).unlink(missing_ok=True)
+            if self._exporter is not None:
+                self._exporter.request()  # also removes one a running export just wrote
             cl_min = self._cl.min_offset
             gone = 0
             for cq in list(self._cqs.values()):

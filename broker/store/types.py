@@ -40,6 +40,9 @@ class StoreConfig:
     retention_hours: float = 72.0
     retention_check_interval_s: float = 10.0
     max_message_size: int = 4 * 1024 * 1024
+    #: export every sealed commit-log segment as Parquet, in a child process, for the
+    #: reconciliation jobs (needs pyarrow; off with a log line without it)
+    export_segments: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))

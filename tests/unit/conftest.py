@@ -100,6 +100,8 @@ def crash_store() -> Callable[[MessageStore], None]:
             store._running = False
         for thread in store._threads:
             thread.stop()
+        if store._exporter is not None:  # (a killed broker's export child would finish)
+            store._exporter.stop()
         store._flusher.stop()
         store._close()
 
