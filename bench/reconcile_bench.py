@@ -13,7 +13,9 @@ and a miscount fails the run.
 
 The views live where the job reads them: txmq's tables in a PostgreSQL schema, the broker's
 records as commit-log segment files of a store folder (written directly with the record
-codec, as the broker lays them out; the job reads only the commit log).  The peer gets the
+codec, as the broker lays them out) plus the Parquet export the broker writes of each
+sealed segment (made here with the broker's own ``export_store``, timed on its own); the
+job reads the exports and decodes the newest segment.  The peer gets the
 same broker records as tables in the same schema and counts the same classes with one SQL
 statement.  Generation is not timed; each side is timed from start to counts in hand (the
 job also writes its Parquet tables and summary).
@@ -38,6 +40,7 @@ if str(ROOT) not in sys.path:
 from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
 from broker.consumers import dlq_topic  # noqa: E402
+from broker.store.export import export_store  # noqa: E402
 from broker.transaction import HALF_TOPIC, OP_TOPIC  # noqa: E402
 from txmq.codec import blank_record, encode_record  # noqa: E402
 from txmq.message import Prop, SysFlag  # noqa: E402
@@ -403,11 +406,16 @@ def main(argv: list[str] | None = None) -> int:
         size = generate_store(folder / "store", n, t0)
         gs = time.perf_counter() - g
         g = time.perf_counter()
+        exported = export_store(folder / "store")
+        ge = time.perf_counter() - g
+        g = time.perf_counter()
         db = generate_db(schema, n, t0)
         gd = time.perf_counter() - g
         print(
             f"N={n:,}: generated the store ({size / 2**30:.2f} GiB) in {gs:.0f} s and the "
-            f"database in {gd:.0f} s"
+            f"database in {gd:.0f} s; the broker's export of the {len(exported)} sealed "
+            f"segments took {ge:.0f} s (one process; the broker does it in the background, "
+            "segment by segment, as they seal)"
         )
         now = datetime.now(UTC)
         want = {c: n // 1000 * (2 if c == "lost" else 1) for c in CLASSES}

@@ -31,18 +31,26 @@ The anomaly classes (:data:`CLASSES`), each a DataFrame of :data:`COLUMNS`:
 Group G is expected to consume topic T when told so (``expect``), or else when G has
 consumed at least one message of T.  A row belongs to the run when its anchor time (local
 commit, outbox insert, broker store time, dead-letter time) is inside the window.
+
+How it stays fast: every view is reduced by one grouping per side, with numeric aggregate
+buffers (hash aggregation, no sorting).  The transaction side shuffles the log, the half
+messages and the op records once, by transaction id.  The message side joins message tokens
+to consumed keys once, on 96-bit hashes of the strings (xxhash64 and murmur3: a false match
+needs both to collide), then groups by message and by (group, event).  The strings of the
+few anomalies are looked up at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-__all__ = ["CLASSES", "COLUMNS", "classify"]
+__all__ = ["CLASSES", "COLUMNS", "Facts", "classify"]
 
 CLASSES = ("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered")
 COLUMNS = (
@@ -65,18 +73,22 @@ _OP_CODE = {
     "PARKED": _RANK["PARKED"],
     "COMMIT": _RANK["COMMITTED"],
 }
+_LOCAL_COMMITTED, _LOCAL_OTHER = 2, 1
+#: a half's rank and commit-log offset packed in one long, so max() picks the best half
+_OFFSET_BITS = 59
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 
 
-def _ts(ms: Column) -> Column:
-    return F.timestamp_millis(ms)
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
 
 
-def _in_window(at: Column, since: datetime | None, until: datetime | None) -> Column:
+def _in_window(at_ms: Column, since: datetime | None, until: datetime | None) -> Column:
     cond = F.lit(True)
     if since is not None:
-        cond = cond & (at >= F.lit(since))
+        cond = cond & (at_ms >= F.lit(_ms(since)))
     if until is not None:
-        cond = cond & (at < F.lit(until))
+        cond = cond & (at_ms < F.lit(_ms(until)))
     return cond
 
 
@@ -92,37 +104,61 @@ def _shape(df: DataFrame, anomaly: str, **cols: Column) -> DataFrame:
     return df.select(*exprs)
 
 
-def _message_cols(**more: Column) -> dict[str, Column]:
-    """The columns of a row about one message (group, id, topic, key, time), and ``more``."""
-    cols = {n: F.col(n) for n in ("group", "msg_id", "topic", "key", "at")}
-    return cols | more
-
-
-def _with_half(df: DataFrame, halves: DataFrame) -> DataFrame:
-    """``df`` (a few transactions) with the producer group, message id, topic and key of
-    each one's highest-ranked half message (NULLs when the broker has none)."""
-    ids = df.select("transaction_id").distinct()
-    attrs = halves.join(F.broadcast(ids), "transaction_id", "left_semi").select(
-        "transaction_id",
-        F.col("group").alias("pgroup"),
-        "msg_id",
-        "topic",
-        "key",
-        F.row_number()
-        .over(Window.partitionBy("transaction_id").orderBy(F.desc("rank"), "msg_id"))
-        .alias("n"),
-    )
-    return df.join(attrs.where("n = 1").drop("n"), "transaction_id", "left")
-
-
-def _map(col: Column, mapping: dict[Any, Any]) -> Column:
-    """``mapping[col]`` (NULL when absent), as a CASE expression."""
-    items = iter(mapping.items())
-    k, v = next(items)
-    out = F.when(col == F.lit(k), F.lit(v))
-    for k, v in items:
+def _map(col: Column, mapping: dict[Any, Any], default: Any = None) -> Column:
+    """``mapping[col]`` (``default`` when absent), as a CASE expression."""
+    out: Any = F
+    for k, v in mapping.items():
         out = out.when(col == F.lit(k), F.lit(v))
-    return out
+    return F.lit(default) if out is F else out.otherwise(F.lit(default))
+
+
+def _h(col: str | Column) -> list[Column]:
+    """A string as two hashes (96 bits together): what the big joins and groupings use."""
+    return [F.xxhash64(col), F.hash(col)]
+
+
+def _first(df: DataFrame, by: str, order: list[Column]) -> DataFrame:
+    """One row of ``df`` per ``by`` (the first by ``order``)."""
+    n = F.row_number().over(Window.partitionBy(by).orderBy(*order))
+    return df.withColumn("_n", n).where("_n = 1").drop("_n")
+
+
+def _restrict(df: DataFrame, col: str, values: DataFrame, limit: int = 100_000) -> DataFrame:
+    """The rows of ``df`` whose ``col`` is among ``values`` (one column of a few rows): an
+    ``IN`` list the database evaluates when there are at most ``limit``, else a join."""
+    rows = values.distinct().limit(limit + 1).collect()
+    if len(rows) <= limit:
+        return df.where(F.col(col).isin([r[0] for r in rows]))
+    return df.join(F.broadcast(values.withColumnRenamed(values.columns[0], col)), col, "left_semi")
+
+
+def _tokens(messages: DataFrame) -> Column:
+    """A message's tokens: its id and each of its keys (a consumed key may be any)."""
+    return F.explode(
+        F.array_distinct(
+            F.concat(
+                F.array("msg_id"),
+                F.coalesce(F.split("keys", " "), F.array().cast("array<string>")),
+            )
+        )
+    )
+
+
+@dataclass
+class Facts:
+    """What the run looked at (counted while classifying, without another pass)."""
+
+    observations: dict[str, tuple[Observation, DataFrame]]
+    expected: list[tuple[str, str]]
+
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for name, (obs, df) in self.observations.items():
+            try:
+                out[name] = int(obs.get["n"] or 0)
+            except Exception:  # a pass over empty input may have been skipped, metric and all
+                out[name] = int(df.count())
+        return out
 
 
 def classify(
@@ -138,80 +174,145 @@ def classify(
     until: datetime | None = None,
     expect: Iterable[tuple[str, str]] | None = None,
     producer_groups: Iterable[str] = (),
-) -> tuple[dict[str, DataFrame], dict[str, DataFrame], list[DataFrame]]:
+) -> tuple[dict[str, DataFrame], Facts, list[DataFrame]]:
     """(anomalies by class, facts for the summary, the frames it cached: the caller
-    unpersists them once done with the first two)."""
+    unpersists them once done with the first two).  ``producer_groups``: the groups whose
+    transactions the logs hold (the broker's halves of other groups are not checked).  The
+    big passes run here, each once; what is left for the caller are small frames."""
     cached: list[DataFrame] = []
 
     def keep(df: DataFrame) -> DataFrame:
         cached.append(df.cache())
+        df.count()  # materialized now, once: later frames read the cache
         return df
 
-    cutoff = F.lit(now - sla)
-    store = keep(store)
+    observations: dict[str, tuple[Observation, DataFrame]] = {}
 
-    # -- the broker's view of each transactional send ----------------------------------------
-    # Aggregations stay numeric (hash aggregates); the strings of the few anomalies are
-    # joined back at the end.  The last op record of a half wins: max(store_ts * 8 + code).
-    ops = (
-        store.where("kind = 'op'")
-        .select(
-            "half_offset", (F.col("store_ts") * 8 + _map(F.col("resolution"), _OP_CODE)).alias("v")
-        )
-        .groupBy("half_offset")
-        .agg(F.max("v").alias("v"))
-        .select(
-            "half_offset", (F.col("v") % 8).alias("rank"), F.floor(F.col("v") / 8).alias("op_ts")
-        )
-    )
-    halves = (
-        store.where("kind = 'half'")
-        .select(
-            "half_offset", "transaction_id", "group", "msg_id", "topic", "key", "keys", "store_ts"
-        )
-        .join(ops, "half_offset", "left")
-        .withColumn("rank", F.coalesce("rank", F.lit(_RANK["PENDING"])))
-    )
-    groups = (
-        log.select(F.col("producer_group").alias("group"))
-        .union(spark.createDataFrame([(g,) for g in producer_groups], "group string"))
-        .distinct()
-    )
-    per_tx = (
-        halves.join(F.broadcast(groups), "group", "left_semi")
-        .groupBy("transaction_id")
-        .agg(F.max("rank").alias("rank"), _ts(F.min("store_ts")).alias("half_at"))
-    )
-    local = log.select(
+    def counted(df: DataFrame, name: str, cond: Column) -> DataFrame:
+        """``df``, counting its rows that meet ``cond`` as it is computed (see Facts)."""
+        obs = Observation(name)
+        observations[name] = (obs, df.where(cond))
+        return df.observe(obs, F.sum(F.when(cond, 1).otherwise(0)).alias("n"))
+
+    cutoff = F.lit(_ms(now - sla))
+    window: Callable[[Column], Column] = lambda at: _in_window(at, since, until)  # noqa: E731
+    null_long = F.lit(None).cast("long")
+
+    # -- transactions: the log, the half messages and the op records, by transaction id -----
+    groups = sorted(set(producer_groups))
+    local_rows = log.select(
         "transaction_id",
-        F.col("producer_group").alias("lgroup"),
-        F.col("state").alias("local_state"),
-        F.col("created_at").alias("local_at"),
-        "db",
+        null_long.alias("half_offset"),
+        F.when(F.col("state") == "COMMITTED", _LOCAL_COMMITTED)
+        .otherwise(_LOCAL_OTHER)
+        .alias("local"),
+        F.unix_millis("created_at").alias("local_at"),
+        null_long.alias("v"),
+        null_long.alias("half_at"),
+    )
+    is_op = F.col("kind") == "op"
+    broker_rows = store.where(
+        F.col("kind").isin("half", "op") & F.col("group").isin(groups)
+    ).select(
+        "transaction_id",
+        "half_offset",
+        F.lit(None).cast("int").alias("local"),
+        null_long.alias("local_at"),
+        # the last op record of a half wins: max(store_ts * 8 + the rank it leads to)
+        F.when(is_op, F.col("store_ts") * 8 + _map(F.col("resolution"), _OP_CODE)).alias("v"),
+        F.when(~is_op, F.col("store_ts")).alias("half_at"),
+    )
+    per_half = (
+        local_rows.unionByName(broker_rows)
+        .repartition("transaction_id")  # the two groupings below share this one shuffle
+        .groupBy("transaction_id", "half_offset")
+        .agg(
+            F.max("local").alias("local"),
+            F.min("local_at").alias("local_at"),
+            F.max("v").alias("v"),
+            F.min("half_at").alias("half_at"),
+        )
+        .select(
+            "transaction_id",
+            "local",
+            "local_at",
+            "half_at",
+            (
+                F.when(F.col("v").isNotNull(), F.col("v") % 8).when(
+                    F.col("half_at").isNotNull(), _RANK["PENDING"]
+                )
+                * (1 << _OFFSET_BITS)
+                + F.col("half_offset")
+            ).alias("best"),
+        )
     )
     tx = (
-        local.join(per_tx, "transaction_id", "full_outer")
-        .withColumn("at", F.coalesce("local_at", "half_at"))
-        .withColumn("broker_state", _map(F.col("rank"), {v: k for k, v in _RANK.items()}))
-        .where(_in_window(F.col("at"), since, until))
+        per_half.groupBy("transaction_id")
+        .agg(
+            F.max("local").alias("local"),
+            F.min("local_at").alias("local_at"),
+            F.min("half_at").alias("half_at"),
+            F.max("best").alias("best"),
+        )
+        .select(
+            "transaction_id",
+            "local",
+            F.coalesce("local_at", "half_at").alias("at"),
+            F.shiftright("best", _OFFSET_BITS).cast("int").alias("rank"),
+            (F.col("best").bitwiseAND(F.lit(_OFFSET_MASK))).alias("half_offset"),
+        )
     )
-    committed_locally = F.col("local_state") == "COMMITTED"
-    state = F.col("broker_state")
+    tx = counted(tx, "transactions", window(F.col("at")))
+    committed_locally = F.col("local") == _LOCAL_COMMITTED
+    rank = F.col("rank")
     kind = (
         F.when(
             committed_locally
             & (
-                state.isNull()
-                | (state == "ROLLED_BACK")
-                | ((state == "PENDING") & (F.col("at") < cutoff))
+                rank.isNull()
+                | (rank == _RANK["ROLLED_BACK"])
+                | ((rank == _RANK["PENDING"]) & (F.col("at") < cutoff))
             ),
             "lost",
         )
-        .when((state == "COMMITTED") & ~F.coalesce(committed_locally, F.lit(False)), "phantom")
-        .when(state == "PARKED", "parked")
+        .when(
+            (rank == _RANK["COMMITTED"]) & ~F.coalesce(committed_locally, F.lit(False)), "phantom"
+        )
+        .when(rank == _RANK["PARKED"], "parked")
     )
-    candidates = keep(tx.withColumn("class", kind).where(F.col("class").isNotNull()))
-    txa = keep(_with_half(candidates, halves))
+    candidates = keep(
+        tx.withColumn("class", kind).where(F.col("class").isNotNull() & window(F.col("at")))
+    )
+    # their strings: the best half's (else its op record's) and the log row's
+    half_attrs = _first(
+        store.where(F.col("kind").isin("half", "op"))
+        .join(F.broadcast(candidates.select("half_offset")), "half_offset", "left_semi")
+        .select(
+            "half_offset",
+            F.col("group").alias("pgroup"),
+            "msg_id",
+            "topic",
+            "key",
+            (F.col("kind") == "op").alias("is_op"),
+        ),
+        "half_offset",
+        [F.col("is_op")],
+    ).drop("is_op")
+    local_attrs = _first(
+        _restrict(log, "transaction_id", candidates.select("transaction_id")).select(
+            "transaction_id",
+            F.col("producer_group").alias("lgroup"),
+            F.col("state").alias("local_state"),
+            "db",
+        ),
+        "transaction_id",
+        [F.col("db")],
+    )
+    txa = keep(
+        candidates.join(half_attrs, "half_offset", "left").join(
+            local_attrs, "transaction_id", "left"
+        )
+    )
     tx_cols = {
         "group": F.coalesce("lgroup", "pgroup"),
         "transaction_id": F.col("transaction_id"),
@@ -219,15 +320,15 @@ def classify(
         "topic": F.col("topic"),
         "key": F.col("key"),
         "local_state": F.coalesce("local_state", F.lit("NONE")),
-        "broker_state": F.coalesce("broker_state", F.lit("MISSING")),
-        "at": F.col("at"),
+        "broker_state": _map(rank, {v: k for k, v in _RANK.items()}, "MISSING"),
+        "at": F.timestamp_millis("at"),
         "db": F.col("db"),
     }
     lost = _shape(
         txa.where("class = 'lost'"),
         "lost",
-        detail=F.when(F.col("broker_state").isNull(), "the broker never got the half message")
-        .when(F.col("broker_state") == "ROLLED_BACK", "the broker rolled the message back")
+        detail=F.when(rank.isNull(), "the broker never got the half message")
+        .when(rank == _RANK["ROLLED_BACK"], "the broker rolled the message back")
         .otherwise("the half message is still undecided after the SLA"),
         **tx_cols,
     )
@@ -248,11 +349,134 @@ def classify(
         **tx_cols,
     )
 
-    # -- outbox rows ------------------------------------------------------------------------
-    stored = store.where("kind = 'message'")
-    lost_outbox = outbox.where(
-        _in_window(F.col("created_at"), since, until) & (F.col("created_at") < cutoff)
-    ).join(stored.select("msg_id"), "msg_id", "left_anti")
+    # -- messages: their tokens (id and keys) joined to the consumed keys once --------------
+    messages = store.where(F.col("kind") == "message")
+    done = consumed.where("state = 'done'")
+    matched = keep(
+        messages.select(
+            F.xxhash64("msg_id").alias("mh"),
+            F.xxhash64("key").alias("kh"),
+            "topic",
+            F.col("store_ts").alias("at"),
+            _tokens(messages).alias("token"),
+        )
+        .select("mh", "kh", "topic", "at", *[h.alias(f"t{i}") for i, h in enumerate(_h("token"))])
+        .join(
+            done.select(
+                F.col("consumer_group").alias("group"),
+                *[h.alias(f"t{i}") for i, h in enumerate(_h("key"))],
+            ),
+            ["t0", "t1"],
+        )
+        .select("mh", "kh", "t0", "group", "topic", "at")
+    )
+    if expect is None:
+        pairs = {(r[0], r[1]) for r in matched.select("group", "topic").distinct().collect()}
+    else:
+        pairs = set(expect)
+    expected = sorted(pairs)
+    bit = {g: 1 << i for i, g in enumerate(sorted({g for g, _ in pairs}))}
+    if len(bit) > 62:
+        raise ValueError(f"at most 62 expected consumer groups, not {len(bit)}")
+    need: dict[str, int] = {}
+    for g, t in pairs:
+        need[t] = need.get(t, 0) | bit[g]
+
+    # one row per message: stored? dead-lettered? an outbox row? which expected groups
+    # consumed it?  Only the ones with something wrong are kept.
+    zero = F.lit(0)
+
+    def msg_rows(df: DataFrame, **cols: Column) -> DataFrame:
+        base = {
+            "mh": F.xxhash64("msg_id"),
+            "at": null_long,
+            "need": zero.cast("long"),
+            "got": zero.cast("long"),
+            "stored": zero,
+            "dlq": zero,
+            "outbox_at": null_long,
+        }
+        return df.select(*[c.alias(n) for n, c in (base | cols).items()])
+
+    outbox_rows = counted(
+        msg_rows(outbox, outbox_at=F.unix_millis("created_at")),
+        "outbox_rows",
+        window(F.col("outbox_at")),
+    )
+    per_msg = (
+        msg_rows(
+            messages,
+            at=F.col("store_ts"),
+            need=_map(F.col("topic"), need, 0).cast("long"),
+            stored=F.lit(1),
+        )
+        .unionByName(
+            matched.select(
+                "mh",
+                null_long.alias("at"),
+                zero.cast("long").alias("need"),
+                _map(F.col("group"), bit, 0).cast("long").alias("got"),
+                zero.alias("stored"),
+                zero.alias("dlq"),
+                null_long.alias("outbox_at"),
+            )
+        )
+        .unionByName(msg_rows(store.where(F.col("kind") == "dlq"), dlq=F.lit(1)))
+        .unionByName(outbox_rows)
+        .groupBy("mh")
+        .agg(
+            F.min("at").alias("at"),
+            F.max("need").alias("need"),
+            F.bit_or("got").alias("got"),
+            F.max("stored").alias("stored"),
+            F.max("dlq").alias("dlq"),
+            F.min("outbox_at").alias("outbox_at"),
+        )
+    )
+    stored_in_window = (F.col("stored") == 1) & window(F.col("at"))
+    per_msg = counted(per_msg, "messages", stored_in_window)
+    missing = F.col("need").bitwiseAND(F.bitwise_not("got"))
+    is_late = stored_in_window & (F.col("at") < cutoff) & (F.col("dlq") == 0) & (missing != 0)
+    never_sent = (
+        (F.col("stored") == 0)
+        & F.col("outbox_at").isNotNull()
+        & window(F.col("outbox_at"))
+        & (F.col("outbox_at") < cutoff)
+    )
+    flagged = keep(per_msg.where(is_late | never_sent))
+    late = flagged.where(is_late).select(
+        "mh",
+        "at",
+        F.explode(
+            F.filter(
+                F.array(*[F.when(missing.bitwiseAND(b) != 0, F.lit(g)) for g, b in bit.items()]),
+                lambda g: g.isNotNull(),
+            )
+            if bit
+            else F.array().cast("array<string>")
+        ).alias("group"),
+    )
+    msg_attrs = _first(
+        messages.select(F.xxhash64("msg_id").alias("mh"), "msg_id", "topic", "key").join(
+            F.broadcast(late.select("mh").distinct()), "mh", "left_semi"
+        ),
+        "mh",
+        [F.col("msg_id")],
+    )
+    unconsumed = _shape(
+        late.join(msg_attrs, "mh"),
+        "unconsumed",
+        group=F.col("group"),
+        msg_id=F.col("msg_id"),
+        topic=F.col("topic"),
+        key=F.col("key"),
+        at=F.timestamp_millis("at"),
+        broker_state=F.lit("COMMITTED"),
+        detail=F.lit("no consumed key after the SLA"),
+    )
+    lost_outbox = outbox.withColumn("mh", F.xxhash64("msg_id")).join(
+        F.broadcast(flagged.where(never_sent).select("mh")), "mh", "left_semi"
+    )
     lost = lost.unionByName(
         _shape(
             lost_outbox,
@@ -273,68 +497,34 @@ def classify(
         )
     )
 
-    # -- committed messages and their consumption -------------------------------------------
-    # A message stored twice (a retried send) is here twice; the outputs drop the repeats.
-    committed = keep(
-        halves.where(F.col("rank") == _RANK["COMMITTED"])
-        .select("msg_id", "topic", "key", "keys", _ts(F.col("op_ts")).alias("at"))
-        .unionByName(
-            stored.select("msg_id", "topic", "key", "keys", _ts(F.col("store_ts")).alias("at"))
-        )
+    # -- duplicates: an event applied by a group under more than one consumed key -----------
+    twice = keep(
+        matched.where(window(F.col("at")))
+        .groupBy("group", "kh")
+        .agg(F.min("t0").alias("lo"), F.max("t0").alias("hi"))
+        .where(F.col("lo") != F.col("hi"))
+        .select("group", "kh")
     )
-    tokens = committed.select(
-        "msg_id",
-        F.explode(
-            F.array_distinct(
-                F.concat(
-                    F.array("msg_id"),
-                    F.coalesce(F.split("keys", " "), F.array().cast("array<string>")),
-                )
-            )
-        ).alias("token"),
+    # their strings: the messages of those events and the consumed keys that matched them
+    dup_msgs = messages.withColumn("kh", F.xxhash64("key")).join(
+        F.broadcast(twice.select("kh").distinct()), "kh", "left_semi"
     )
-    done = consumed.where("state = 'done'").select(
+    dup_tokens = keep(
+        dup_msgs.select(
+            "kh",
+            "msg_id",
+            "topic",
+            "key",
+            F.col("store_ts").alias("at"),
+            _tokens(dup_msgs).alias("token"),
+        ).where(window(F.col("at")))
+    )
+    dup_done = _restrict(done, "key", dup_tokens.select("token")).select(
         F.col("consumer_group").alias("group"), F.col("key").alias("token"), "db"
     )
-    matched = keep(tokens.join(done, "token").select("msg_id", "group", "token", "db"))
-    if expect is None:
-        expected = (
-            matched.join(committed.select("msg_id", "topic"), "msg_id")
-            .select("group", "topic")
-            .distinct()
-        )
-    else:
-        expected = spark.createDataFrame(sorted(set(expect)), "group string, topic string")
-    expected = keep(expected)
-    dlq = store.where("kind = 'dlq'")
-    in_window = committed.where(_in_window(F.col("at"), since, until))
-    unconsumed = (
-        in_window.where(F.col("at") < cutoff)
-        .join(F.broadcast(expected), "topic")
-        .join(matched.select("msg_id", "group"), ["msg_id", "group"], "left_anti")
-        .join(dlq.select("msg_id"), "msg_id", "left_anti")
-        .dropDuplicates(["msg_id", "group"])
-    )
-    unconsumed_df = _shape(
-        unconsumed,
-        "unconsumed",
-        **_message_cols(
-            broker_state=F.lit("COMMITTED"), detail=F.lit("no consumed key after the SLA")
-        ),
-    )
-    # duplicates: count the distinct consumed keys of each (group, event key) with a hash
-    # aggregate first; only the events applied more than once get their details collected
-    applied_by = keep(matched.join(in_window.select("msg_id", "key", "topic", "at"), "msg_id"))
-    twice = (
-        applied_by.select("group", "key", "token")
-        .distinct()
-        .groupBy("group", "key")
-        .count()
-        .where("count > 1")
-        .select("group", "key")
-    )
     applied = (
-        applied_by.join(twice, ["group", "key"], "left_semi")
+        dup_tokens.join(F.broadcast(dup_done), "token")
+        .join(F.broadcast(twice), ["group", "kh"], "left_semi")
         .groupBy("group", "key")
         .agg(
             F.countDistinct("token").alias("n"),
@@ -344,67 +534,77 @@ def classify(
             F.min("at").alias("at"),
             F.first("db").alias("db"),
         )
+        .where("n > 1")  # not two keys that share a hash
     )
     duplicate = _shape(
         applied,
         "duplicate",
-        **_message_cols(
-            broker_state=F.lit("COMMITTED"),
-            detail=F.concat(
-                F.lit("applied "),
-                F.col("n").cast("string"),
-                F.lit(" times, as "),
-                F.concat_ws(", ", "tokens"),
-            ),
-            db=F.col("db"),
+        group=F.col("group"),
+        msg_id=F.col("msg_id"),
+        topic=F.col("topic"),
+        key=F.col("key"),
+        at=F.timestamp_millis("at"),
+        broker_state=F.lit("COMMITTED"),
+        detail=F.concat(
+            F.lit("applied "),
+            F.col("n").cast("string"),
+            F.lit(" times, as "),
+            F.concat_ws(", ", "tokens"),
         ),
+        db=F.col("db"),
     )
+
+    # -- dead letters and retries (few rows) ------------------------------------------------
     letters = keep(
-        dlq.where(_in_window(_ts(F.col("store_ts")), since, until))
+        store.where((F.col("kind") == "dlq") & window(F.col("store_ts")))
         .groupBy("group", "msg_id")
         .agg(
             F.first("topic").alias("topic"),
             F.first("key").alias("key"),
             F.max("reconsume_times").alias("times"),
-            _ts(F.max("store_ts")).alias("at"),
+            F.max("store_ts").alias("at"),
         )
+        .withColumn("mh", F.xxhash64("msg_id"))
     )
     # consumed since by a group that expects its topic (the original topic is on the copy)
+    expected_df = spark.createDataFrame(expected, "group string, topic string")
     consumed_since = (
-        matched.join(letters.select("msg_id", "topic").distinct(), "msg_id")
-        .join(F.broadcast(expected), ["group", "topic"])
-        .select("msg_id")
+        matched.join(F.broadcast(letters.select("mh").distinct()), "mh", "left_semi")
+        .join(F.broadcast(expected_df), ["group", "topic"], "left_semi")
+        .select("mh")
     )
-    dead = letters.join(consumed_since, "msg_id", "left_anti")
+    dead = letters.join(consumed_since, "mh", "left_anti")
     dead_lettered = _shape(
         dead,
         "dead_lettered",
-        **_message_cols(
-            broker_state=F.lit("DLQ"),
-            detail=F.concat(
-                F.lit("dead-lettered after "), F.col("times").cast("string"), F.lit(" deliveries")
-            ),
+        group=F.col("group"),
+        msg_id=F.col("msg_id"),
+        topic=F.col("topic"),
+        key=F.col("key"),
+        at=F.timestamp_millis("at"),
+        broker_state=F.lit("DLQ"),
+        detail=F.concat(
+            F.lit("dead-lettered after "), F.col("times").cast("string"), F.lit(" deliveries")
         ),
     )
-    retrying = (
-        store.where("kind = 'retry'")
-        .select("group", "msg_id")
+    retry = keep(
+        store.where(F.col("kind") == "retry")
+        .select("group", "msg_id", F.xxhash64("msg_id").alias("mh"))
         .distinct()
-        .join(matched.select("msg_id"), "msg_id", "left_anti")
     )
+    retrying = retry.join(
+        matched.join(F.broadcast(retry.select("mh")), "mh", "left_semi").select("mh"),
+        "mh",
+        "left_anti",
+    )
+    retrying = counted(retrying, "retrying", F.lit(True))
+    retrying.collect()
     anomalies = {
         "lost": lost,
         "phantom": phantom,
-        "unconsumed": unconsumed_df,
+        "unconsumed": unconsumed,
         "duplicate": duplicate,
         "parked": parked,
         "dead_lettered": dead_lettered,
     }
-    facts = {
-        "transactions": tx,
-        "outbox": outbox.where(_in_window(F.col("created_at"), since, until)),
-        "messages": in_window.select("msg_id").distinct(),
-        "retrying": retrying,
-        "expected": expected,
-    }
-    return anomalies, facts, cached
+    return anomalies, Facts(observations, expected), cached

@@ -275,7 +275,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     from pyspark.sql import functions as F
 
     from spark.classify import CLASSES, classify
-    from spark.sources import read_store, read_table
+    from spark.sources import log_groups, read_store, read_table
     from spark.store_source import segments
 
     started = time.perf_counter()
@@ -292,7 +292,9 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     margin = opts.sla
     since_read = opts.since - margin if opts.since else None
     until_read = opts.until + margin if opts.until else None
-    store = read_store(spark, opts.store, int(since_read.timestamp() * 1000) if since_read else 0)
+    decoded: list[Any] = []
+    since_ms = int(since_read.timestamp() * 1000) if since_read else 0
+    store = read_store(spark, opts.store, since_ms, cached=decoded)
     tables = {}
     for kind in ("log", "outbox", "consumed"):
         # a message of the window may be consumed any time later: no upper bound there
@@ -301,8 +303,9 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             read_table(spark, db, kind, since=since_read, until=until, partitions=opts.partitions)
             for db in opts.dbs
         ]
-        df = _union(frames)
-        tables[kind] = df if kind == "consumed" else df.cache()  # read twice: keep them
+        # not cached: Spark reads only the columns each use needs (and the rows, where
+        # the details of the few anomalies are looked up)
+        tables[kind] = _union(frames)
     anomalies, facts, cached = classify(
         spark,
         store,
@@ -314,7 +317,9 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         since=opts.since,
         until=opts.until,
         expect=opts.expect,
-        producer_groups=opts.producer_groups,
+        producer_groups=set(opts.producer_groups).union(
+            *(log_groups(db, since_read, until_read) for db in opts.dbs)
+        ),
     )
     everything = (
         _union([anomalies[c] for c in CLASSES]).repartition(1).cache()
@@ -337,20 +342,16 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             if counts[c]
             else []
         )
-    tx_count = facts["transactions"].count()
-    fact_values = {
-        "transactions": tx_count,
-        "outbox_rows": facts["outbox"].count(),
-        "messages": facts["messages"].count(),
-        "retrying": facts["retrying"].count(),
-        "expected": sorted((r["group"], r["topic"]) for r in facts["expected"].collect()),
+    fact_values: dict[str, Any] = {
+        **facts.counts(),
+        "expected": facts.expected,
         "window": f"{opts.since.isoformat() if opts.since else 'beginning'} .. "
         f"{opts.until.isoformat() if opts.until else 'end'}",
         "sla": str(opts.sla),
         "now": now.isoformat(timespec="seconds"),
         "master": spark.sparkContext.master,
     }
-    for df in [everything, *cached, tables["log"], tables["outbox"]]:
+    for df in [everything, *cached, *decoded]:
         df.unpersist()
     result = Result(counts, examples, fact_values, str(out), time.perf_counter() - started)
     out.mkdir(parents=True, exist_ok=True)

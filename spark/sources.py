@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -20,9 +21,18 @@ from sqlalchemy import create_engine, inspect, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from spark.store_source import NAME, StoreDataSource
+from broker.store.export import valid_export
+from spark.store_source import NAME, SCHEMA, StoreDataSource, segments
 
-__all__ = ["TABLES", "DatabaseUnreachable", "Table", "jdbc_url", "read_store", "read_table"]
+__all__ = [
+    "TABLES",
+    "DatabaseUnreachable",
+    "Table",
+    "jdbc_url",
+    "log_groups",
+    "read_store",
+    "read_table",
+]
 
 
 class DatabaseUnreachable(RuntimeError):
@@ -154,6 +164,28 @@ def read_table(
     return _with_db(df.selectExpr(*[f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]), u)
 
 
+def log_groups(db: str, since: datetime | None = None, until: datetime | None = None) -> set[str]:
+    """The producer groups in database ``db``'s transaction log (within the window): the
+    groups whose transactions the run can check.  One query, in the database."""
+    table = TABLES["log"]
+    u = make_url(db)
+    where = _where(table, since, until, u.get_backend_name() == "postgresql")
+    try:
+        engine = create_engine(u)
+        try:
+            with engine.connect() as conn:
+                if not inspect(conn).has_table(table.name):
+                    return set()
+                q = text(f"SELECT DISTINCT producer_group FROM {table.name} WHERE {where}")
+                return {r[0] for r in conn.execute(q)}
+        finally:
+            engine.dispose()
+    except SQLAlchemyError as exc:
+        raise DatabaseUnreachable(
+            f"cannot read {table.name} from {u.render_as_string()}: {exc}"
+        ) from exc
+
+
 def _types(table: Table) -> list[tuple[str, str]]:
     """(name, Spark type) of each column read."""
     return [(c.split(" ")[0], c.split(" ")[1]) for c in table.columns.split(", ")]
@@ -174,7 +206,32 @@ def _with_db(df: DataFrame, u: URL) -> DataFrame:
     return df.withColumn("db", F.lit(u.render_as_string(hide_password=True)))
 
 
-def read_store(spark: SparkSession, store: str, since_ms: int = 0) -> DataFrame:
-    """The broker store's transaction records (see :mod:`spark.store_source`)."""
+def read_store(
+    spark: SparkSession, store: str, since_ms: int = 0, cached: list[DataFrame] | None = None
+) -> DataFrame:
+    """The broker store's transaction records (see :mod:`broker.store.export`): the Parquet
+    exports of sealed segments where the broker has written them, the other segments
+    decoded by the ``txmq-store`` data source.  With ``cached``, the decoded rows are
+    cached (and added to it: the caller unpersists them), as the job reads the rows more
+    than once and decoding is the expensive part."""
+    from pyspark.sql import functions as F
+
     spark.dataSource.register(StoreDataSource)
-    return spark.read.format(NAME).option("since_ms", str(since_ms)).load(store)
+    parts = segments(store, since_ms)
+    exports = {p.path: valid_export(store, p.path) for p in parts if not p.last}
+    decode = [Path(p.path).name for p in parts if exports.get(p.path) is None]
+    decoded = (
+        spark.read.format(NAME)
+        .option("since_ms", str(since_ms))
+        .option("segments", ",".join(decode))
+        .load(store)
+    )
+    if cached is not None and decode:
+        cached.append(decoded.cache())
+    files = [str(e) for e in exports.values() if e is not None]
+    if not files:
+        return decoded
+    exported = spark.read.schema(SCHEMA).parquet(*files)
+    if since_ms:
+        exported = exported.where(F.col("store_ts") >= since_ms)
+    return exported.unionByName(decoded)
