@@ -112,6 +112,12 @@ def _map(col: Column, mapping: dict[Any, Any], default: Any = None) -> Column:
     return F.lit(default) if out is F else out.otherwise(F.lit(default))
 
 
+def _message_cols(**more: Column) -> dict[str, Column]:
+    """The columns of a row about one message (group, id, topic, key, time), and ``more``."""
+    cols = {n: F.col(n) for n in ("group", "msg_id", "topic", "key")}
+    return cols | {"at": F.timestamp_millis("at")} | more
+
+
 def _h(col: str | Column) -> list[Column]:
     """A string as two hashes (96 bits together): what the big joins and groupings use."""
     return [F.xxhash64(col), F.hash(col)]
@@ -466,13 +472,9 @@ def classify(
     unconsumed = _shape(
         late.join(msg_attrs, "mh"),
         "unconsumed",
-        group=F.col("group"),
-        msg_id=F.col("msg_id"),
-        topic=F.col("topic"),
-        key=F.col("key"),
-        at=F.timestamp_millis("at"),
-        broker_state=F.lit("COMMITTED"),
-        detail=F.lit("no consumed key after the SLA"),
+        **_message_cols(
+            broker_state=F.lit("COMMITTED"), detail=F.lit("no consumed key after the SLA")
+        ),
     )
     lost_outbox = outbox.withColumn("mh", F.xxhash64("msg_id")).join(
         F.broadcast(flagged.where(never_sent).select("mh")), "mh", "left_semi"
@@ -539,19 +541,16 @@ def classify(
     duplicate = _shape(
         applied,
         "duplicate",
-        group=F.col("group"),
-        msg_id=F.col("msg_id"),
-        topic=F.col("topic"),
-        key=F.col("key"),
-        at=F.timestamp_millis("at"),
-        broker_state=F.lit("COMMITTED"),
-        detail=F.concat(
-            F.lit("applied "),
-            F.col("n").cast("string"),
-            F.lit(" times, as "),
-            F.concat_ws(", ", "tokens"),
+        **_message_cols(
+            broker_state=F.lit("COMMITTED"),
+            detail=F.concat(
+                F.lit("applied "),
+                F.col("n").cast("string"),
+                F.lit(" times, as "),
+                F.concat_ws(", ", "tokens"),
+            ),
+            db=F.col("db"),
         ),
-        db=F.col("db"),
     )
 
     # -- dead letters and retries (few rows) ------------------------------------------------
@@ -577,14 +576,11 @@ def classify(
     dead_lettered = _shape(
         dead,
         "dead_lettered",
-        group=F.col("group"),
-        msg_id=F.col("msg_id"),
-        topic=F.col("topic"),
-        key=F.col("key"),
-        at=F.timestamp_millis("at"),
-        broker_state=F.lit("DLQ"),
-        detail=F.concat(
-            F.lit("dead-lettered after "), F.col("times").cast("string"), F.lit(" deliveries")
+        **_message_cols(
+            broker_state=F.lit("DLQ"),
+            detail=F.concat(
+                F.lit("dead-lettered after "), F.col("times").cast("string"), F.lit(" deliveries")
+            ),
         ),
     )
     retry = keep(

@@ -10,7 +10,8 @@ their SQLAlchemy URLs, as everywhere else in txmq.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from sqlalchemy import create_engine, inspect, make_url, text
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from broker.store.export import valid_export
@@ -116,31 +117,22 @@ def read_table(
     u = make_url(db)
     pg = u.get_backend_name() == "postgresql"
     where = _where(table, since, until, pg)
-    try:
-        engine = create_engine(u)
-        try:
-            with engine.connect() as conn:
-                if not inspect(conn).has_table(table.name):
-                    return _with_db(spark.createDataFrame([], table.columns), u)
-                lo, hi = conn.execute(
-                    text(
-                        f"SELECT min({table.split_column}), max({table.split_column}) "
-                        f"FROM {table.name} WHERE {where}"
-                    )
-                ).one()
-                rows = (
-                    None
-                    if pg
-                    else conn.execute(
-                        text(f"SELECT {', '.join(names)} FROM {table.name} WHERE {where}")
-                    ).all()
-                )
-        finally:
-            engine.dispose()
-    except SQLAlchemyError as exc:
-        raise DatabaseUnreachable(
-            f"cannot read {table.name} from {u.render_as_string()}: {exc}"
-        ) from exc
+    with _connected(u, table) as conn:
+        if not inspect(conn).has_table(table.name):
+            return _with_db(spark.createDataFrame([], table.columns), u)
+        lo, hi = conn.execute(
+            text(
+                f"SELECT min({table.split_column}), max({table.split_column}) "
+                f"FROM {table.name} WHERE {where}"
+            )
+        ).one()
+        rows = (
+            None
+            if pg
+            else conn.execute(
+                text(f"SELECT {', '.join(names)} FROM {table.name} WHERE {where}")
+            ).all()
+        )
     if rows is not None:  # SQLite: small, read on the driver
         return _with_db(
             spark.createDataFrame([_sqlite_row(r, names) for r in rows], table.columns), u
@@ -170,14 +162,21 @@ def log_groups(db: str, since: datetime | None = None, until: datetime | None = 
     table = TABLES["log"]
     u = make_url(db)
     where = _where(table, since, until, u.get_backend_name() == "postgresql")
+    with _connected(u, table) as conn:
+        if not inspect(conn).has_table(table.name):
+            return set()
+        q = text(f"SELECT DISTINCT producer_group FROM {table.name} WHERE {where}")
+        return {r[0] for r in conn.execute(q)}
+
+
+@contextmanager
+def _connected(u: URL, table: Table) -> Iterator[Connection]:
+    """A short connection to ``u``; any database error is :class:`DatabaseUnreachable`."""
     try:
         engine = create_engine(u)
         try:
             with engine.connect() as conn:
-                if not inspect(conn).has_table(table.name):
-                    return set()
-                q = text(f"SELECT DISTINCT producer_group FROM {table.name} WHERE {where}")
-                return {r[0] for r in conn.execute(q)}
+                yield conn
         finally:
             engine.dispose()
     except SQLAlchemyError as exc:
