@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -162,7 +163,7 @@ class Facts:
         for name, (obs, df) in self.observations.items():
             try:
                 out[name] = int(obs.get["n"] or 0)
-            except Exception:  # a pass over empty input may have been skipped, metric and all
+            except Py4JError:  # a pass over empty input may have been skipped, metric and all
                 out[name] = int(df.count())
         return out
 
