@@ -32,11 +32,22 @@ from txmq.codec import (
 
 from .types import NAME_WIDTH, StoreError
 
-__all__ = ["CommitLog", "Scanner", "Segment", "fsync_dir"]
+__all__ = ["CommitLog", "Scanner", "Segment", "fsync_dir", "is_segment_name", "segment_paths"]
 
 log = logging.getLogger("txmq.broker.store")
 
 _SCAN_CHUNK = 4 * 1024 * 1024
+
+
+def is_segment_name(name: str) -> bool:
+    """Whether ``name`` names a segment file: its start offset, zero-padded."""
+    return len(name) == NAME_WIDTH and name.isdigit()
+
+
+def segment_paths(directory: Path) -> list[Path]:
+    """The segment files in a commit-log ``directory``, oldest first (FileNotFoundError if
+    there is no such directory)."""
+    return sorted(p for p in directory.iterdir() if is_segment_name(p.name))
 
 
 def fsync_dir(path: Path) -> None:
@@ -110,7 +121,7 @@ class CommitLog:
         segs: dict[int, Segment] = {}
         for path in sorted(self.dir.iterdir()):
             name = path.name
-            if len(name) != NAME_WIDTH or not name.isdigit():
+            if not is_segment_name(name):
                 log.warning("commit log: ignoring unexpected file %s", path)
                 continue
             start = int(name)

@@ -1,12 +1,12 @@
 """The transaction records of commit-log segments as Arrow rows, and their Parquet export.
 
 Reconciliation (``spark/``) needs, for every transaction, the half message, its op records,
-the committed message, and the retry and dead-letter copies.  :func:`scan_segment` decodes one
-segment file into rows of :data:`ARROW` (one pass of Python per record, every CRC checked).
-Since a sealed segment never changes, the broker exports each one once, after it rolls to
-the next, as ``<store>/export/<segment name>.parquet`` (:func:`export_store`, run in a child
-process, ``python -m broker.store.export STORE``); the job then reads Parquet for the sealed
-segments and decodes only the newest one itself.
+the committed message, and the retry and dead-letter copies.  :func:`scan_segment` decodes
+one segment file into rows of :func:`arrow_schema` (one pass of Python per record, every CRC
+checked).  Since a sealed segment never changes, the broker exports each one once, after it
+rolls to the next, as ``<store>/export/<segment name>.parquet`` (:func:`export_store`, run in
+a child process, ``python -m broker.store.export STORE``); the job then reads Parquet for the
+sealed segments and decodes only the newest one itself.
 
 ========  ==================================================================================
 kind      what the row is
@@ -46,6 +46,7 @@ from typing import Any
 import msgpack
 
 from broker.consumers import dlq_topic, retry_topic
+from broker.store.commitlog import segment_paths
 from broker.store.exporting import EXPORT_DIR, export_file
 from broker.transaction import HALF_TOPIC, OP_TOPIC
 from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX
@@ -120,7 +121,7 @@ def segment_files(root: str | Path) -> list[Path]:
     folder = Path(root) / "commitlog"
     if not folder.is_dir():
         raise StoreUnreadable(f"{root} is not a txmq broker store (no commitlog folder)")
-    return sorted(p for p in folder.iterdir() if p.name.isdigit())
+    return segment_paths(folder)
 
 
 def export_path(root: str | Path, segment: str | Path) -> Path:

@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from .commitlog import segment_paths
+
 __all__ = ["SegmentExporter", "export_file", "pyarrow_installed"]
 
 log = logging.getLogger("txmq.broker.store")
@@ -114,7 +116,7 @@ class SegmentExporter:
     def _has_work(self) -> bool:
         """False when there is certainly nothing to do: no sealed segment, no export."""
         try:
-            segments = [p for p in (self._root / "commitlog").iterdir() if p.name.isdigit()]
+            segments = segment_paths(self._root / "commitlog")
         except FileNotFoundError:
             return False
         if len(segments) > 1:
