@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -47,7 +48,7 @@ EXAMPLES = 5
 
 
 class BadOption(ValueError):
-    pass
+    """An option, or what it asks of the data, the job cannot do: exit code 2."""
 
 
 @dataclass(frozen=True)
@@ -260,10 +261,28 @@ class Result:
         return "\n".join(lines)
 
 
-def _safe(url: str) -> str:
-    from sqlalchemy import make_url
+def _examples(rows: Any, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` anomaly rows (by time, then ids), as dicts of plain values."""
+    first = rows.sort_values(["at", "msg_id", "transaction_id"], na_position="first").head(n)
+    out = []
+    for r in first.drop(columns="anomaly").to_dict("records"):
+        at = r["at"]
+        r["at"] = None if at is None or at != at else at.tz_convert(None).to_pydatetime()
+        out.append(r)
+    return out
 
-    return make_url(url).render_as_string(hide_password=True)
+
+def _write(rows: Any, folder: Path) -> None:
+    """One anomaly table: ``folder`` as a Parquet table of one file (replaced)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    from spark.details import SCHEMA
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    table = pa.Table.from_pandas(rows[SCHEMA.names], schema=SCHEMA, preserve_index=False)
+    pq.write_table(table, folder / "part-00000.parquet")
 
 
 def _union(frames: Sequence[Any]) -> Any:
@@ -272,87 +291,77 @@ def _union(frames: Sequence[Any]) -> Any:
 
 def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
-    from pyspark.sql import functions as F
-
     from spark.classify import CLASSES, classify
-    from spark.sources import log_groups, read_store, read_table
+    from spark.common import Run
+    from spark.sources import Database, read_store
     from spark.store_source import segments
 
     started = time.perf_counter()
     segments(opts.store)  # clear errors before any Spark work
-    pg = [db for db in opts.dbs if db.startswith("postgresql")]
+    dbs = [Database(url) for url in opts.dbs]
+    pg = [db for db in dbs if db.pg]
     if pg and spark is None and not Path(opts.jdbc_jar).is_file():
         raise BadOption(
-            f"no PostgreSQL JDBC driver at {opts.jdbc_jar} (for {_safe(pg[0])}): install Debian's "
+            f"no PostgreSQL JDBC driver at {opts.jdbc_jar} (for {pg[0].name}): install Debian's "
             "libpostgresql-jdbc-java, or name the jar with --jdbc-jar / TXMQ_JDBC_JAR"
         )
     now = opts.now or datetime.now(UTC)
-    if spark is None:
-        spark = session(opts.master, opts.jdbc_jar, **dict(opts.conf))
     margin = opts.sla
     since_read = opts.since - margin if opts.since else None
     until_read = opts.until + margin if opts.until else None
-    decoded: list[Any] = []
-    since_ms = int(since_read.timestamp() * 1000) if since_read else 0
-    store = read_store(spark, opts.store, since_ms, cached=decoded)
-    tables = {}
-    for kind in ("log", "outbox", "consumed"):
-        # a message of the window may be consumed any time later: no upper bound there
-        until = None if kind == "consumed" else until_read
-        frames = [
-            read_table(spark, db, kind, since=since_read, until=until, partitions=opts.partitions)
-            for db in opts.dbs
-        ]
-        # not cached: Spark reads only the columns each use needs (and the rows, where
-        # the details of the few anomalies are looked up)
-        tables[kind] = _union(frames)
-    anomalies, facts, cached = classify(
-        spark,
-        store,
-        tables["log"],
-        tables["outbox"],
-        tables["consumed"],
-        now=now,
-        sla=opts.sla,
-        since=opts.since,
-        until=opts.until,
-        expect=opts.expect,
-        producer_groups=set(opts.producer_groups).union(
-            *(log_groups(db, since_read, until_read) for db in opts.dbs)
-        ),
-    )
-    everything = (
-        _union([anomalies[c] for c in CLASSES]).repartition(1).cache()
-    )  # few rows: one task per write
-    counts = {c: 0 for c in CLASSES}
-    for row in everything.groupBy("anomaly").count().collect():
-        counts[row["anomaly"]] = int(row["count"])
-    out = Path(opts.out)
-    examples: dict[str, list[dict[str, Any]]] = {}
-    for c in CLASSES:
-        rows = everything.where(F.col("anomaly") == c)
-        rows.drop("anomaly").write.mode("overwrite").parquet(str(out / c))
-        examples[c] = (
-            [
-                r.asDict()
-                for r in rows.orderBy("at", "msg_id", "transaction_id")
-                .limit(opts.examples)
-                .collect()
-            ]
-            if counts[c]
-            else []
+    try:
+        # the small queries first: an unreachable database is named before Spark starts
+        producer_groups = set(opts.producer_groups).union(
+            *(db.producer_groups(since_read, until_read) for db in dbs)
         )
-    fact_values: dict[str, Any] = {
-        **facts.counts(),
-        "expected": facts.expected,
-        "window": f"{opts.since.isoformat() if opts.since else 'beginning'} .. "
-        f"{opts.until.isoformat() if opts.until else 'end'}",
-        "sla": str(opts.sla),
-        "now": now.isoformat(timespec="seconds"),
-        "master": spark.sparkContext.master,
-    }
-    for df in [everything, *cached, *decoded]:
-        df.unpersist()
+        consumer_groups = set().union(*(db.consumer_groups() for db in dbs))
+        if spark is None:
+            spark = session(opts.master, opts.jdbc_jar, **dict(opts.conf))
+        run = Run(spark, now, opts.sla, opts.since, opts.until)
+        since_ms = int(since_read.timestamp() * 1000) if since_read else 0
+        with run.step("store"):  # the segments without an export are decoded (and cached)
+            store = read_store(spark, opts.store, since_ms, cached=run.cached)
+        tables = {}
+        for kind in ("log", "outbox", "consumed"):
+            # a message of the window may be consumed any time later: no upper bound there
+            until = None if kind == "consumed" else until_read
+            frames = [
+                db.read(spark, kind, since=since_read, until=until, partitions=opts.partitions)
+                for db in dbs
+            ]
+            # not cached: each pass reads them once, only the columns it needs
+            tables[kind] = _union(frames)
+        anomalies, facts = classify(
+            run,
+            store,
+            tables["log"],
+            tables["outbox"],
+            tables["consumed"],
+            dbs=dbs,
+            expect=opts.expect,
+            producer_groups=producer_groups,
+            consumer_groups=consumer_groups,
+        )
+        out = Path(opts.out)
+        with run.step("write"):
+            counts = {c: len(anomalies[c]) for c in CLASSES}
+            examples = {c: _examples(anomalies[c], opts.examples) for c in CLASSES}
+            for c in CLASSES:
+                _write(anomalies[c], out / c)
+        fact_values: dict[str, Any] = {
+            **facts.counts,
+            "expected": facts.expected,
+            "window": f"{opts.since.isoformat() if opts.since else 'beginning'} .. "
+            f"{opts.until.isoformat() if opts.until else 'end'}",
+            "sla": str(opts.sla),
+            "now": now.isoformat(timespec="seconds"),
+            "master": spark.sparkContext.master,
+            "seconds": run.seconds,
+        }
+        run.unpersist()
+    finally:
+        for db in dbs:
+            db.close()
     result = Result(counts, examples, fact_values, str(out), time.perf_counter() - started)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from sqlalchemy import create_engine, inspect, make_url, text
+from sqlalchemy import bindparam, create_engine, inspect, make_url, text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -27,13 +27,17 @@ from spark.store_source import NAME, SCHEMA, StoreDataSource, segments
 
 __all__ = [
     "TABLES",
+    "Database",
     "DatabaseUnreachable",
     "Table",
     "jdbc_url",
-    "log_groups",
     "read_store",
     "read_table",
 ]
+
+
+#: values per query when fetching rows by key
+_CHUNK = 10_000
 
 
 class DatabaseUnreachable(RuntimeError):
@@ -101,6 +105,150 @@ def _where(table: Table, since: datetime | None, until: datetime | None, pg: boo
     return " AND ".join(parts) or "1 = 1"
 
 
+class Database:
+    """One database named on the command line: its tables read as DataFrames, a few small
+    queries (groups, the rows of the few anomalies) through one SQLAlchemy engine, which
+    also turns an unreachable database into :class:`DatabaseUnreachable`."""
+
+    def __init__(self, url: str | URL) -> None:
+        self.url = make_url(url)
+        self.pg = self.url.get_backend_name() == "postgresql"
+        #: the URL without its password: the ``db`` column and messages show this
+        self.name = self.url.render_as_string(hide_password=True)
+        self._engine: Any = None
+        self._tables: set[str] | None = None
+
+    @contextmanager
+    def connect(self, what: str) -> Iterator[Connection]:
+        """A connection; any database error is :class:`DatabaseUnreachable` (``what`` says
+        what was being read)."""
+        try:
+            if self._engine is None:
+                self._engine = create_engine(self.url)
+            with self._engine.connect() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise DatabaseUnreachable(f"cannot read {what} from {self.name}: {exc}") from exc
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def has(self, kind: str) -> bool:
+        """Whether the database has txmq's table ``kind`` (a key of :data:`TABLES`)."""
+        if self._tables is None:
+            with self.connect(TABLES[kind].name) as conn:
+                self._tables = set(inspect(conn).get_table_names())
+        return TABLES[kind].name in self._tables
+
+    def read(
+        self,
+        spark: SparkSession,
+        kind: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        partitions: int = 2,
+    ) -> DataFrame:
+        """Table ``kind`` within the window, with a ``db`` column naming the database; empty
+        if the database does not have the table.  PostgreSQL: JDBC, ``partitions`` ranges of
+        an indexed column; SQLite: read here, on the driver."""
+        table = TABLES[kind]
+        names = [name for name, _ in _types(table)]
+        if not self.has(kind):
+            return self._with_db(spark.createDataFrame([], table.columns))
+        where = _where(table, since, until, self.pg)
+        with self.connect(table.name) as conn:
+            if not self.pg:  # SQLite: small, read on the driver
+                rows = conn.execute(
+                    text(f"SELECT {', '.join(names)} FROM {table.name} WHERE {where}")
+                ).all()
+                return self._with_db(
+                    spark.createDataFrame([_sqlite_row(r, names) for r in rows], table.columns)
+                )
+            lo, hi = conn.execute(
+                text(
+                    f"SELECT min({table.split_column}), max({table.split_column}) "
+                    f"FROM {table.name} WHERE {where}"
+                )
+            ).one()
+        url, props = jdbc_url(self.url)
+        query = f"(SELECT {', '.join(names)} FROM {table.name} WHERE {where}) AS t"
+        reader = spark.read.format("jdbc").option("url", url).option("dbtable", query)
+        reader = reader.option("fetchsize", "50000").options(**props)
+        if lo is not None and partitions > 1 and lo != hi:
+            if isinstance(lo, datetime):
+                lo_s = lo.isoformat(sep=" ")
+                hi_s = (hi + timedelta(microseconds=1)).isoformat(sep=" ")
+            else:
+                lo_s, hi_s = str(lo), str(int(hi) + 1)
+            reader = (
+                reader.option("partitionColumn", table.split_column)
+                .option("lowerBound", lo_s)
+                .option("upperBound", hi_s)
+                .option("numPartitions", str(partitions))
+            )
+        df = reader.load()
+        return self._with_db(df.selectExpr(*[f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]))
+
+    def producer_groups(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> set[str]:
+        """The producer groups in the transaction log (within the window): the groups whose
+        transactions the run can check."""
+        table = TABLES["log"]
+        if not self.has("log"):
+            return set()
+        where = _where(table, since, until, self.pg)
+        with self.connect(table.name) as conn:
+            q = text(f"SELECT DISTINCT producer_group FROM {table.name} WHERE {where}")
+            return {r[0] for r in conn.execute(q)}
+
+    def consumer_groups(self) -> set[str]:
+        """The consumer groups with consumed keys: one index probe per group (the primary key
+        starts with the group), not a scan of the keys."""
+        table = TABLES["consumed"].name
+        if not self.has("consumed"):
+            return set()
+        q = text(
+            f"WITH RECURSIVE g(v) AS (SELECT min(consumer_group) FROM {table} UNION ALL "
+            f"SELECT (SELECT min(consumer_group) FROM {table} WHERE consumer_group > g.v) "
+            "FROM g WHERE g.v IS NOT NULL) SELECT v FROM g WHERE v IS NOT NULL"
+        )
+        with self.connect(table) as conn:
+            return {r[0] for r in conn.execute(q)}
+
+    def fetch(
+        self, kind: str, where: dict[str, Sequence[Any]], extra: str = ""
+    ) -> list[tuple[Any, ...]]:
+        """The rows of table ``kind`` (its columns, then ``db``) whose columns hold one of the
+        values given for them in ``where`` (and meet ``extra``, SQL): the few rows of the
+        anomalies, by key, in chunks."""
+        table = TABLES[kind]
+        if not self.has(kind) or not all(where.values()):
+            return []
+        names = [name for name, _ in _types(table)]
+        (col, values), *fixed = sorted(where.items(), key=lambda kv: -len(kv[1]))
+        cond = " AND ".join(f"{c} IN :{c}" for c in [col, *(c for c, _ in fixed)])
+        q = text(
+            f"SELECT {', '.join(names)} FROM {table.name} WHERE {cond}"
+            + (f" AND {extra}" if extra else "")
+        ).bindparams(*(bindparam(c, expanding=True) for c in [col, *(c for c, _ in fixed)]))
+        out: list[tuple[Any, ...]] = []
+        values = list(values)
+        with self.connect(table.name) as conn:
+            for i in range(0, len(values), _CHUNK):
+                params = {col: values[i : i + _CHUNK], **{c: list(v) for c, v in fixed}}
+                out += [(*_sqlite_row(r, names), self.name) for r in conn.execute(q, params)]
+        return out
+
+    def _with_db(self, df: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        return df.withColumn("db", F.lit(self.name))
+
+
 def read_table(
     spark: SparkSession,
     db: str,
@@ -110,79 +258,12 @@ def read_table(
     until: datetime | None = None,
     partitions: int = 2,
 ) -> DataFrame:
-    """Table ``kind`` (a key of :data:`TABLES`) of database ``db``, within the window, with a
-    ``db`` column naming the database; empty if the database does not have the table."""
-    table = TABLES[kind]
-    names = [name for name, _ in _types(table)]
-    u = make_url(db)
-    pg = u.get_backend_name() == "postgresql"
-    where = _where(table, since, until, pg)
-    with _connected(u, table) as conn:
-        if not inspect(conn).has_table(table.name):
-            return _with_db(spark.createDataFrame([], table.columns), u)
-        lo, hi = conn.execute(
-            text(
-                f"SELECT min({table.split_column}), max({table.split_column}) "
-                f"FROM {table.name} WHERE {where}"
-            )
-        ).one()
-        rows = (
-            None
-            if pg
-            else conn.execute(
-                text(f"SELECT {', '.join(names)} FROM {table.name} WHERE {where}")
-            ).all()
-        )
-    if rows is not None:  # SQLite: small, read on the driver
-        return _with_db(
-            spark.createDataFrame([_sqlite_row(r, names) for r in rows], table.columns), u
-        )
-    url, props = jdbc_url(u)
-    query = f"(SELECT {', '.join(names)} FROM {table.name} WHERE {where}) AS t"
-    reader = spark.read.format("jdbc").option("url", url).option("dbtable", query)
-    reader = reader.option("fetchsize", "50000").options(**props)
-    if lo is not None and partitions > 1 and lo != hi:
-        if isinstance(lo, datetime):
-            lo_s, hi_s = lo.isoformat(sep=" "), (hi + timedelta(microseconds=1)).isoformat(sep=" ")
-        else:
-            lo_s, hi_s = str(lo), str(int(hi) + 1)
-        reader = (
-            reader.option("partitionColumn", table.split_column)
-            .option("lowerBound", lo_s)
-            .option("upperBound", hi_s)
-            .option("numPartitions", str(partitions))
-        )
-    df = reader.load()
-    return _with_db(df.selectExpr(*[f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]), u)
-
-
-def log_groups(db: str, since: datetime | None = None, until: datetime | None = None) -> set[str]:
-    """The producer groups in database ``db``'s transaction log (within the window): the
-    groups whose transactions the run can check.  One query, in the database."""
-    table = TABLES["log"]
-    u = make_url(db)
-    where = _where(table, since, until, u.get_backend_name() == "postgresql")
-    with _connected(u, table) as conn:
-        if not inspect(conn).has_table(table.name):
-            return set()
-        q = text(f"SELECT DISTINCT producer_group FROM {table.name} WHERE {where}")
-        return {r[0] for r in conn.execute(q)}
-
-
-@contextmanager
-def _connected(u: URL, table: Table) -> Iterator[Connection]:
-    """A short connection to ``u``; any database error is :class:`DatabaseUnreachable`."""
+    """Table ``kind`` (a key of :data:`TABLES`) of database ``db`` (see :meth:`Database.read`)."""
+    d = Database(db)
     try:
-        engine = create_engine(u)
-        try:
-            with engine.connect() as conn:
-                yield conn
-        finally:
-            engine.dispose()
-    except SQLAlchemyError as exc:
-        raise DatabaseUnreachable(
-            f"cannot read {table.name} from {u.render_as_string()}: {exc}"
-        ) from exc
+        return d.read(spark, kind, since=since, until=until, partitions=partitions)
+    finally:
+        d.close()
 
 
 def _types(table: Table) -> list[tuple[str, str]]:
@@ -199,20 +280,14 @@ def _sqlite_row(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _with_db(df: DataFrame, u: URL) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return df.withColumn("db", F.lit(u.render_as_string(hide_password=True)))
-
-
 def read_store(
     spark: SparkSession, store: str, since_ms: int = 0, cached: list[DataFrame] | None = None
 ) -> DataFrame:
     """The broker store's transaction records (see :mod:`broker.store.export`): the Parquet
     exports of sealed segments where the broker has written them, the other segments
     decoded by the ``txmq-store`` data source.  With ``cached``, the decoded rows are
-    cached (and added to it: the caller unpersists them), as the job reads the rows more
-    than once and decoding is the expensive part."""
+    cached and computed now (and added to it: the caller unpersists them), as the job reads
+    the rows more than once and decoding is the expensive part."""
     from pyspark.sql import functions as F
 
     spark.dataSource.register(StoreDataSource)
@@ -227,6 +302,7 @@ def read_store(
     )
     if cached is not None and decode:
         cached.append(decoded.cache())
+        decoded.count()
     files = [str(e) for e in exports.values() if e is not None]
     if not files:
         return decoded

@@ -1,0 +1,102 @@
+"""What the passes of one reconciliation share: the clock, the window, the frames they cache
+and the counts they take on the way (Spark Observations, so no extra pass counts them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+__all__ = ["Run", "mapped", "ms"]
+
+
+def ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def mapped(col: Column, mapping: Mapping[Any, Any], default: Any = None) -> Column:
+    """``mapping[col]`` (``default`` when absent), as a CASE expression (for a few keys)."""
+    out: Any = F
+    for k, v in mapping.items():
+        out = out.when(col == F.lit(k), F.lit(v))
+    return F.lit(default) if out is F else out.otherwise(F.lit(default))
+
+
+@dataclass
+class Run:
+    """One run's settings and bookkeeping."""
+
+    spark: SparkSession
+    now: datetime
+    sla: timedelta
+    since: datetime | None = None
+    until: datetime | None = None
+    #: frames cached by keep(): the caller unpersists them when done
+    cached: list[DataFrame] = field(default_factory=list)
+    observations: dict[str, tuple[Observation, DataFrame]] = field(default_factory=dict)
+    #: wall-clock seconds of each step (see step())
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time a step, and name the Spark jobs it starts after it (the Spark UI shows it)."""
+        sc = self.spark.sparkContext
+        sc.setJobDescription(f"txmq reconcile: {name}")
+        import os
+
+        if name in os.environ.get("NOCODEGEN", "").split(","):
+            self.spark.conf.set("spark.sql.codegen.wholeStage", "false")
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - started
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 3)
+            sc.setJobDescription(None)  # type: ignore[arg-type]
+
+    @property
+    def cutoff(self) -> Column:
+        """Anything older (ms) had the whole SLA to settle."""
+        return F.lit(ms(self.now - self.sla))
+
+    def window(self, at_ms: Column) -> Column:
+        """``at_ms`` is inside the run's window."""
+        cond = F.lit(True)
+        if self.since is not None:
+            cond = cond & (at_ms >= F.lit(ms(self.since)))
+        if self.until is not None:
+            cond = cond & (at_ms < F.lit(ms(self.until)))
+        return cond
+
+    def keep(self, df: DataFrame) -> DataFrame:
+        """``df`` cached and computed now, once (later frames read the cache)."""
+        self.cached.append(df.cache())
+        df.count()
+        return df
+
+    def counted(self, df: DataFrame, name: str, cond: Column) -> DataFrame:
+        """``df``, counting its rows that meet ``cond`` as it is computed (see counts)."""
+        obs = Observation(name)
+        self.observations[name] = (obs, df.where(cond))
+        return df.observe(obs, F.sum(F.when(cond, 1).otherwise(0)).alias("n"))
+
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for name, (obs, df) in self.observations.items():
+            try:
+                out[name] = int(obs.get["n"] or 0)
+            except Py4JError:  # a pass over empty input may have been skipped, metric and all
+                out[name] = int(df.count())
+        return out
+
+    def unpersist(self) -> None:
+        for df in self.cached:
+            df.unpersist()
+        self.cached.clear()

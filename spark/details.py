@@ -1,0 +1,335 @@
+"""The anomaly rows (:data:`COLUMNS`), with the strings of the few transactions and
+messages the passes flagged (the passes carry hashes and offsets).
+
+The broker's strings come from one scan of the store that keeps only the wanted rows (three
+broadcast lookups: by half offset, message id hash and event hash); the databases' strings
+from their primary keys, a query per chunk of keys (:meth:`spark.sources.Database.fetch`).
+What is left is small, so it is collected (as Arrow) and put together here, on the driver,
+with pandas: a Spark job per small join would cost more than the joins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark.common import Run
+from spark.sources import TABLES, Database
+from spark.transactions import LOCAL_COMMITTED, RANK
+
+__all__ = ["COLUMNS", "SCHEMA", "anomalies"]
+
+COLUMNS = (
+    "anomaly",
+    "group",
+    "transaction_id",
+    "msg_id",
+    "topic",
+    "key",
+    "local_state",
+    "broker_state",
+    "detail",
+    "at",
+    "db",
+)
+#: an anomaly table's Arrow schema (every column a string, but ``at``)
+SCHEMA = pa.schema(
+    [(c, pa.timestamp("us", tz="UTC") if c == "at" else pa.string()) for c in COLUMNS[1:]]
+)
+_OREF_BITS = 48
+_ID_MASK = (1 << _OREF_BITS) - 1
+_NULLABLE = {
+    pa.int64(): pd.Int64Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
+
+
+def _pandas(df: DataFrame) -> pd.DataFrame:
+    """A small DataFrame on the driver (integers stay integers, nulls and all)."""
+    return df.toArrow().to_pandas(types_mapper=_NULLABLE.get)
+
+
+def _fetched(
+    dbs: Sequence[Database], kind: str, where: dict[str, Sequence[Any]], extra: str = ""
+) -> pd.DataFrame:
+    names = [c.split(" ")[0] for c in TABLES[kind].columns.split(", ")]
+    rows = [r for db in dbs for r in db.fetch(kind, where, extra)]
+    return pd.DataFrame(rows, columns=[*names, "db"])
+
+
+def _ts(ms: pd.Series) -> pd.Series:
+    return pd.to_datetime(ms.astype("float64"), unit="ms", utc=True)
+
+
+def _shape(df: pd.DataFrame, anomaly: str, **cols: Any) -> pd.DataFrame:
+    """The rows of ``df`` as anomaly rows: ``cols`` (Series or scalars) by column name."""
+    out = pd.DataFrame(index=df.index)
+    for name in COLUMNS:
+        if name == "anomaly":
+            out[name] = anomaly
+        elif name == "at":
+            out[name] = pd.to_datetime(cols[name], utc=True) if name in cols else pd.NaT
+        else:
+            value = cols.get(name)
+            out[name] = (
+                value.astype(object).where(value.notna(), None)
+                if isinstance(value, pd.Series)
+                else value
+            )
+    return out.reset_index(drop=True)
+
+
+def _in_window(run: Run, ms: pd.Series) -> pd.Series:
+    ok = pd.Series(True, index=ms.index)
+    if run.since is not None:
+        ok &= ms >= run.since.timestamp() * 1000
+    if run.until is not None:
+        ok &= ms < run.until.timestamp() * 1000
+    return ok.fillna(False).astype(bool)
+
+
+def _wanted(run: Run, store: DataFrame, txc: DataFrame, flagged: DataFrame) -> pd.DataFrame:
+    """The store rows the anomalies need the strings of: the halves (and op records) of the
+    transaction candidates, the messages and dead letters flagged, the messages of the
+    events applied twice."""
+    half = txc.where(F.col("rank").isNotNull()).select("half_offset").distinct()
+    msg = flagged.where((F.col("part") == 0) & (F.col("late") | F.col("dead")))
+    event = flagged.where(F.col("part") == 1)
+    rows = store.where(F.col("kind").isin("half", "op", "message", "dlq")).select(
+        "*", F.xxhash64("msg_id").alias("mh"), F.xxhash64("key").alias("kh")
+    )
+    for col, wanted, flag in (
+        ("half_offset", half, "wh"),
+        ("mh", msg.select(F.col("k").alias("mh")).distinct(), "wm"),
+        ("kh", event.select(F.col("k").alias("kh")).distinct(), "wk"),
+    ):
+        rows = rows.join(F.broadcast(wanted.withColumn(flag, F.lit(True))), col, "left")
+    found = _pandas(rows.where(F.col("wh") | F.col("wm") | F.col("wk")))
+    for flag in ("wh", "wm", "wk"):
+        found[flag] = found[flag].fillna(False).astype(bool)
+    return found
+
+
+def _transactions(
+    txc: pd.DataFrame, found: pd.DataFrame, dbs: Sequence[Database]
+) -> dict[str, pd.DataFrame]:
+    halves = found[found["kind"].isin(["half", "op"]) & found["wh"]]
+    halves = (
+        halves.assign(is_op=halves["kind"] == "op")
+        .sort_values(["half_offset", "is_op"])
+        .drop_duplicates("half_offset")[["half_offset", "group", "msg_id", "topic", "key"]]
+        .rename(columns={"group": "pgroup"})
+    )
+    logged = _fetched(dbs, "log", {"transaction_id": txc["transaction_id"].tolist()})
+    logged = (
+        logged.sort_values(["transaction_id", "db"])
+        .drop_duplicates("transaction_id")[["transaction_id", "producer_group", "state", "db"]]
+        .rename(columns={"producer_group": "lgroup", "state": "local_state"})
+    )
+    txa = txc.merge(halves, on="half_offset", how="left").merge(
+        logged, on="transaction_id", how="left"
+    )
+    rank = txa["rank"]
+    cols = {
+        "group": txa["lgroup"].combine_first(txa["pgroup"]),
+        "transaction_id": txa["transaction_id"],
+        "msg_id": txa["msg_id"],
+        "topic": txa["topic"],
+        "key": txa["key"],
+        "local_state": txa["local_state"].fillna("NONE"),
+        "broker_state": rank.map({v: k for k, v in RANK.items()}).fillna("MISSING").astype(object),
+        "at": _ts(txa["at"]),
+        "db": txa["db"],
+    }
+    detail = {
+        "lost": np.select(
+            [
+                rank.isna().to_numpy(bool),
+                (rank == RANK["ROLLED_BACK"]).fillna(False).to_numpy(bool),
+            ],
+            ["the broker never got the half message", "the broker rolled the message back"],
+            "the half message is still undecided after the SLA",
+        ),
+        "phantom": np.where(
+            txa["local_state"].isna(),
+            "no local transaction with this id",
+            "the local transaction is " + txa["local_state"].fillna(""),
+        ),
+        "parked": np.where(
+            (txa["local"] == LOCAL_COMMITTED).fillna(False),
+            "decide COMMIT: it committed locally",
+            "decide ROLLBACK: it did not commit locally",
+        ),
+    }
+    out = {}
+    for c, text in detail.items():
+        mask = (txa["class"] == c).to_numpy(bool)
+        out[c] = _shape(
+            txa[mask],
+            c,
+            detail=pd.Series(text, index=txa.index)[mask],
+            **{k: v[mask] for k, v in cols.items()},
+        )
+    return out
+
+
+def anomalies(
+    run: Run,
+    store: DataFrame,
+    txc: DataFrame,
+    flagged: DataFrame,
+    *,
+    dbs: Sequence[Database],
+    bits: Mapping[str, int],
+    groups: Sequence[str],
+) -> dict[str, pd.DataFrame]:
+    """The anomalies of each class (pandas, :data:`COLUMNS`), from the transaction candidates
+    ``txc`` and the messages and events ``flagged``.  ``bits``: expected group -> bit;
+    ``groups``: consumer group names by index."""
+    found = _wanted(run, store, txc, flagged)
+    tx = _pandas(txc)
+    flags = _pandas(flagged)
+    out = _transactions(tx, found, dbs)
+
+    # -- outbox rows the broker never got ----------------------------------------------------
+    refs = flags.loc[flags["never_sent"].fillna(False), "oref"].to_numpy("int64")
+    unsent = pd.concat(
+        [
+            _fetched(
+                [dbs[i]], "outbox", {"id": (refs[refs >> _OREF_BITS == i] & _ID_MASK).tolist()}
+            )
+            for i in sorted(set((refs >> _OREF_BITS).tolist()))
+        ]
+        or [_fetched([], "outbox", {})]
+    )
+    out["lost"] = pd.concat(
+        [
+            out["lost"],
+            _shape(
+                unsent,
+                "lost",
+                msg_id=unsent["msg_id"],
+                topic=unsent["topic"],
+                key=unsent["keys"].str.split(" ").str[0].fillna(unsent["msg_id"]),
+                local_state="outbox " + unsent["state"],
+                broker_state="MISSING",
+                detail="outbox row not at the broker after "
+                + unsent["attempts"].astype(str)
+                + " attempts"
+                + (": " + unsent["last_error"]).fillna(""),
+                at=pd.to_datetime(unsent["created_at"], utc=True),
+                db=unsent["db"],
+            ),
+        ],
+        ignore_index=True,
+    )
+
+    # -- unconsumed messages: one row per group that did not consume -------------------------
+    late = flags[flags["late"].fillna(False)]
+    late = pd.concat(
+        [
+            late.loc[(late["missing"].to_numpy("int64") & b) != 0, ["k", "at"]].assign(group=g)
+            for g, b in bits.items()
+        ]
+        or [pd.DataFrame(columns=["k", "at", "group"])]
+    ).rename(columns={"k": "mh"})
+    messages = found[(found["kind"] == "message") & found["wm"]]
+    messages = messages.sort_values("msg_id").drop_duplicates("mh")[
+        ["mh", "msg_id", "topic", "key"]
+    ]
+    late = late.merge(messages, on="mh")
+    out["unconsumed"] = _shape(
+        late,
+        "unconsumed",
+        group=late["group"],
+        msg_id=late["msg_id"],
+        topic=late["topic"],
+        key=late["key"],
+        broker_state="COMMITTED",
+        detail="no consumed key after the SLA",
+        at=_ts(late["at"]),
+    )
+    out["duplicate"] = _duplicates(run, flags, found, dbs, groups)
+
+    # -- dead letters nobody expected has consumed since -------------------------------------
+    dead = set(flags.loc[flags["dead"].fillna(False), "k"].tolist())
+    letters = found[
+        (found["kind"] == "dlq")
+        & found["wm"]
+        & found["mh"].isin(dead)
+        & _in_window(run, found["store_ts"])
+    ]
+    letters = letters.groupby(["group", "msg_id"], as_index=False).agg(
+        topic=("topic", "first"),
+        key=("key", "first"),
+        times=("reconsume_times", "max"),
+        at=("store_ts", "max"),
+    )
+    out["dead_lettered"] = _shape(
+        letters,
+        "dead_lettered",
+        group=letters["group"],
+        msg_id=letters["msg_id"],
+        topic=letters["topic"],
+        key=letters["key"],
+        broker_state="DLQ",
+        detail="dead-lettered after " + letters["times"].astype(str) + " deliveries",
+        at=_ts(letters["at"]),
+    )
+    return out
+
+
+def _duplicates(
+    run: Run,
+    flags: pd.DataFrame,
+    found: pd.DataFrame,
+    dbs: Sequence[Database],
+    groups: Sequence[str],
+) -> pd.DataFrame:
+    """The events applied twice, confirmed on the consumed keys' strings."""
+    twice = flags.loc[flags["part"] == 1, ["k", "g"]].rename(columns={"k": "kh"})
+    if twice.empty:
+        return _shape(twice, "duplicate")
+    twice["group"] = [groups[int(g)] for g in twice["g"]]
+    msgs = found[(found["kind"] == "message") & found["wk"] & _in_window(run, found["store_ts"])]
+    tokens = msgs.assign(
+        token=[
+            list(dict.fromkeys([m, *(keys.split(" ") if isinstance(keys, str) else [])]))
+            for m, keys in zip(msgs["msg_id"], msgs["keys"], strict=True)
+        ]
+    ).explode("token")[["kh", "msg_id", "topic", "key", "store_ts", "token"]]
+    done = _fetched(
+        dbs,
+        "consumed",
+        {"key": sorted(set(tokens["token"])), "consumer_group": sorted(set(twice["group"]))},
+        "state = 'done'",
+    ).rename(columns={"consumer_group": "group", "key": "token"})[["group", "token", "db"]]
+    applied = tokens.merge(done, on="token").merge(twice[["kh", "group"]], on=["group", "kh"])
+    applied = applied.groupby(["group", "key"], as_index=False).agg(
+        n=("token", "nunique"),
+        tokens=("token", lambda t: ", ".join(sorted(set(t)))),
+        msg_id=("msg_id", "min"),
+        topic=("topic", "first"),
+        at=("store_ts", "min"),
+        db=("db", "first"),
+    )
+    applied = applied[applied["n"] > 1]  # not two keys that share a hash
+    return _shape(
+        applied,
+        "duplicate",
+        group=applied["group"],
+        msg_id=applied["msg_id"],
+        topic=applied["topic"],
+        key=applied["key"],
+        broker_state="COMMITTED",
+        detail="applied " + applied["n"].astype(str) + " times, as " + applied["tokens"],
+        at=_ts(applied["at"]),
+        db=applied["db"],
+    )
