@@ -42,20 +42,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark import messages, transactions
 from spark.common import Run, mapped
-from spark.details import COLUMNS, anomalies
+from spark.details import COLUMNS, Anomalies, anomalies
 from spark.job import BadOption
 from spark.sources import Database
 
 __all__ = ["CLASSES", "COLUMNS", "Facts", "classify"]
 
 CLASSES = ("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered")
+#: the most rows of one class the job puts together and writes, by default
+MAX_ROWS = 1_000_000
 
 
 @dataclass
@@ -77,20 +78,24 @@ def classify(
     expect: Iterable[tuple[str, str]] | None = None,
     producer_groups: Iterable[str] = (),
     consumer_groups: Iterable[str] = (),
-) -> tuple[dict[str, Any], Facts]:
-    """(anomalies by class: pandas frames of :data:`COLUMNS`, facts for the summary);
+    broadcast: bool = True,
+    max_rows: int = MAX_ROWS,
+) -> tuple[Anomalies, Facts]:
+    """(the anomalies of each class, facts for the summary);
     ``run.cached`` holds what it cached, for the caller to unpersist once done with them.
     ``dbs``: the databases the tables come from (the anomalies' rows are fetched from them);
     ``producer_groups``: the groups whose transactions the logs hold (the broker's halves of
-    other groups are not checked); ``consumer_groups``: the groups with consumed keys.  The
-    big passes run here, each once; what is left is small and put together on the driver."""
+    other groups are not checked); ``consumer_groups``: the groups with consumed keys;
+    ``broadcast``: the consumed keys fit in the driver's memory; ``max_rows``: the most rows
+    of a class put together (its count stays exact).  The big passes run here,
+    each once; what is left is small and put together on the driver."""
     spark = run.spark
     with run.step("transactions"):
         txc = transactions.candidates(run, store, log, sorted(set(producer_groups)))
 
     names = sorted(set(consumer_groups))
     if expect is None:
-        keys = messages.consumed_hashes(consumed, _groups(spark, names, {}))
+        keys = messages.consumed_hashes(consumed, _groups(spark, names, {}), broadcast)
         with run.step("expected consumers"):
             seen = messages.pairs(store, keys).collect()
         pairs = {(names[r["gi"]], r["topic"]) for r in seen}
@@ -107,12 +112,14 @@ def classify(
     for g, t in pairs:
         need[t] = need.get(t, 0) | bit[g]
     names += sorted(set(bit) - set(names))  # expected, without consumed keys yet
-    keys = messages.consumed_hashes(consumed, _groups(spark, names, bit))
+    keys = messages.consumed_hashes(consumed, _groups(spark, names, bit), broadcast)
     db_index = mapped(F.col("db"), {d.name: i for i, d in enumerate(dbs)}, 0)
     with run.step("messages"):
         flagged = messages.flags(run, store, outbox, keys, need, db_index)
     with run.step("details"):
-        found = anomalies(run, store, txc, flagged, dbs=dbs, bits=bit, groups=names)
+        found = anomalies(
+            run, store, txc, flagged, dbs=dbs, bits=bit, groups=names, max_rows=max_rows
+        )
         counts = run.counts()
         counts["retrying"] = flagged.where(F.col("retrying")).count()
     return found, Facts(counts, expected)

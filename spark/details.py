@@ -11,19 +11,20 @@ with pandas: a Spark job per small join would cost more than the joins.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa  # type: ignore[import-untyped]
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark.common import Run
 from spark.sources import TABLES, Database
 from spark.transactions import LOCAL_COMMITTED, RANK
 
-__all__ = ["COLUMNS", "SCHEMA", "anomalies"]
+__all__ = ["COLUMNS", "SCHEMA", "Anomalies", "anomalies"]
 
 COLUMNS = (
     "anomaly",
@@ -180,6 +181,26 @@ def _transactions(
     return out
 
 
+@dataclass
+class Anomalies:
+    """The rows of each class (pandas, :data:`COLUMNS`, at most ``max_rows`` a class, the
+    first by time), and for a class with more, how many it has."""
+
+    rows: dict[str, pd.DataFrame]
+    totals: dict[str, int]
+
+    def count(self, anomaly: str) -> int:
+        return self.totals.get(anomaly, len(self.rows[anomaly]))
+
+
+def _first(run: Run, df: DataFrame, by: Column, n: int) -> DataFrame:
+    """The first ``n`` rows of ``df`` (by time) of each value of ``by`` (column ``what``),
+    kept: what is collected and what the store scan looks for must be the same rows."""
+    ranked = df.withColumn("what", by).where(F.col("what").isNotNull())
+    rank = F.row_number().over(Window.partitionBy("what").orderBy("at", "k"))
+    return run.keep(ranked.withColumn("_rank", rank).where(F.col("_rank") <= n).drop("_rank"))
+
+
 def anomalies(
     run: Run,
     store: DataFrame,
@@ -189,10 +210,30 @@ def anomalies(
     dbs: Sequence[Database],
     bits: Mapping[str, int],
     groups: Sequence[str],
-) -> dict[str, pd.DataFrame]:
-    """The anomalies of each class (pandas, :data:`COLUMNS`), from the transaction candidates
-    ``txc`` and the messages and events ``flagged``.  ``bits``: expected group -> bit;
-    ``groups``: consumer group names by index."""
+    max_rows: int,
+) -> Anomalies:
+    """The anomalies of each class, from the transaction candidates ``txc`` and the messages
+    and events ``flagged``.  ``bits``: expected group -> bit; ``groups``: consumer group
+    names by index; ``max_rows``: the most rows a class gets (its count stays exact)."""
+    part1 = F.col("part") == 1
+    what = (
+        F.when(F.col("late"), "late")
+        .when(F.col("never_sent"), "never_sent")
+        .when(F.col("dead"), "dead")
+        .when(part1, "twice")
+    )
+    candidates = {r[0]: int(r[1]) for r in txc.groupBy("class").count().collect()}
+    pairs = 0
+    for r in (
+        flagged.withColumn("what", what)
+        .groupBy("what")
+        .agg(F.count("*"), F.sum(F.bit_count("missing")))
+        .collect()
+    ):
+        candidates[r[0]] = int(r[1])
+        pairs += int(r[2] or 0) if r[0] == "late" else 0
+    txc = _first(run, txc.withColumn("k", F.col("half_offset")), F.col("class"), max_rows)
+    flagged = _first(run, flagged, what, max_rows)
     found = _wanted(run, store, txc, flagged)
     tx = _pandas(txc)
     flags = _pandas(flagged)
@@ -283,7 +324,23 @@ def anomalies(
         detail="dead-lettered after " + letters["times"].astype(str) + " deliveries",
         at=_ts(letters["at"]),
     )
-    return out
+    # a class's count: its rows, or when there are more than max_rows, the candidates
+    # Spark counted (the rows of a class are confirmed on strings only up to max_rows)
+    sources = {
+        "lost": ("lost", "never_sent"),
+        "phantom": ("phantom",),
+        "parked": ("parked",),
+        "unconsumed": ("late",),
+        "duplicate": ("twice",),
+        "dead_lettered": ("dead",),
+    }
+    totals = {}
+    for c, rows in out.items():
+        n = {w: candidates.get(w, 0) for w in sources[c]}
+        if len(rows) > max_rows or any(v > max_rows for v in n.values()):
+            totals[c] = pairs if c == "unconsumed" else sum(n.values())
+            out[c] = rows.sort_values("at", na_position="first").head(max_rows)
+    return Anomalies(out, totals)
 
 
 def _duplicates(

@@ -33,6 +33,7 @@ __all__ = [
     "BadOption",
     "Options",
     "add_arguments",
+    "default_driver_memory",
     "execute",
     "main",
     "options_from",
@@ -45,6 +46,8 @@ JDBC_JAR = "/usr/share/java/postgresql.jar"
 """Where Debian's ``libpostgresql-jdbc-java`` puts the driver (``--jdbc-jar`` or
 ``TXMQ_JDBC_JAR`` say otherwise)."""
 EXAMPLES = 5
+#: the driver's heap a broadcast consumed key takes at its peak (10M keys need 2-3 GiB)
+BROADCAST_BYTES = 320
 
 
 class BadOption(ValueError):
@@ -66,6 +69,10 @@ class Options:
     jdbc_jar: str = field(default_factory=lambda: os.environ.get("TXMQ_JDBC_JAR", JDBC_JAR))
     partitions: int = 4
     examples: int = EXAMPLES
+    #: consumed keys up to this many are broadcast, more are shuffled (None: what fits)
+    broadcast_keys: int | None = None
+    #: the most rows of one class put together and written (its count stays exact)
+    max_rows: int = 1_000_000
     #: Spark settings for the session the job makes (e.g. spark.driver.memory)
     conf: tuple[tuple[str, str], ...] = ()
 
@@ -133,6 +140,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=4, help="JDBC reads per table")
     p.add_argument("--examples", type=int, default=EXAMPLES, help="examples per class shown")
     p.add_argument(
+        "--max-rows",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="write at most N rows of each class, the first by time; the counts stay exact "
+        "(default 1,000,000)",
+    )
+    p.add_argument(
+        "--broadcast-keys",
+        type=int,
+        metavar="N",
+        help="broadcast at most N consumed keys to the messages, shuffle both sides beyond "
+        f"(default: what fits in the driver's memory, {BROADCAST_BYTES} bytes a key)",
+    )
+    p.add_argument(
         "--conf",
         action="append",
         default=[],
@@ -154,6 +176,10 @@ def options_from(args: argparse.Namespace) -> Options:
         raise BadOption("name at least one database with --db")
     if args.partitions < 1:
         raise BadOption("--partitions must be at least 1")
+    if args.max_rows < 1:
+        raise BadOption("--max-rows must be at least 1")
+    if args.broadcast_keys is not None and args.broadcast_keys < 0:
+        raise BadOption("--broadcast-keys must be 0 or more")
     return Options(
         store=args.store,
         dbs=tuple(args.db),
@@ -168,6 +194,8 @@ def options_from(args: argparse.Namespace) -> Options:
         jdbc_jar=args.jdbc_jar,
         partitions=args.partitions,
         examples=args.examples,
+        broadcast_keys=args.broadcast_keys,
+        max_rows=args.max_rows,
         conf=tuple(_setting(c) for c in args.conf),
     )
 
@@ -198,8 +226,13 @@ def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) ->
     # Python workers run this interpreter (its packages: txmq, msgpack, pyarrow)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
-    if master is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM already
+    if master is not None or not submitted:
         builder = builder.master(master or "local[*]")
+    if not submitted and (master or "local").startswith("local"):
+        # local mode is one JVM doing everything: Spark's default of 1 GiB does not hold the
+        # broadcast consumed keys of a big run
+        builder = builder.config("spark.driver.memory", default_driver_memory())
     builder = (
         builder.appName("txmq-reconcile")
         .config("spark.sql.session.timeZone", "UTC")
@@ -216,6 +249,16 @@ def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) ->
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")  # the summary is the output; errors still show
     return spark
+
+
+def default_driver_memory() -> str:
+    """Half of this machine's memory (at least 1 GiB): the heap of a local-mode session
+    unless ``--conf spark.driver.memory=...`` says otherwise."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "1g"
+    return f"{max(total // 2 // 2**20, 1024)}m"
 
 
 @dataclass
@@ -246,6 +289,8 @@ class Result:
         from spark.classify import CLASSES, COLUMNS
 
         lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
+        for c, n in f.get("truncated", {}).items():
+            lines.append(f"{c}: the table holds the first {n:,} of {self.counts[c]:,} (--max-rows)")
         for c in CLASSES:
             if self.examples[c]:
                 lines += ["", f"{c} (first {len(self.examples[c])}):"]
@@ -315,9 +360,14 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             *(db.producer_groups(since_read, until_read) for db in dbs)
         )
         consumer_groups = set().union(*(db.consumer_groups() for db in dbs))
+        keys = sum(db.estimate("consumed") for db in dbs)
         if spark is None:
             spark = session(opts.master, opts.jdbc_jar, **dict(opts.conf))
         run = Run(spark, now, opts.sla, opts.since, opts.until)
+        limit = opts.broadcast_keys
+        if limit is None:
+            heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
+            limit = int(heap) // BROADCAST_BYTES
         since_ms = int(since_read.timestamp() * 1000) if since_read else 0
         with run.step("store"):  # the segments without an export are decoded (and cached)
             store = read_store(spark, opts.store, since_ms, cached=run.cached)
@@ -341,13 +391,15 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             expect=opts.expect,
             producer_groups=producer_groups,
             consumer_groups=consumer_groups,
+            broadcast=keys <= limit,
+            max_rows=opts.max_rows,
         )
         out = Path(opts.out)
         with run.step("write"):
-            counts = {c: len(anomalies[c]) for c in CLASSES}
-            examples = {c: _examples(anomalies[c], opts.examples) for c in CLASSES}
+            counts = {c: anomalies.count(c) for c in CLASSES}
+            examples = {c: _examples(anomalies.rows[c], opts.examples) for c in CLASSES}
             for c in CLASSES:
-                _write(anomalies[c], out / c)
+                _write(anomalies.rows[c], out / c)
         fact_values: dict[str, Any] = {
             **facts.counts,
             "expected": facts.expected,
@@ -356,7 +408,10 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             "sla": str(opts.sla),
             "now": now.isoformat(timespec="seconds"),
             "master": spark.sparkContext.master,
+            "consumed_keys": f"about {keys:,}, {'broadcast' if keys <= limit else 'shuffled'}",
             "seconds": run.seconds,
+            # the classes with more rows than --max-rows: their tables hold the first ones
+            "truncated": {c: opts.max_rows for c in anomalies.totals},
         }
         run.unpersist()
     finally:

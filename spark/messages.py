@@ -4,8 +4,9 @@ consumed keys, reduced to the few that need a person.
 A message is matched to a consumer group's ``done`` consumed keys by its id or any of its
 keys (``txmq.idempotent``'s key functions may pick either).  The consumed keys are hashed
 (xxhash64 and murmur3 of the key: 96 bits, so a false match needs both to collide) and
-broadcast once; every message probes them with its id, its first key and any further keys,
-without a shuffle.  Then one shuffle groups two kinds of rows at once:
+broadcast once (when they fit in the driver's memory); every message probes them with its
+id, its first key and any further keys, without a shuffle.  Then one shuffle groups two
+kinds of rows at once:
 
 * per message (``part`` 0, by the id's hash): stored? dead-lettered? waiting in a retry
   topic? its outbox row? which expected groups consumed it?
@@ -34,27 +35,30 @@ MAX_GROUPS = 62
 _TOKEN = "c0"
 
 
-def consumed_hashes(consumed: DataFrame, groups: DataFrame) -> DataFrame:
+def consumed_hashes(consumed: DataFrame, groups: DataFrame, broadcast: bool) -> DataFrame:
     """The ``done`` consumed keys as ``c0``/``c1`` (the key's two hashes), ``gi`` (the group's
     index) and ``gbit`` (its bit if it is an expected group, else 0), from ``groups``
-    (``consumer_group``, ``gi``, ``gbit``: a few rows)."""
-    return (
+    (``consumer_group``, ``gi``, ``gbit``: a few rows).  ``broadcast``: the messages probe
+    them where they are (else both sides are shuffled by token, once for ids and once for
+    keys: slower, but the keys need not fit in the driver's memory)."""
+    keys = (
         consumed.where(F.col("state") == "done")
         .join(F.broadcast(groups), "consumer_group")
         .select(F.xxhash64("key").alias("c0"), F.hash("key").alias("c1"), "gi", "gbit")
     )
+    return F.broadcast(keys) if broadcast else keys
 
 
 def _probe(rows: DataFrame, keys: DataFrame, side: str, token: str, h0: str) -> DataFrame:
     """``rows`` with the groups that consumed ``token`` (a string column whose xxhash64 is
     ``h0``): ``g<side>`` the group's index (null: none), ``b<side>`` its bit (0: none or not
     expected).  A token consumed by several groups gives a row for each."""
-    t = F.broadcast(keys).alias(side)
+    t = keys.alias(side)
     return rows.join(
         t,
         (F.col(h0) == F.col(f"{side}.c0"))
-        # the second hash as a condition, not a key: the probe stays a long-keyed lookup, and
-        # the second hash is computed for the matches only
+        # the second hash as a condition, not a key: the lookup stays long-keyed, and the
+        # second hash is computed for the matches only
         & (F.hash(token).bitwiseXOR(F.col(f"{side}.c1")) == 0),
         "left",
     ).select(

@@ -205,6 +205,22 @@ class Database:
             q = text(f"SELECT DISTINCT producer_group FROM {table.name} WHERE {where}")
             return {r[0] for r in conn.execute(q)}
 
+    def estimate(self, kind: str) -> int:
+        """About how many rows table ``kind`` has: PostgreSQL's statistics when it has any
+        (no scan), else a count."""
+        table = TABLES[kind].name
+        if not self.has(kind):
+            return 0
+        with self.connect(table) as conn:
+            if self.pg:
+                est = conn.execute(
+                    text("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(:t)"),
+                    {"t": table},
+                ).scalar()
+                if est is not None and est >= 0:  # -1: never analyzed
+                    return int(est)
+            return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar() or 0)
+
     def consumer_groups(self) -> set[str]:
         """The consumer groups with consumed keys: one index probe per group (the primary key
         starts with the group), not a scan of the keys."""

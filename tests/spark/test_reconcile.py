@@ -264,6 +264,27 @@ def test_finds_exactly_the_anomalies_seeded(
     assert "reconciled 17 transactional sends" in summary, summary
 
 
+def test_shuffled_keys_and_capped_tables_keep_the_counts_exact(
+    world: World, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Consumed keys too many to broadcast are joined by a shuffle, with the same result;
+    a class with more anomalies than --max-rows gets that many rows and its exact count."""
+    out = tmp_path / "out"
+    rc = _reconcile(world, out, spark, "--broadcast-keys", "0", "--max-rows", "1")
+    summary = capsys.readouterr().out
+    assert rc == 1
+    facts = json.loads((out / "summary.json").read_text())
+    assert facts["counts"] == {c: len(v) for c, v in world.expected.items()}, summary
+    assert facts["facts"]["consumed_keys"].endswith("shuffled")
+    assert facts["facts"]["truncated"] == {"lost": 1}
+    assert "lost: the table holds the first 1 of 3 (--max-rows)" in summary
+    found = _found(spark, out)
+    assert len(found["lost"]) == 1 and found["lost"] <= world.expected["lost"]
+    assert {c: v for c, v in found.items() if c != "lost"} == {
+        c: v for c, v in world.expected.items() if c != "lost"
+    }
+
+
 def test_two_windows_split_the_anomalies_between_them(
     world: World, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
