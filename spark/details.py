@@ -87,6 +87,13 @@ def _shape(df: pd.DataFrame, anomaly: str, **cols: Any) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _about_messages(df: pd.DataFrame, anomaly: str, **more: Any) -> pd.DataFrame:
+    """Anomaly rows about one message each: ``df``'s group, id, topic, key and time (ms),
+    and ``more``."""
+    cols = {n: df[n] for n in ("group", "msg_id", "topic", "key")}
+    return _shape(df, anomaly, **cols, at=_ts(df["at"]), **more)
+
+
 def _in_window(run: Run, ms: pd.Series) -> pd.Series:
     ok = pd.Series(True, index=ms.index)
     if run.since is not None:
@@ -286,16 +293,8 @@ def anomalies(
         ["mh", "msg_id", "topic", "key"]
     ]
     late = late.merge(messages, on="mh")
-    out["unconsumed"] = _shape(
-        late,
-        "unconsumed",
-        group=late["group"],
-        msg_id=late["msg_id"],
-        topic=late["topic"],
-        key=late["key"],
-        broker_state="COMMITTED",
-        detail="no consumed key after the SLA",
-        at=_ts(late["at"]),
+    out["unconsumed"] = _about_messages(
+        late, "unconsumed", broker_state="COMMITTED", detail="no consumed key after the SLA"
     )
     out["duplicate"] = _duplicates(run, flags, found, dbs, groups)
 
@@ -313,16 +312,11 @@ def anomalies(
         times=("reconsume_times", "max"),
         at=("store_ts", "max"),
     )
-    out["dead_lettered"] = _shape(
+    out["dead_lettered"] = _about_messages(
         letters,
         "dead_lettered",
-        group=letters["group"],
-        msg_id=letters["msg_id"],
-        topic=letters["topic"],
-        key=letters["key"],
         broker_state="DLQ",
         detail="dead-lettered after " + letters["times"].astype(str) + " deliveries",
-        at=_ts(letters["at"]),
     )
     # a class's count: its rows, or when there are more than max_rows, the candidates
     # Spark counted (the rows of a class are confirmed on strings only up to max_rows)
@@ -378,15 +372,10 @@ def _duplicates(
         db=("db", "first"),
     )
     applied = applied[applied["n"] > 1]  # not two keys that share a hash
-    return _shape(
+    return _about_messages(
         applied,
         "duplicate",
-        group=applied["group"],
-        msg_id=applied["msg_id"],
-        topic=applied["topic"],
-        key=applied["key"],
         broker_state="COMMITTED",
         detail="applied " + applied["n"].astype(str) + " times, as " + applied["tokens"],
-        at=_ts(applied["at"]),
         db=applied["db"],
     )

@@ -32,7 +32,6 @@ __all__ = [
     "Table",
     "jdbc_url",
     "read_store",
-    "read_table",
 ]
 
 
@@ -263,23 +262,6 @@ class Database:
         from pyspark.sql import functions as F
 
         return df.withColumn("db", F.lit(self.name))
-
-
-def read_table(
-    spark: SparkSession,
-    db: str,
-    kind: str,
-    *,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    partitions: int = 2,
-) -> DataFrame:
-    """Table ``kind`` (a key of :data:`TABLES`) of database ``db`` (see :meth:`Database.read`)."""
-    d = Database(db)
-    try:
-        return d.read(spark, kind, since=since, until=until, partitions=partitions)
-    finally:
-        d.close()
 
 
 def _types(table: Table) -> list[tuple[str, str]]:

@@ -57,16 +57,17 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         F.when(is_op, F.col("store_ts") * 8 + mapped(F.col("resolution"), _OP_CODE)).alias("v"),
         F.when(~is_op, F.col("store_ts")).alias("half_at"),
     )
+    # what both groupings keep of the local transaction and the first half
+    firsts = [
+        F.max("local").alias("local"),
+        F.min("local_at").alias("local_at"),
+        F.min("half_at").alias("half_at"),
+    ]
     per_half = (
         local_rows.unionByName(broker_rows)
         .repartition("transaction_id")  # the two groupings below share this one shuffle
         .groupBy("transaction_id", "half_offset")
-        .agg(
-            F.max("local").alias("local"),
-            F.min("local_at").alias("local_at"),
-            F.max("v").alias("v"),
-            F.min("half_at").alias("half_at"),
-        )
+        .agg(*firsts, F.max("v").alias("v"))
         .select(
             "transaction_id",
             "local",
@@ -83,12 +84,7 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
     )
     tx = (
         per_half.groupBy("transaction_id")
-        .agg(
-            F.max("local").alias("local"),
-            F.min("local_at").alias("local_at"),
-            F.min("half_at").alias("half_at"),
-            F.max("best").alias("best"),
-        )
+        .agg(*firsts, F.max("best").alias("best"))
         .select(
             "transaction_id",
             "local",

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, insert
 
-from spark.sources import jdbc_url, read_table
+from spark.sources import Database, jdbc_url
 from tests.sqla_support import pg_schema
 from txmq.sqla.tables import metadata, transaction_log
 
@@ -32,6 +32,14 @@ def _fill(url: str, n: int) -> None:
             ],
         )
     engine.dispose()
+
+
+def read_table(spark: Any, url: str, kind: str, **window: Any) -> Any:
+    db = Database(url)
+    try:
+        return db.read(spark, kind, **window)
+    finally:
+        db.close()
 
 
 def _ids(df: Any) -> list[int]:
