@@ -75,7 +75,7 @@ def _probed(
     their first key (``gk``, ``bk``) matched; and, for the few with more than one key, a row
     per further key (``xh`` its hash) with the keys it matched (``gx``, ``bx``)."""
     rows = store.where(F.col("kind").isin(*kinds))
-    multi = F.col("keys").contains(" ")
+    multi = F.col("nkeys") > 1
     main = rows.select(
         "kind",
         "topic",
@@ -84,9 +84,8 @@ def _probed(
         "key",
         F.xxhash64("msg_id").alias("mh"),
         F.xxhash64("key").alias("kh"),
-        (F.col("keys").isNotNull() & (F.col("key") != F.col("msg_id"))).alias("keyed"),
-        F.coalesce(multi, F.lit(False)).alias("multi"),
-    )
+        multi.alias("multi"),
+    ).withColumn("keyed", (F.col("kh") != F.col("mh")))  # a first key other than the id
     main = _probe(_probe(main, keys, "m", "msg_id", "mh"), keys, "k", "key", "kh")
     extra = rows.where(multi).select(
         "kind",

@@ -1,8 +1,9 @@
 """The transaction side: the local-transaction logs, the half messages and their op records,
 reduced to the few transactions that need a person (lost, phantom, parked).
 
-One shuffle, by transaction id: the log rows, the halves and the op records are grouped per
-half (the last op record wins: ``max(store_ts * 8 + the rank it leads to)``), then per
+One shuffle, by transaction id: the log rows, the halves and the op records (the broker's
+export folds a half's first op record into the half's row) are grouped per half (the last
+op record wins: ``max(store_ts * 8 + the rank it leads to)``), then per
 transaction on the same partitioning (the best half wins: its rank and commit-log offset are
 packed in one long).  Every aggregate buffer is numeric, so Spark keeps to hash aggregation.
 """
@@ -54,7 +55,11 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         "half_offset",
         F.lit(None).cast("int").alias("local"),
         null_long.alias("local_at"),
-        F.when(is_op, F.col("store_ts") * 8 + mapped(F.col("resolution"), _OP_CODE)).alias("v"),
+        # the last op record wins: an op's row, or the one the export folded into its half's
+        (
+            F.when(is_op, F.col("store_ts")).otherwise(F.col("op_ts")) * 8
+            + mapped(F.col("resolution"), _OP_CODE)
+        ).alias("v"),
         F.when(~is_op, F.col("store_ts")).alias("half_at"),
     )
     # what both groupings keep of the local transaction and the first half

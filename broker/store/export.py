@@ -12,7 +12,9 @@ sealed segments and decodes only the newest one itself.
 kind      what the row is
 ========  ==================================================================================
 half      a half (prepared) message: ``topic`` is its real topic, ``group`` its producer
-          group, ``half_offset`` its commit-log offset (the transaction's broker identity)
+          group, ``half_offset`` its commit-log offset (the transaction's broker identity).
+          The first op record of a half in the same segment is folded into the half's row
+          (``resolution``, and its store time as ``op_ts``) instead of a row of its own
 op        an op record: ``half_offset`` names the half, ``resolution`` is COMMIT, ROLLBACK
           or PARKED (the last one for a half wins); ``group``, ``msg_id``, ``topic`` and
           ``transaction_id`` are the half's, from the op record's body
@@ -23,7 +25,9 @@ retry     a copy in ``%RETRY%<group>``: ``group`` is the consumer group, ``msg_i
 dlq       a copy in ``%DLQ%<group>``, the same columns as ``retry``
 ========  ==================================================================================
 
-``key`` is a message's first key, else its id (the event a consumer deduplicates on).
+``key`` is a message's first key, else its id (the event a consumer deduplicates on);
+``nkeys`` how many keys it has.  An export holds a row group per kind, so a reader that
+wants some kinds skips the others by the row groups' statistics.
 Schedule copies and parked copies (their op record says PARKED) are skipped.  A torn tail of
 the newest segment is a write in progress and is left for the next run; damage anywhere else
 is :class:`StoreUnreadable`.
@@ -54,9 +58,10 @@ from txmq.message import Prop, SysFlag, is_system_topic
 
 try:
     import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 except ImportError:  # the broker runs without it; only the export and Spark need it
-    pa = pq = None
+    pa = pc = pq = None
 
 __all__ = [
     "EXPORT_DIR",
@@ -75,7 +80,7 @@ __all__ = [
 log = logging.getLogger("txmq.broker.store")
 
 #: bumped when the rows change; an export of another version is ignored (and redone)
-VERSION = "2"
+VERSION = "3"
 #: (name, type) of each row column; types are Arrow type names
 FIELDS = (
     ("kind", "string"),
@@ -89,10 +94,17 @@ FIELDS = (
     ("resolution", "string"),
     ("store_ts", "int64"),
     ("reconsume_times", "int32"),
+    ("nkeys", "int32"),
+    ("op_ts", "int64"),
 )
 _RETRY, _DLQ = retry_topic(""), dlq_topic("")
 _CHUNK = 8 * 1024 * 1024
 _BATCH = 65536
+#: halves held back while their op record may still come (the oldest goes out beyond)
+_PENDING = 65536
+_HALF_OFFSET, _RESOLUTION, _OP_TS = (
+    [name for name, _ in FIELDS].index(f) for f in ("half_offset", "resolution", "op_ts")
+)
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 #: the fields of an op record's body (the broker writes it compactly, in this order); a body
@@ -144,6 +156,8 @@ def _op_row(body: bytes | memoryview, store_ts: int, reconsume: int) -> tuple[An
             m[2].decode(),
             store_ts,
             reconsume,
+            None,
+            None,
         )
     try:
         d = json.loads(bytes(body))
@@ -162,6 +176,8 @@ def _op_row(body: bytes | memoryview, store_ts: int, reconsume: int) -> tuple[An
         resolution,
         store_ts,
         reconsume,
+        None,
+        None,
     )
 
 
@@ -174,6 +190,7 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
     schema = arrow_schema()
     rows: list[tuple[Any, ...]] = []
     append = rows.append
+    pending: dict[int, list[Any]] = {}  # half offset -> its row, until its op record comes
     header = HEADER.unpack_from
     crc32 = zlib.crc32
     unpack = msgpack.unpackb
@@ -224,29 +241,37 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
             if topic == OP_TOPIC:
                 row = _op_row(view[body_at:p], store_ts, h[10])
                 if row is not None:
-                    append(row)
+                    half = pending.pop(row[_HALF_OFFSET], None)
+                    if half is None:  # its half is elsewhere, or already has an op record
+                        append(row)
+                    else:
+                        half[_RESOLUTION], half[_OP_TS] = row[_RESOLUTION], store_ts
+                        append(tuple(half))
                 continue
             q = p + 2 + tlen
             (plen,) = _U32.unpack_from(buf, q)
             props: dict[str, str] = unpack(buf[q + 4 : q + 4 + plen]) if plen else {}
             mid = props.get(uniq)
             keys = props.get(keys_p)
+            nkeys = keys.count(" ") + 1 if keys else 0
             if topic == HALF_TOPIC:
-                append(
-                    (
-                        "half",
-                        props.get(Prop.REAL_TOPIC, ""),
-                        props.get(Prop.PRODUCER_GROUP),
-                        mid,
-                        props.get(tx_p),
-                        keys.split(" ", 1)[0] if keys else mid,
-                        keys,
-                        h[6],
-                        None,
-                        store_ts,
-                        h[10],
-                    )
-                )
+                pending[h[6]] = [
+                    "half",
+                    props.get(Prop.REAL_TOPIC, ""),
+                    props.get(Prop.PRODUCER_GROUP),
+                    mid,
+                    props.get(tx_p),
+                    keys.split(" ", 1)[0] if keys else mid,
+                    keys,
+                    h[6],
+                    None,
+                    store_ts,
+                    h[10],
+                    nkeys,
+                    None,
+                ]
+                if len(pending) > _PENDING:
+                    append(tuple(pending.pop(next(iter(pending)))))
             elif topic.startswith(_RETRY) or topic.startswith(_DLQ):
                 is_retry = topic.startswith(_RETRY)
                 kind, group = (
@@ -266,6 +291,8 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
                         None,
                         store_ts,
                         h[10],
+                        nkeys,
+                        None,
                     )
                 )
             elif not is_system_topic(topic):  # schedule and parked copies are skipped
@@ -283,11 +310,14 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
                         None,
                         store_ts,
                         h[10],
+                        nkeys,
+                        None,
                     )
                 )
             if len(rows) >= _BATCH:
                 yield _batch(rows, schema)
                 rows.clear()
+    rows += [tuple(half) for half in pending.values()]  # never resolved in this segment
     if rows:
         yield _batch(rows, schema)
 
@@ -325,15 +355,17 @@ def export_segment(segment: str | Path, dest: str | Path) -> int:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
     schema = arrow_schema().with_metadata(_metadata(segment))
-    rows = 0
+    table = pa.Table.from_batches(list(scan_segment(segment, last=False)), arrow_schema())
     with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
-        for batch in scan_segment(segment, last=False):
-            w.write_batch(batch.replace_schema_metadata(schema.metadata))
-            rows += batch.num_rows
+        # a row group per kind (in the segment's order within it): a reader that wants some
+        # kinds skips the other row groups by their statistics
+        for kind in sorted(set(table.column("kind").unique().to_pylist())):
+            part = table.filter(pc.equal(table.column("kind"), kind))
+            w.write_table(part.replace_schema_metadata(schema.metadata))
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, dest)
-    return rows
+    return int(table.num_rows)
 
 
 def export_store(root: str | Path) -> list[Path]:

@@ -56,6 +56,18 @@ def _fill(root: Path) -> dict[str, int]:
         op = {"half_offset": offsets["half"], "resolution": "COMMIT", "msg_id": "H1"}
         put("op", "RMQ_SYS_TRANS_OP_HALF_TOPIC", json.dumps(op).replace(" ", "").encode(), {})
         put("schedule", "SCHEDULE_TOPIC_XXXX", b"{}", {Prop.UNIQ_KEY: "S1"})
+        # a half whose op record comes segments later: the op record stays a row of its own
+        put(
+            "half2",
+            "RMQ_SYS_TRANS_HALF_TOPIC",
+            b"{}",
+            {Prop.UNIQ_KEY: "H2", Prop.PRODUCER_GROUP: "pg", Prop.TRANSACTION_ID: "tx-2"},
+            sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
+        )
+        for i in range(20):
+            put(f"late{i}", "orders", b"x" * 200, {Prop.UNIQ_KEY: f"L{i}"})
+        op = {"half_offset": offsets["half2"], "resolution": "ROLLBACK", "msg_id": "H2"}
+        put("op2", "RMQ_SYS_TRANS_OP_HALF_TOPIC", json.dumps(op).replace(" ", "").encode(), {})
         put(
             "retry",
             "%RETRY%cg",
@@ -94,12 +106,12 @@ def test_each_record_becomes_its_row(tmp_path: Path) -> None:
     for r in rows:
         by_kind.setdefault(r["kind"], []).append(r)
     assert sorted(by_kind) == ["dlq", "half", "message", "op", "retry"]
-    assert len(by_kind["message"]) == 41  # the schedule copy is skipped
+    assert len(by_kind["message"]) == 61  # the schedule copy is skipped
     assert by_kind["message"][3]["msg_id"] == "P3" and by_kind["message"][3]["key"] == "k3"
     assert by_kind["message"][3]["transaction_id"] is None
     commit = by_kind["message"][40]  # a transaction's commit copy names its half
     assert (commit["msg_id"], commit["half_offset"]) == ("H1", offsets["half"])
-    (half,) = by_kind["half"]
+    half, half2 = by_kind["half"]
     assert (half["topic"], half["group"], half["msg_id"], half["transaction_id"]) == (
         "orders",
         "pg",
@@ -107,8 +119,14 @@ def test_each_record_becomes_its_row(tmp_path: Path) -> None:
         "tx-1",
     )
     assert half["key"] == "order-1-created" and half["half_offset"] == offsets["half"]
-    (op,) = by_kind["op"]
-    assert (op["half_offset"], op["resolution"]) == (offsets["half"], "COMMIT")
+    assert half["nkeys"] == 2
+    # its op record came in the same segment: folded into the half's row
+    assert half["resolution"] == "COMMIT" and half["op_ts"] >= half["store_ts"]
+    assert (half2["msg_id"], half2["key"], half2["nkeys"]) == ("H2", "H2", 0)
+    assert half2["resolution"] is None and half2["op_ts"] is None
+    (op,) = by_kind["op"]  # the second half's, segments later
+    assert (op["half_offset"], op["resolution"]) == (offsets["half2"], "ROLLBACK")
+    assert op["op_ts"] is None
     (retry,) = by_kind["retry"]
     assert (retry["group"], retry["msg_id"], retry["topic"], retry["reconsume_times"]) == (
         "cg",
@@ -125,12 +143,35 @@ def test_each_record_becomes_its_row(tmp_path: Path) -> None:
     )
 
 
+def test_halves_held_back_beyond_the_limit_still_come_out_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Halves wait for their op record to be folded in; past the limit the oldest goes out
+    as it is and its op record stays a row: the same resolutions, just fewer rows."""
+    _fill(tmp_path)
+
+    def resolutions() -> tuple[list[int], list[tuple[int, str]]]:
+        rows = _rows(tmp_path)
+        halves = sorted(r["half_offset"] for r in rows if r["kind"] == "half")
+        resolved = sorted(
+            (r["half_offset"], r["resolution"])
+            for r in rows
+            if r["kind"] == "op" or (r["kind"] == "half" and r["resolution"] is not None)
+        )
+        return halves, resolved
+
+    folded = resolutions()
+    monkeypatch.setattr("broker.store.export._PENDING", 0)
+    assert resolutions() == folded
+    assert sum(r["kind"] == "op" for r in _rows(tmp_path)) == 2
+
+
 def test_spark_reads_it_partitioned_by_segment(tmp_path: Path, spark: Any) -> None:
     _fill(tmp_path)
     df = read_store(spark, str(tmp_path))
     assert df.rdd.getNumPartitions() == len(segments(tmp_path))
     counts = {r["kind"]: r["count"] for r in df.groupBy("kind").count().collect()}
-    assert counts == {"message": 41, "half": 1, "op": 1, "retry": 1, "dlq": 1}
+    assert counts == {"message": 61, "half": 2, "op": 1, "retry": 1, "dlq": 1}
 
 
 def test_the_brokers_parquet_export_is_read_instead_of_decoding(tmp_path: Path, spark: Any) -> None:
