@@ -216,7 +216,7 @@ def flags(
         null_long.alias("at"),
         zero.cast("long").alias("need"),
         zero.cast("long").alias("got"),
-        F.unix_millis("created_at").alias("outbox_at"),
+        F.col("created_ms").alias("outbox_at"),
         F.shiftleft(db_index.cast("long"), 48).bitwiseOR(F.col("id")).alias("oref"),
     )
     outbox_rows = run.counted(outbox_rows, "outbox_rows", run.window(F.col("outbox_at")))

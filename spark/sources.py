@@ -150,21 +150,26 @@ class Database:
         until: datetime | None = None,
         partitions: int = 2,
     ) -> DataFrame:
-        """Table ``kind`` within the window, with a ``db`` column naming the database; empty
-        if the database does not have the table.  PostgreSQL: JDBC, ``partitions`` ranges of
+        """Table ``kind`` within the window, with ``created_ms`` (``created_at`` as epoch
+        milliseconds) and a ``db`` column naming the database; empty if the database does not
+        have the table.  PostgreSQL: JDBC, ``partitions`` ranges of
         an indexed column; SQLite: read here, on the driver."""
         table = TABLES[kind]
         names = [name for name, _ in _types(table)]
         if not self.has(kind):
-            return self._with_db(spark.createDataFrame([], table.columns))
+            return self._with_db(spark.createDataFrame([], table.columns + ", created_ms long"))
         where = _where(table, since, until, self.pg)
         with self.connect(table.name) as conn:
             if not self.pg:  # SQLite: small, read on the driver
                 rows = conn.execute(
                     text(f"SELECT {', '.join(names)} FROM {table.name} WHERE {where}")
                 ).all()
+                at = names.index("created_at")
                 return self._with_db(
-                    spark.createDataFrame([_sqlite_row(r, names) for r in rows], table.columns)
+                    spark.createDataFrame(
+                        [(*r, _ms(r[at])) for r in (_sqlite_row(r, names) for r in rows)],
+                        table.columns + ", created_ms long",
+                    )
                 )
             lo, hi = conn.execute(
                 text(
@@ -173,7 +178,10 @@ class Database:
                 )
             ).one()
         url, props = jdbc_url(self.url)
-        query = f"(SELECT {', '.join(names)} FROM {table.name} WHERE {where}) AS t"
+        # the time as epoch milliseconds too: what the passes use, and a number is much
+        # cheaper for the driver to read than a timestamp's text
+        ms = "floor(extract(epoch FROM created_at) * 1000)::bigint AS created_ms"
+        query = f"(SELECT {', '.join(names)}, {ms} FROM {table.name} WHERE {where}) AS t"
         reader = spark.read.format("jdbc").option("url", url).option("dbtable", query)
         reader = reader.option("fetchsize", "50000").options(**props)
         if lo is not None and partitions > 1 and lo != hi:
@@ -189,7 +197,8 @@ class Database:
                 .option("numPartitions", str(partitions))
             )
         df = reader.load()
-        return self._with_db(df.selectExpr(*[f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]))
+        cast = [f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]
+        return self._with_db(df.selectExpr(*cast, "CAST(created_ms AS long) AS created_ms"))
 
     def producer_groups(
         self, since: datetime | None = None, until: datetime | None = None
@@ -267,6 +276,11 @@ class Database:
 def _types(table: Table) -> list[tuple[str, str]]:
     """(name, Spark type) of each column read."""
     return [(c.split(" ")[0], c.split(" ")[1]) for c in table.columns.split(", ")]
+
+
+def _ms(t: datetime) -> int:
+    """A stored time (naive: UTC) as epoch milliseconds."""
+    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 def _sqlite_row(row: Any, names: Sequence[str]) -> tuple[Any, ...]:

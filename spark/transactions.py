@@ -43,7 +43,7 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         F.when(F.col("state") == "COMMITTED", LOCAL_COMMITTED)
         .otherwise(_LOCAL_OTHER)
         .alias("local"),
-        F.unix_millis("created_at").alias("local_at"),
+        F.col("created_ms").alias("local_at"),
         null_long.alias("v"),
         null_long.alias("half_at"),
     )
