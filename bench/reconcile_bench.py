@@ -340,7 +340,8 @@ def drop_db(schema: str) -> None:
 
 def run_spark(
     store: Path, db: str, out: Path, now: datetime, spark: Any
-) -> tuple[float, dict[str, int]]:
+) -> tuple[float, dict[str, int], dict[str, float]]:
+    """The job's time, its counts and the seconds of each of its steps."""
     from spark.job import Options, run
 
     opts = Options(
@@ -354,7 +355,7 @@ def run_spark(
     )
     started = time.perf_counter()
     result = run(opts, spark)
-    return time.perf_counter() - started, result.counts
+    return time.perf_counter() - started, result.counts, result.facts["seconds"]
 
 
 def run_peer(db: str, now: datetime) -> tuple[float, dict[str, int]]:
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  store scan alone  {scan:8.1f} s {records / scan:12,.0f} rows/s ({records:,} rows)"
         )
-        took_s, got_s = run_spark(folder / "store", db, folder / "out", now, spark)
+        took_s, got_s, steps = run_spark(folder / "store", db, folder / "out", now, spark)
         took_p, got_p = run_peer(db, now)
         for system, took, got in (
             ("spark job", took_s, got_s),
@@ -438,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {system:17s} {took:8.1f} s {n / took:12,.0f} tx/s  "
                 f"{'counts ok' if ok else f'WRONG COUNTS {got} (want {want})'}"
             )
+            if system == "spark job":
+                print("    steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
             drop_db(schema)

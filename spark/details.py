@@ -239,8 +239,9 @@ def anomalies(
     ):
         candidates[r[0]] = int(r[1])
         pairs += int(r[2] or 0) if r[0] == "late" else 0
-    txc = _first(run, txc.withColumn("k", F.col("half_offset")), F.col("class"), max_rows)
-    flagged = _first(run, flagged, what, max_rows)
+    if max(candidates.values(), default=0) > max_rows:  # else every candidate is wanted
+        txc = _first(run, txc.withColumn("k", F.col("half_offset")), F.col("class"), max_rows)
+        flagged = _first(run, flagged, what, max_rows)
     found = _wanted(run, store, txc, flagged)
     tx = _pandas(txc)
     flags = _pandas(flagged)
