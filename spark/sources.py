@@ -280,7 +280,8 @@ def _types(table: Table) -> list[tuple[str, str]]:
 
 def _ms(t: datetime) -> int:
     """A stored time (naive: UTC) as epoch milliseconds."""
-    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
+    since_epoch = (t if t.tzinfo else t.replace(tzinfo=UTC)) - datetime(1970, 1, 1, tzinfo=UTC)
+    return since_epoch // timedelta(milliseconds=1)  # exact, floored as PostgreSQL's is
 
 
 def _sqlite_row(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
