@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
@@ -17,8 +17,12 @@ from pyspark.sql import functions as F
 __all__ = ["Run", "mapped", "ms"]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def ms(t: datetime) -> int:
-    return int(t.timestamp() * 1000)
+    """``t`` (naive: UTC) as epoch milliseconds: exact, floored as PostgreSQL's are."""
+    return ((t if t.tzinfo else t.replace(tzinfo=UTC)) - _EPOCH) // timedelta(milliseconds=1)
 
 
 def mapped(col: Column, mapping: Mapping[Any, Any], default: Any = None) -> Column:
@@ -49,10 +53,6 @@ class Run:
         """Time a step, and name the Spark jobs it starts after it (the Spark UI shows it)."""
         sc = self.spark.sparkContext
         sc.setJobDescription(f"txmq reconcile: {name}")
-        import os
-
-        if name in os.environ.get("NOCODEGEN", "").split(","):
-            self.spark.conf.set("spark.sql.codegen.wholeStage", "false")
         started = time.perf_counter()
         try:
             yield

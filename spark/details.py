@@ -20,7 +20,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.common import Run
+from spark.common import Run, ms
 from spark.sources import TABLES, Database
 from spark.transactions import LOCAL_COMMITTED, RANK
 
@@ -60,9 +60,8 @@ def _pandas(df: DataFrame) -> pd.DataFrame:
 def _fetched(
     dbs: Sequence[Database], kind: str, where: dict[str, Sequence[Any]], extra: str = ""
 ) -> pd.DataFrame:
-    names = [c.split(" ")[0] for c in TABLES[kind].columns.split(", ")]
     rows = [r for db in dbs for r in db.fetch(kind, where, extra)]
-    return pd.DataFrame(rows, columns=[*names, "db"])
+    return pd.DataFrame(rows, columns=[*TABLES[kind].names, "db"])
 
 
 def _ts(ms: pd.Series) -> pd.Series:
@@ -94,12 +93,13 @@ def _about_messages(df: pd.DataFrame, anomaly: str, **more: Any) -> pd.DataFrame
     return _shape(df, anomaly, **cols, at=_ts(df["at"]), **more)
 
 
-def _in_window(run: Run, ms: pd.Series) -> pd.Series:
-    ok = pd.Series(True, index=ms.index)
+def _in_window(run: Run, at_ms: pd.Series) -> pd.Series:
+    """``at_ms`` is inside the run's window (:meth:`spark.common.Run.window`, in pandas)."""
+    ok = pd.Series(True, index=at_ms.index)
     if run.since is not None:
-        ok &= ms >= run.since.timestamp() * 1000
+        ok &= at_ms >= ms(run.since)
     if run.until is not None:
-        ok &= ms < run.until.timestamp() * 1000
+        ok &= at_ms < ms(run.until)
     return ok.fillna(False).astype(bool)
 
 

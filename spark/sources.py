@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from broker.store.export import valid_export
+from spark.common import ms
 from spark.store_source import NAME, SCHEMA, StoreDataSource, segments
 
 __all__ = [
@@ -49,6 +50,15 @@ class Table:
     columns: str  # Spark DDL of the columns read
     time_column: str  # the window applies to it
     split_column: str  # indexed: JDBC partitions are ranges of it
+
+    @property
+    def types(self) -> list[tuple[str, str]]:
+        """(name, Spark type) of each column read."""
+        return [(c.split(" ")[0], c.split(" ")[1]) for c in self.columns.split(", ")]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.types]
 
 
 TABLES = {
@@ -155,9 +165,10 @@ class Database:
         have the table.  PostgreSQL: JDBC, ``partitions`` ranges of
         an indexed column; SQLite: read here, on the driver."""
         table = TABLES[kind]
-        names = [name for name, _ in _types(table)]
+        names = table.names
+        columns = table.columns + ", created_ms long"
         if not self.has(kind):
-            return self._with_db(spark.createDataFrame([], table.columns + ", created_ms long"))
+            return self._with_db(spark.createDataFrame([], columns))
         where = _where(table, since, until, self.pg)
         with self.connect(table.name) as conn:
             if not self.pg:  # SQLite: small, read on the driver
@@ -167,8 +178,8 @@ class Database:
                 at = names.index("created_at")
                 return self._with_db(
                     spark.createDataFrame(
-                        [(*r, _ms(r[at])) for r in (_sqlite_row(r, names) for r in rows)],
-                        table.columns + ", created_ms long",
+                        [(*r, ms(r[at])) for r in (_sqlite_row(r, names) for r in rows)],
+                        columns,
                     )
                 )
             lo, hi = conn.execute(
@@ -180,8 +191,8 @@ class Database:
         url, props = jdbc_url(self.url)
         # the time as epoch milliseconds too: what the passes use, and a number is much
         # cheaper for the driver to read than a timestamp's text
-        ms = "floor(extract(epoch FROM created_at) * 1000)::bigint AS created_ms"
-        query = f"(SELECT {', '.join(names)}, {ms} FROM {table.name} WHERE {where}) AS t"
+        at_ms = "floor(extract(epoch FROM created_at) * 1000)::bigint AS created_ms"
+        query = f"(SELECT {', '.join(names)}, {at_ms} FROM {table.name} WHERE {where}) AS t"
         reader = spark.read.format("jdbc").option("url", url).option("dbtable", query)
         reader = reader.option("fetchsize", "50000").options(**props)
         if lo is not None and partitions > 1 and lo != hi:
@@ -197,7 +208,7 @@ class Database:
                 .option("numPartitions", str(partitions))
             )
         df = reader.load()
-        cast = [f"CAST({c} AS {t}) AS {c}" for c, t in _types(table)]
+        cast = [f"CAST({c} AS {t}) AS {c}" for c, t in table.types]
         return self._with_db(df.selectExpr(*cast, "CAST(created_ms AS long) AS created_ms"))
 
     def producer_groups(
@@ -252,7 +263,7 @@ class Database:
         table = TABLES[kind]
         if not self.has(kind) or not all(where.values()):
             return []
-        names = [name for name, _ in _types(table)]
+        names = table.names
         (col, values), *fixed = sorted(where.items(), key=lambda kv: -len(kv[1]))
         cond = " AND ".join(f"{c} IN :{c}" for c in [col, *(c for c, _ in fixed)])
         q = text(
@@ -271,17 +282,6 @@ class Database:
         from pyspark.sql import functions as F
 
         return df.withColumn("db", F.lit(self.name))
-
-
-def _types(table: Table) -> list[tuple[str, str]]:
-    """(name, Spark type) of each column read."""
-    return [(c.split(" ")[0], c.split(" ")[1]) for c in table.columns.split(", ")]
-
-
-def _ms(t: datetime) -> int:
-    """A stored time (naive: UTC) as epoch milliseconds."""
-    since_epoch = (t if t.tzinfo else t.replace(tzinfo=UTC)) - datetime(1970, 1, 1, tzinfo=UTC)
-    return since_epoch // timedelta(milliseconds=1)  # exact, floored as PostgreSQL's is
 
 
 def _sqlite_row(row: Any, names: Sequence[str]) -> tuple[Any, ...]:

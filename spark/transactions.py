@@ -10,12 +10,12 @@ packed in one long).  Every aggregate buffer is numeric, so Spark keeps to hash 
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark.common import Run, mapped
 
-__all__ = ["LOCAL_COMMITTED", "RANK", "candidates", "rank_names"]
+__all__ = ["LOCAL_COMMITTED", "RANK", "candidates"]
 
 RANK = {"ROLLED_BACK": 1, "PENDING": 2, "PARKED": 3, "COMMITTED": 4}
 #: an op record's resolution as the rank of the broker state it leads to
@@ -24,11 +24,6 @@ LOCAL_COMMITTED, _LOCAL_OTHER = 2, 1
 #: a half's rank and commit-log offset packed in one long, so max() picks the best half
 _OFFSET_BITS = 59
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
-
-
-def rank_names(rank: Column) -> Column:
-    """The broker state a rank stands for (MISSING: the broker never got the half)."""
-    return mapped(rank, {v: k for k, v in RANK.items()}, "MISSING")
 
 
 def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) -> DataFrame:
