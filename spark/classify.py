@@ -49,14 +49,12 @@ from pyspark.sql import functions as F
 from spark import messages, transactions
 from spark.common import Run, mapped
 from spark.details import COLUMNS, Anomalies, anomalies
-from spark.job import BadOption
+from spark.job import MAX_ROWS, BadOption
 from spark.sources import Database
 
 __all__ = ["CLASSES", "COLUMNS", "Facts", "classify"]
 
 CLASSES = ("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered")
-#: the most rows of one class the job puts together and writes, by default
-MAX_ROWS = 1_000_000
 
 
 @dataclass

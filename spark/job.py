@@ -48,6 +48,8 @@ JDBC_JAR = "/usr/share/java/postgresql.jar"
 EXAMPLES = 5
 #: the driver's heap a broadcast consumed key takes at its peak (10M keys need 2-3 GiB)
 BROADCAST_BYTES = 320
+#: the most rows of one class the job puts together and writes, by default
+MAX_ROWS = 1_000_000
 
 
 class BadOption(ValueError):
@@ -72,7 +74,7 @@ class Options:
     #: consumed keys up to this many are broadcast, more are shuffled (None: what fits)
     broadcast_keys: int | None = None
     #: the most rows of one class put together and written (its count stays exact)
-    max_rows: int = 1_000_000
+    max_rows: int = MAX_ROWS
     #: Spark settings for the session the job makes (e.g. spark.driver.memory)
     conf: tuple[tuple[str, str], ...] = ()
 
@@ -142,10 +144,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-rows",
         type=int,
-        default=1_000_000,
+        default=MAX_ROWS,
         metavar="N",
         help="write at most N rows of each class, the first by time; the counts stay exact "
-        "(default 1,000,000)",
+        f"(default {MAX_ROWS:,})",
     )
     p.add_argument(
         "--broadcast-keys",
@@ -337,7 +339,7 @@ def _union(frames: Sequence[Any]) -> Any:
 def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
     from spark.classify import CLASSES, classify
-    from spark.common import Run
+    from spark.common import Run, ms
     from spark.sources import Database, read_store
     from spark.store_source import segments
 
@@ -368,7 +370,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         if limit is None:
             heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
             limit = int(heap) // BROADCAST_BYTES
-        since_ms = int(since_read.timestamp() * 1000) if since_read else 0
+        since_ms = ms(since_read) if since_read else 0
         with run.step("store"):  # the segments without an export are decoded (and cached)
             store = read_store(spark, opts.store, since_ms, cached=run.cached)
         tables = {}
