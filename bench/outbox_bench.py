@@ -60,10 +60,16 @@ from sqlalchemy import (  # noqa: E402
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine  # noqa: E402
 from sqlalchemy.orm import sessionmaker  # noqa: E402
 
-import outbox  # noqa: E402
 import txmq  # noqa: E402
 from bench.common import machine_info, percentile  # noqa: E402
-from txmq import ConsumeFrom, Message, MessageExt, Producer, PushConsumer  # noqa: E402
+from txmq import (  # noqa: E402
+    ConsumeFrom,
+    Message,
+    MessageExt,
+    Producer,
+    PushConsumer,
+    outbox,
+)
 from txmq.sqla import metadata as txmq_metadata  # noqa: E402
 
 DEFAULT_DB = os.environ.get(
@@ -110,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def spawn(*args: str, log_level: str = "WARNING") -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "txmq", "--log-level", log_level, *args],
+        [sys.executable, "-m", "txmq.cli", "--log-level", log_level, *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -39,11 +39,9 @@ if str(ROOT) not in sys.path:
 
 from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
-from broker.consumers import dlq_topic  # noqa: E402
-from broker.store.export import export_store  # noqa: E402
-from broker.transaction import HALF_TOPIC, OP_TOPIC  # noqa: E402
+from txmq.broker.store.export import export_store  # noqa: E402
 from txmq.codec import blank_record, encode_record  # noqa: E402
-from txmq.message import Prop, SysFlag  # noqa: E402
+from txmq.message import HALF_TOPIC, OP_TOPIC, Prop, SysFlag, dlq_topic  # noqa: E402
 from txmq.sqla.tables import metadata  # noqa: E402
 
 PG_URL = os.environ.get(
@@ -342,7 +340,7 @@ def run_spark(
     store: Path, db: str, out: Path, now: datetime, spark: Any
 ) -> tuple[float, dict[str, int], dict[str, float]]:
     """The job's time, its counts and the seconds of each of its steps."""
-    from spark.job import Options, run
+    from txmq.spark.job import Options, run
 
     opts = Options(
         store=str(store),
@@ -382,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folder", default="/tmp/txmq-recon-bench")
     p.add_argument("--keep", action="store_true", help="keep the generated data")
     args = p.parse_args(argv)
-    from spark.job import JDBC_JAR, session
-    from spark.sources import read_store
+    from txmq.spark.job import JDBC_JAR, session
+    from txmq.spark.sources import read_store
 
     spark = session(
         args.master,

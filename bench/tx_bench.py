@@ -325,7 +325,7 @@ class BrokerProc:
         with (Path(self.tmp) / "broker.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "txmq", "--log-level", "WARNING"),
+                    *(sys.executable, "-m", "txmq.cli", "--log-level", "WARNING"),
                     *("broker", "start", "--store", f"{self.tmp}/store", "--port", "0"),
                     *("--flush", self.flush, "--ready-file", str(ready)),
                 ],

@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from broker.store import FlushMode, StoreConfig
+from txmq.broker.store import FlushMode, StoreConfig
 from txmq.protocol import DEFAULT_MAX_FRAME_SIZE
 from txmq.settings import SettingsError, load_settings
 

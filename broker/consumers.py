@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from txmq.errors import BadRequest, ResponseCode, TxmqError
+from txmq.message import retry_topic
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult, Response
 
 if TYPE_CHECKING:
-    from broker.server import Broker
-    from broker.topics import TopicManager
+    from txmq.broker.server import Broker
+    from txmq.broker.topics import TopicManager
 
 __all__ = [
     "CONSUME_TYPES",
@@ -32,8 +33,6 @@ __all__ = [
     "ConsumerManager",
     "ConsumerMember",
     "ProducerManager",
-    "dlq_topic",
-    "retry_topic",
     "run_expiry_scan",
 ]
 
@@ -42,14 +41,6 @@ log = logging.getLogger("txmq.broker")
 MESSAGE_MODELS = frozenset({"CLUSTERING", "BROADCASTING"})
 CONSUME_TYPES = frozenset({"CONCURRENTLY", "ORDERLY"})
 _HOOKED = "_txmq_group_close_hook"
-
-
-def retry_topic(group: str) -> str:
-    return f"%RETRY%{group}"
-
-
-def dlq_topic(group: str) -> str:
-    return f"%DLQ%{group}"
 
 
 @dataclass(slots=True)

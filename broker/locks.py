@@ -18,7 +18,7 @@ from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult, Response
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from txmq.broker.server import Broker
 
 __all__ = ["LockEntry", "QueueLockHandlers", "RebalanceLockManager", "parse_queues"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker.jsonfile import read_json, write_json_atomic
+from txmq.broker.jsonfile import read_json, write_json_atomic
 
 __all__ = ["ConsumerOffsetManager"]
 

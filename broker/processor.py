@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgpack
 
-from broker.consumers import ClientGroupHandlers
-from broker.locks import QueueLockHandlers
-from broker.putting import MAX_PROPERTIES_SIZE, check_put, put_or_raise
-from broker.retry import RetryHandlers
-from broker.store import GetStatus, MessageTooLarge, PutResult
+from txmq.broker.consumers import ClientGroupHandlers
+from txmq.broker.locks import QueueLockHandlers
+from txmq.broker.putting import MAX_PROPERTIES_SIZE, check_put, put_or_raise
+from txmq.broker.retry import RetryHandlers
+from txmq.broker.store import GetStatus, MessageTooLarge, PutResult
 from txmq.codec import read_header
 from txmq.errors import (
     BadRequest,
@@ -30,7 +30,7 @@ from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult, Response
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from txmq.broker.server import Broker
 
 __all__ = ["RequestProcessor", "parse_subscription"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.store import MessageStore, MessageTooLarge, PutResult, PutStatus
+from txmq.broker.store import MessageStore, MessageTooLarge, PutResult, PutStatus
 from txmq.errors import BadRequest, BrokerBusy
 from txmq.errors import MessageTooLarge as MessageTooLargeError
 

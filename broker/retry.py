@@ -13,19 +13,18 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.consumers import dlq_topic, retry_topic
-from broker.putting import put_or_raise
-from broker.schedule import ScheduleMessageService
-from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
-from broker.topics import TopicManager
+from txmq.broker.putting import put_or_raise
+from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
+from txmq.broker.topics import TopicManager
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageNotFound, ResponseCode
-from txmq.message import MessageExt, Prop
+from txmq.message import MessageExt, Prop, dlq_topic, retry_topic
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult, Response
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from txmq.broker.server import Broker
 
 __all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RetryHandlers"]
 

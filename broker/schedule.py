@@ -23,21 +23,20 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from broker.jsonfile import read_json, write_json_atomic
-from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutStatus
-from broker.store import MessageTooLarge as StoreMessageTooLarge
+from txmq.broker.jsonfile import read_json, write_json_atomic
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutStatus
+from txmq.broker.store import MessageTooLarge as StoreMessageTooLarge
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, TxmqError
-from txmq.message import MessageExt, Prop, is_system_topic
+from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop, is_system_topic
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from txmq.broker.server import Broker
 
-__all__ = ["SCHEDULE_TOPIC", "Delayed", "ScheduleMessageService"]
+__all__ = ["Delayed", "ScheduleMessageService"]
 
 log = logging.getLogger("txmq.broker.schedule")
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _BATCH = 64
 _DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
 

@@ -17,16 +17,16 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from broker.config import BrokerConfig
-from broker.consumers import ConsumerManager, ProducerManager, run_expiry_scan
-from broker.locks import RebalanceLockManager
-from broker.offsets import ConsumerOffsetManager
-from broker.processor import RequestProcessor
-from broker.schedule import ScheduleMessageService
-from broker.store import MessageStore
-from broker.topics import TopicManager
-from broker.transaction import TransactionService
-from broker.transaction_check import TransactionChecker
+from txmq.broker.config import BrokerConfig
+from txmq.broker.consumers import ConsumerManager, ProducerManager, run_expiry_scan
+from txmq.broker.locks import RebalanceLockManager
+from txmq.broker.offsets import ConsumerOffsetManager
+from txmq.broker.processor import RequestProcessor
+from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.store import MessageStore
+from txmq.broker.topics import TopicManager
+from txmq.broker.transaction import TransactionService
+from txmq.broker.transaction_check import TransactionChecker
 from txmq.remoting import Connection
 
 __all__ = ["Broker", "EmbeddedBroker"]

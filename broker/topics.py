@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from broker.jsonfile import read_json, write_json_atomic
+from txmq.broker.jsonfile import read_json, write_json_atomic
 from txmq.errors import InvalidTopic, NoPermission, TopicNotFound
 from txmq.message import is_system_topic, validate_topic_name
 

@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.jsonfile import read_json
-from broker.putting import put_or_raise
-from broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
-from broker.topics import TopicManager
+from txmq.broker.jsonfile import read_json
+from txmq.broker.putting import put_or_raise
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
+from txmq.broker.topics import TopicManager
 from txmq.codec import decode_record
 from txmq.errors import (
     BadRequest,
@@ -46,19 +46,24 @@ from txmq.errors import (
     ResponseCode,
     TransactionNotFound,
 )
-from txmq.message import MessageExt, Prop, SysFlag, new_message_id
+from txmq.message import (
+    HALF_TOPIC,
+    OP_TOPIC,
+    PARKED_TOPIC,
+    MessageExt,
+    Prop,
+    SysFlag,
+    new_message_id,
+)
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from txmq.broker.server import Broker
 
 __all__ = [
     "COMMIT",
-    "HALF_TOPIC",
-    "OP_TOPIC",
     "PARKED",
-    "PARKED_TOPIC",
     "ROLLBACK",
     "PendingHalf",
     "TransactionService",
@@ -68,9 +73,6 @@ __all__ = [
 
 log = logging.getLogger("txmq.broker.transaction")
 
-HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
-OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-PARKED_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 COMMIT, ROLLBACK, UNKNOWN, PARKED = "COMMIT", "ROLLBACK", "UNKNOWN", "PARKED"
 _STATES = frozenset({COMMIT, ROLLBACK, UNKNOWN})
 _RESULT = {COMMIT: "COMMITTED", ROLLBACK: "ROLLED_BACK"}

@@ -27,23 +27,22 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from broker.jsonfile import write_json_atomic
-from broker.store import CQ_TAG_PROPERTY
-from broker.transaction import (
+from txmq.broker.jsonfile import write_json_atomic
+from txmq.broker.store import CQ_TAG_PROPERTY
+from txmq.broker.transaction import (
     PARKED,
-    PARKED_TOPIC,
     PendingHalf,
     TransactionService,
     header_int,
 )
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, ResponseCode, TxmqError
-from txmq.message import Prop
+from txmq.message import PARKED_TOPIC, Prop
 from txmq.protocol import Frame, RequestCode
 from txmq.remoting import Connection, HandlerResult, Response
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from txmq.broker.server import Broker
 
 __all__ = ["TransactionChecker"]
 
@@ -178,8 +177,7 @@ class TransactionChecker:
             half.group,
             half.topic,
             half.check_times,
-            PARKED_TOPIC,
-        )
+                )
         return True
 
     # -- listing --------------------------------------------------------------------------

@@ -3,7 +3,7 @@ them to the broker, at least once and in order per sharding key.
 
 ::
 
-    from outbox import OutboxRelay, add, add_async
+    from txmq.outbox import OutboxRelay, add, add_async
 
     with Session(engine) as session, session.begin():
         session.add(Order(id=order_id, amount=42))
@@ -17,10 +17,10 @@ Or run ``txmq outbox relay --db URL --broker HOST:PORT``; blocking applications 
 created by ``txmq db upgrade`` (revision 0002).
 """
 
-from outbox import sync
-from outbox.claim import Outcome, Row
-from outbox.relay import OUTAGE_ERRORS, OutboxNotReady, OutboxRelay, async_url
-from outbox.store import (
+from txmq.outbox import sync
+from txmq.outbox.claim import Outcome, Row
+from txmq.outbox.relay import OUTAGE_ERRORS, OutboxNotReady, OutboxRelay, async_url
+from txmq.outbox.store import (
     CHANNEL,
     OutboxStats,
     add,

@@ -46,7 +46,7 @@ from sqlalchemy import (
     update,
 )
 
-from outbox.store import utcnow
+from txmq.outbox.store import utcnow
 from txmq.sqla.checker import begin_immediate
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
 

@@ -44,8 +44,6 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from outbox.claim import Outcome, Row, claim, mark
-from outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
 from txmq.db import describe_db_error
 from txmq.errors import (
     BrokerBusy,
@@ -55,6 +53,8 @@ from txmq.errors import (
     TxmqError,
 )
 from txmq.message import Message, Prop, stable_hash
+from txmq.outbox.claim import Outcome, Row, claim, mark
+from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
 from txmq.producer import Producer
 from txmq.sqla.tables import outbox as outbox_table
 

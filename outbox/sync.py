@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from outbox import relay as _relay
-from outbox.store import OutboxStats
+from txmq.outbox import relay as _relay
+from txmq.outbox.store import OutboxStats
 from txmq.sync import SyncClient
 
 __all__ = ["OutboxRelay"]

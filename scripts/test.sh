@@ -30,7 +30,7 @@ echo "== setting up .venv"
 scripts/setup.sh dev
 
 echo "== ruff"
-.venv/bin/ruff check txmq broker outbox migrations examples spark tests bench
+.venv/bin/ruff check txmq broker outbox migrations cli examples spark tests bench
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"

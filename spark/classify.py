@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark import messages, transactions
-from spark.common import Run, mapped
-from spark.details import COLUMNS, Anomalies, anomalies
-from spark.job import MAX_ROWS, BadOption
-from spark.sources import Database
+from txmq.spark import messages, transactions
+from txmq.spark.common import Run, mapped
+from txmq.spark.details import COLUMNS, Anomalies, anomalies
+from txmq.spark.job import MAX_ROWS, BadOption
+from txmq.spark.sources import Database
 
 __all__ = ["CLASSES", "COLUMNS", "Facts", "classify"]
 

@@ -20,9 +20,9 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark.common import Run, ms
-from spark.sources import TABLES, Database
-from spark.transactions import LOCAL_COMMITTED, RANK
+from txmq.spark.common import Run, ms
+from txmq.spark.sources import TABLES, Database
+from txmq.spark.transactions import LOCAL_COMMITTED, RANK
 
 __all__ = ["COLUMNS", "SCHEMA", "Anomalies", "anomalies"]
 

@@ -276,7 +276,7 @@ class Result:
         return not any(self.counts.values())
 
     def summary(self) -> str:
-        from txmq.cli import format_table
+        from txmq.fmt import format_table
 
         f = self.facts
         lines = [
@@ -288,7 +288,7 @@ class Result:
             f"messages waiting in retry topics: {f['retrying']}",
             "",
         ]
-        from spark.classify import CLASSES, COLUMNS
+        from txmq.spark.classify import CLASSES, COLUMNS
 
         lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
         for c, n in f.get("truncated", {}).items():
@@ -324,7 +324,7 @@ def _write(rows: Any, folder: Path) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    from spark.details import SCHEMA
+    from txmq.spark.details import SCHEMA
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -338,10 +338,10 @@ def _union(frames: Sequence[Any]) -> Any:
 
 def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
-    from spark.classify import CLASSES, classify
-    from spark.common import Run, ms
-    from spark.sources import Database, read_store
-    from spark.store_source import segments
+    from txmq.spark.classify import CLASSES, classify
+    from txmq.spark.common import Run, ms
+    from txmq.spark.sources import Database, read_store
+    from txmq.spark.store_source import segments
 
     started = time.perf_counter()
     segments(opts.store)  # clear errors before any Spark work
@@ -438,8 +438,8 @@ def execute(opts: Options, spark: Any | None = None) -> int:
     except ImportError:
         print("txmq reconcile needs PySpark: pip install 'txmq[spark]'", file=sys.stderr)
         return 2
-    from spark.sources import DatabaseUnreachable
-    from spark.store_source import StoreUnreadable
+    from txmq.spark.sources import DatabaseUnreachable
+    from txmq.spark.store_source import StoreUnreadable
 
     try:
         result = run(opts, spark)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark.common import Run, mapped
+from txmq.spark.common import Run, mapped
 
 __all__ = ["MAX_GROUPS", "consumed_hashes", "flags", "pairs"]
 

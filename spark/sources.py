@@ -22,9 +22,9 @@ from sqlalchemy import bindparam, create_engine, inspect, make_url, text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker.store.export import valid_export
-from spark.common import ms
-from spark.store_source import NAME, SCHEMA, StoreDataSource, segments
+from txmq.broker.store.export import valid_export
+from txmq.spark.common import ms
+from txmq.spark.store_source import NAME, SCHEMA, StoreDataSource, segments
 
 __all__ = [
     "TABLES",

@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from broker.store.export import FIELDS, StoreUnreadable, scan_segment, segment_files
+from txmq.broker.store.export import FIELDS, StoreUnreadable, scan_segment, segment_files
 from txmq.codec import HEADER, MESSAGE_MAGIC, PREFIX
 
 __all__ = ["NAME", "SCHEMA", "SegmentPart", "StoreDataSource", "StoreUnreadable", "segments"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark.common import Run, mapped
+from txmq.spark.common import Run, mapped
 
 __all__ = ["LOCAL_COMMITTED", "RANK", "candidates"]
 

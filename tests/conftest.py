@@ -20,8 +20,8 @@ import anyio
 import anyio.from_thread
 import pytest
 
-from broker.config import BrokerConfig
-from broker.server import EmbeddedBroker
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 

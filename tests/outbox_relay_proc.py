@@ -13,7 +13,7 @@ import sys
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from outbox import OutboxRelay, Outcome, Row
+from txmq.outbox import OutboxRelay, Outcome, Row
 
 
 class HangBeforeMark(OutboxRelay):

@@ -25,7 +25,7 @@ from txmq.transaction import (
 )
 
 if TYPE_CHECKING:
-    from txmq.inbox import idempotent
+    from txmq.sqla.inbox import idempotent
 
 __all__ = [
     "AdminClient",
@@ -60,7 +60,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # txmq.idempotent needs SQLAlchemy, imported only when it is first used
     if name == "idempotent":
-        from txmq.inbox import idempotent
+        from txmq.sqla.inbox import idempotent
 
         globals()["idempotent"] = idempotent
         return idempotent

@@ -1,13 +1,9 @@
-"""``txmq db``: create, upgrade and inspect txmq's tables in an application database."""
+"""Short database connections for commands and jobs, and readable database errors."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
-import sys
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -15,118 +11,11 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
     from sqlalchemy.exc import SQLAlchemyError
 
-# SQLAlchemy and alembic are imported when a db command runs, not with the CLI.
+# SQLAlchemy is imported when a function runs, not with this module (the CLI imports it).
 
-__all__ = ["add_db_parser", "describe_db_error", "run_db"]
+__all__ = ["describe_db_error", "with_connection"]
 
 R = TypeVar("R")
-
-
-def add_db_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``txmq db ...`` to the ``txmq`` command's subcommands."""
-    d = sub.add_parser(
-        "db",
-        help="txmq's tables in your database (migrations, log retention)",
-        description=(
-            "Manage the tables txmq owns in an application database (the local-transaction "
-            "log, ...). Migrations are alembic revisions with their own version table, "
-            "txmq_alembic_version. URL is a SQLAlchemy URL, e.g. "
-            "postgresql+psycopg://user@host/db or sqlite:///app.db."
-        ),
-    )
-    dsub = d.add_subparsers(dest="db_cmd", required=True)
-    up = dsub.add_parser("upgrade", help="create or upgrade txmq's tables")
-    up.add_argument("--revision", default="head", help="target revision (default head)")
-    down = dsub.add_parser("downgrade", help="downgrade txmq's tables ('base' drops them)")
-    down.add_argument("--revision", required=True, help="target revision, e.g. base")
-    dsub.add_parser("current", help="the txmq revision the database is at")
-    clean = dsub.add_parser("cleanup", help="delete old rows of the transaction log")
-    clean.add_argument(
-        "--older-than-days",
-        type=float,
-        default=7.0,
-        help="delete rows older than this (default 7); keep them longer than the broker "
-        "may still check a half message",
-    )
-    clean.add_argument(
-        "--table",
-        choices=["transaction-log", "consumed-keys"],
-        default="transaction-log",
-        help="which table: the transaction log (default) or idempotent consumers' keys",
-    )
-    clean.add_argument("--group", help="consumed-keys: only this dedupe group")
-    for p in (up, down, dsub.choices["current"], clean):
-        p.add_argument("--url", required=True, help="SQLAlchemy database URL")
-    d.set_defaults(func=run_db)
-
-
-def run_db(args: argparse.Namespace) -> int:
-    alembic_log = logging.getLogger("alembic")
-    if not alembic_log.isEnabledFor(logging.DEBUG):
-        alembic_log.setLevel(logging.WARNING)  # we print what happened ourselves
-
-    from alembic.util import CommandError
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        return _run(args)
-    except SQLAlchemyError as exc:
-        print(f"txmq: error: {describe_db_error(exc, args.url)}", file=sys.stderr)
-    except CommandError as exc:
-        print(f"txmq: error: {exc}", file=sys.stderr)
-    return 1
-
-
-def _run(args: argparse.Namespace) -> int:
-    from alembic import command
-    from sqlalchemy import make_url
-
-    from txmq.sqla import migrate
-
-    url: str = args.url
-    make_url(url)  # a malformed URL fails here, with ArgumentError
-    cmd = args.db_cmd
-    if cmd in ("upgrade", "downgrade"):
-        before = _current_text(url)
-        run = command.upgrade if cmd == "upgrade" else command.downgrade
-        run(migrate.alembic_config(url), args.revision)
-        after = _current_text(url)
-        if after == before:
-            print(f"txmq tables already at {after}")
-        else:
-            print(f"txmq tables: {before} -> {after}")
-    elif cmd == "current":
-        text = _current_text(url)
-        print(text if text != "base" else "base (no txmq tables: run 'txmq db upgrade --url URL')")
-    elif cmd == "cleanup":
-        from txmq.sqla.checker import _cleanup_on
-
-        age = timedelta(days=args.older_than_days)
-        if args.table == "consumed-keys":
-            from txmq.inbox import cleanup_consumed_keys
-
-            deleted = with_connection(
-                url, lambda conn: cleanup_consumed_keys(conn, age, group=args.group)
-            )
-            print(f"deleted {deleted} consumed key(s) older than {age}")
-            return 0
-        deleted = with_connection(url, lambda conn: _cleanup_on(conn, age, 10_000))
-        print(f"deleted {deleted} transaction-log row(s) older than {age}")
-    else:  # pragma: no cover - argparse rejects it
-        raise SystemExit(f"unknown db command {cmd}")
-    return 0
-
-
-def _current_text(url: str) -> str:
-    from alembic.script import ScriptDirectory
-
-    from txmq.sqla import migrate
-
-    heads = with_connection(url, migrate.current)
-    if not heads:
-        return "base"
-    head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
-    return ", ".join(f"{rev} (head)" if rev == head else rev for rev in heads)
 
 
 def with_connection(url: str, fn: Callable[[Connection], R]) -> R:

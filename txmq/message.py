@@ -15,13 +15,19 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = [
+    "HALF_TOPIC",
+    "OP_TOPIC",
+    "PARKED_TOPIC",
+    "SCHEDULE_TOPIC",
     "SYSTEM_TOPIC_PREFIXES",
     "Message",
     "MessageExt",
     "Prop",
     "SysFlag",
+    "dlq_topic",
     "is_system_topic",
     "new_message_id",
+    "retry_topic",
     "stable_hash",
     "tag_hash",
     "validate_topic_name",
@@ -89,6 +95,22 @@ class SysFlag:
 
 
 SYSTEM_TOPIC_PREFIXES = ("RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC_", "TRANS_CHECK_MAX_TIME")
+#: half (prepared) messages, their op records, halves parked after the last check-back
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+PARKED_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: delayed messages wait here, a queue per delay level
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+
+def retry_topic(group: str) -> str:
+    """Where consumer group ``group``'s failed messages wait for their next attempt."""
+    return f"%RETRY%{group}"
+
+
+def dlq_topic(group: str) -> str:
+    """Where consumer group ``group``'s messages go after their last attempt."""
+    return f"%DLQ%{group}"
 _TOPIC_MAX_LEN = 127
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%|.")
 

@@ -19,7 +19,7 @@ import anyio.abc
 
 from txmq.allocate import AllocateStrategy, MessageQueue, allocate_averagely
 from txmq.errors import TopicNotFound, TxmqError
-from txmq.message import MessageExt, Prop, is_system_topic
+from txmq.message import MessageExt, Prop, is_system_topic, retry_topic
 from txmq.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from txmq.process_queue import ProcessQueue
 from txmq.protocol import Frame, RequestCode
@@ -58,10 +58,6 @@ Listener = Callable[
 ]
 """``listener(message)``: return SUCCESS (or None / True), or RECONSUME_LATER (or False);
 raising counts as RECONSUME_LATER. Sync listeners run in worker threads."""
-
-
-def retry_topic(group: str) -> str:
-    return f"%RETRY%{group}"
 
 
 def _client_id(instance_name: str) -> str:

@@ -49,12 +49,18 @@ from typing import Any
 
 import msgpack
 
-from broker.consumers import dlq_topic, retry_topic
-from broker.store.commitlog import segment_paths
-from broker.store.exporting import EXPORT_DIR, export_file
-from broker.transaction import HALF_TOPIC, OP_TOPIC
+from txmq.broker.store.commitlog import segment_paths
+from txmq.broker.store.exporting import EXPORT_DIR, export_file
 from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX
-from txmq.message import Prop, SysFlag, is_system_topic
+from txmq.message import (
+    HALF_TOPIC,
+    OP_TOPIC,
+    Prop,
+    SysFlag,
+    dlq_topic,
+    is_system_topic,
+    retry_topic,
+)
 
 try:
     import pyarrow as pa  # type: ignore[import-untyped]

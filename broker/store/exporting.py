@@ -125,7 +125,7 @@ class SegmentExporter:
         return folder.is_dir() and any(folder.iterdir())
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-m", "broker.store.export", str(self._root)]
+        return [sys.executable, "-m", "txmq.broker.store.export", str(self._root)]
 
     def _export(self) -> None:
         if self._disabled or not self._has_work():

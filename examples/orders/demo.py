@@ -114,7 +114,7 @@ class Demo:
     def start_broker(self) -> None:
         cfg = self.folder / "broker.toml"
         cfg.write_text(BROKER_TOML)
-        args = ["txmq", "broker", "start", "--store", str(self.folder / "broker")]
+        args = ["txmq.cli", "broker", "start", "--store", str(self.folder / "broker")]
         args += ["--port", str(self.port), "--config", str(cfg)]
         self.broker = Proc("broker", args, self.folder / "broker.log")
         self.broker.wait_line("txmq broker listening on ")

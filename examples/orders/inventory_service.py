@@ -24,7 +24,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
 
-import outbox
 import txmq
 from examples.orders.counters import Counters
 from examples.orders.db import connect
@@ -40,8 +39,8 @@ from examples.orders.models import (
     StockReply,
 )
 from examples.orders.web import JsonServer
-from outbox.store import pending_lag
-from txmq import ConsumeFrom, ConsumeResult, Message, MessageExt, PushConsumer
+from txmq import ConsumeFrom, ConsumeResult, Message, MessageExt, PushConsumer, outbox
+from txmq.outbox.store import pending_lag
 
 __all__ = ["GROUP", "InventoryService"]
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
-from broker.server import EmbeddedBroker
 from examples.orders import db as dbs
 from examples.orders.checker import check
 from examples.orders.demo import ALL_FAULTS, DemoConfig, run_demo
@@ -37,6 +36,7 @@ from examples.orders.order_service import OrderService
 from examples.orders.web import request
 from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
+from txmq.broker.server import EmbeddedBroker
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.server import EmbeddedBroker
 from txmq import InvalidTopic, Message, MessageTooLarge, NoPermission
+from txmq.broker.server import EmbeddedBroker
 from txmq.errors import BadRequest, ResponseCode, TopicNotFound
 from txmq.protocol import PREFIX, FrameDecoder, FrameKind, RequestCode, encode_frame
 from txmq.remoting import parse_address

@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
 from txmq import AdminClient
+from txmq.broker.server import EmbeddedBroker
 from txmq.client import BrokerClient
 from txmq.errors import BadRequest
 from txmq.protocol import Frame, RequestCode

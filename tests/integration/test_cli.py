@@ -17,7 +17,7 @@ from txmq.sync import Producer, PullConsumer
 
 def txmq(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "txmq", *args],
+        [sys.executable, "-m", "txmq.cli", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.server import EmbeddedBroker
 from tests.conftest import BrokerProcess
 from txmq import BrokerUnavailable, Message, Producer
+from txmq.broker.server import EmbeddedBroker
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,7 @@ import txmq
 from tests.conftest import ROOT
 from tests.outbox_support import Db, effects, make_db
 from txmq import ConsumeResult, MessageExt
-from txmq.inbox import cleanup_consumed_keys, default_key
+from txmq.sqla.inbox import cleanup_consumed_keys, default_key
 from txmq.sqla.tables import consumed_keys
 
 pytestmark = pytest.mark.anyio
@@ -244,8 +244,8 @@ def test_retention_cleanup(db: Db) -> None:
     apply(message("x", "old3"))
     age_keys(db.engine, 48)
     r = subprocess.run(
-        [sys.executable, "-m", "txmq", "db", "cleanup", "--url", db.url, "--table", "consumed-keys",
-         "--older-than-days", "1"],
+        [sys.executable, "-m", "txmq.cli", "db", "cleanup", "--url", db.url,
+         "--table", "consumed-keys", "--older-than-days", "1"],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0 and "deleted 1 consumed key(s)" in r.stdout, r.stderr

@@ -20,10 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import txmq
-from broker.server import EmbeddedBroker
 from tests.conftest import Spawner, read_line
 from tests.outbox_support import Db, effects, make_db, until
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, Producer, PushConsumer
+from txmq.broker.server import EmbeddedBroker
 from txmq.sqla.tables import consumed_keys
 
 pytestmark = pytest.mark.anyio

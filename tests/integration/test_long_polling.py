@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.config import BrokerConfig
-from broker.server import Broker, EmbeddedBroker
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import Broker, EmbeddedBroker
 from txmq.protocol import Frame, FrameKind, RequestCode
 
 pytestmark = pytest.mark.anyio

@@ -19,14 +19,13 @@ from sqlalchemy import create_engine, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-import outbox
-from broker.server import EmbeddedBroker
-from outbox import async_url
 from tests.conftest import ROOT
 from tests.outbox_support import Db, by_key, effects, make_db, read_topic, until
-from txmq import AdminClient, Message, Producer
+from txmq import AdminClient, Message, Producer, outbox
+from txmq.broker.server import EmbeddedBroker
 from txmq.errors import InvalidTopic, NoPermission
 from txmq.message import Prop
+from txmq.outbox import async_url
 from txmq.sqla.tables import outbox as outbox_table
 
 pytestmark = pytest.mark.anyio
@@ -276,7 +275,7 @@ def test_sync_relay_and_cli(db: Db, embedded_broker: Callable[..., EmbeddedBroke
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "txmq", "outbox", *args, "--db", db.url],
+            [sys.executable, "-m", "txmq.cli", "outbox", *args, "--db", db.url],
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -317,7 +316,10 @@ async def test_relay_refuses_a_database_it_cannot_use(
         await outbox.OutboxRelay(nowhere, b.address).start()
     with anyio.fail_after(60):
         r = await anyio.run_process(
-            [sys.executable, "-m", "txmq", "outbox", "relay", "--db", empty, "--broker", b.address],
+            [
+                sys.executable, "-m", "txmq.cli", "outbox", "relay",
+                "--db", empty, "--broker", b.address,
+            ],
             cwd=ROOT,
             check=False,
         )

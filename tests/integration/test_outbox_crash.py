@@ -16,12 +16,11 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-import outbox
 import txmq
-from broker.server import EmbeddedBroker
 from tests.conftest import Spawner, read_line
 from tests.outbox_support import by_key, effects, make_db, read_topic, until
-from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer
+from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer, outbox
+from txmq.broker.server import EmbeddedBroker
 
 pytestmark = pytest.mark.anyio
 
@@ -106,7 +105,7 @@ async def test_three_relays_deliver_every_row_in_key_order(
     with make_db(backend, tmp_path) as db, contextlib.closing(spawn) as _:
         relays = [
             spawn(
-                "-m", "txmq", "outbox", "relay", "--db", db.url, "--broker", b.address,
+                "-m", "txmq.cli", "outbox", "relay", "--db", db.url, "--broker", b.address,
                 "--batch-size", "20", "--stats-interval", "0",
             )
             for _ in range(3)

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
 from txmq import AdminClient, Message, Producer, PullConsumer, SendResult, TopicNotFound
+from txmq.broker.server import EmbeddedBroker
 from txmq.message import Prop, stable_hash
 
 pytestmark = pytest.mark.anyio

@@ -17,9 +17,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
 from tests.conftest import ROOT, wait_for
 from txmq import AdminClient, Message, Producer
+from txmq.broker.server import EmbeddedBroker
 from txmq.message import MessageExt
 from txmq.push import PushConsumer
 from txmq.sync import Producer as SyncProducer

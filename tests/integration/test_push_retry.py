@@ -8,8 +8,8 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
 from txmq import AdminClient, Message, Producer
+from txmq.broker.server import EmbeddedBroker
 from txmq.message import MessageExt
 from txmq.push import ConsumeResult, PushConsumer
 

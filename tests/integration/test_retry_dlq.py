@@ -13,10 +13,10 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
 from tests.conftest import ROOT, BrokerProcess, wait_for
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
 from txmq import sync as txsync
+from txmq.broker.server import EmbeddedBroker
 from txmq.client import BrokerClient
 from txmq.errors import BadRequest, MessageNotFound
 from txmq.message import MessageExt, Prop, new_message_id
@@ -407,7 +407,7 @@ def test_dlq_sync_admin_and_cli(embedded_broker: Callable[..., EmbeddedBroker]) 
 
     def txmq(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "txmq", "admin", "--broker", eb.address, *args],
+            [sys.executable, "-m", "txmq.cli", "admin", "--broker", eb.address, *args],
             capture_output=True,
             text=True,
             cwd=ROOT,

@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.server import EmbeddedBroker
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
+from txmq.broker.server import EmbeddedBroker
 
 pytestmark = pytest.mark.anyio
 

@@ -34,7 +34,6 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import txmq.sqla
-from broker.server import EmbeddedBroker
 from tests.conftest import ROOT
 from tests.sqla_support import pg_schema
 from txmq import (
@@ -47,6 +46,7 @@ from txmq import (
     PushConsumer,
     TransactionProducer,
 )
+from txmq.broker.server import EmbeddedBroker
 from txmq.message import Prop
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction_log
 from txmq.transaction import LocalTransactionState

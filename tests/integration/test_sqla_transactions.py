@@ -23,11 +23,11 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.server import EmbeddedBroker
 from tests.conftest import wait_for
 from tests.sqla_support import Order, create_all, orders, pg_schema
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer, TransactionProducer
 from txmq import sync as txsync
+from txmq.broker.server import EmbeddedBroker
 from txmq.errors import BrokerUnavailable
 from txmq.producer import SendResult
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction, transaction_log

@@ -16,9 +16,6 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.config import BrokerConfig
-from broker.server import EmbeddedBroker
-from broker.transaction import COMMIT, TransactionService
 from tests.conftest import ROOT, BrokerProcess, wait_for
 from txmq import (
     AdminClient,
@@ -32,6 +29,9 @@ from txmq import (
     TransactionProducer,
 )
 from txmq import sync as txsync
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import EmbeddedBroker
+from txmq.broker.transaction import COMMIT, TransactionService
 from txmq.errors import BadRequest
 from txmq.message import MessageExt, Prop, SysFlag
 from txmq.producer import SendResult
@@ -411,7 +411,7 @@ async def test_undecided_half_is_parked_after_the_last_check(
         }
         assert await read_topic(b.address, "tx-parked") == []
 
-    cli = [sys.executable, "-m", "txmq", "admin", "--broker", b.address, "transactions"]
+    cli = [sys.executable, "-m", "txmq.cli", "admin", "--broker", b.address, "transactions"]
     out = await anyio.run_process([*cli, "--parked", "--json"], cwd=ROOT)
     [shown] = json.loads(out.stdout)
     assert shown["msg_id"] == r.msg_id and shown["check_times"] == 3

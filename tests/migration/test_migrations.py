@@ -253,7 +253,7 @@ def test_inside_an_applications_own_alembic(
 
 def txmq_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "txmq", *args],
+        [sys.executable, "-m", "txmq.cli", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from spark.job import JDBC_JAR, session
+from txmq.spark.job import JDBC_JAR, session
 
 
 @pytest.fixture(scope="session")

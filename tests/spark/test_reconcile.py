@@ -19,19 +19,19 @@ import pytest
 from sqlalchemy import Engine, Table, insert, select
 from sqlalchemy.orm import Session
 
-from broker.server import EmbeddedBroker
 from examples.orders import db as dbs
 from examples.orders.checker import check
 from examples.orders.inventory_service import InventoryService
 from examples.orders.models import ORDER_CREATED, STOCK_REPLIES
 from examples.orders.order_service import OrderService
-from spark.classify import CLASSES
-from spark.job import JDBC_JAR, main
 from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
+from txmq.broker.server import EmbeddedBroker
 from txmq.message import Message
 from txmq.protocol import RequestCode
 from txmq.pull import PullConsumer
+from txmq.spark.classify import CLASSES
+from txmq.spark.job import JDBC_JAR, main
 from txmq.sqla import transaction
 from txmq.sqla.tables import consumed_keys, outbox, transaction_log
 from txmq.sync import AdminClient, Producer, TransactionProducer
@@ -198,7 +198,7 @@ def _seed_faults(w: World) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    from broker.config import BrokerConfig
+    from txmq.broker.config import BrokerConfig
 
     folder = tmp_path_factory.mktemp("reconcile")
     with pg_schema() as orders_db, pg_schema() as inventory_db:

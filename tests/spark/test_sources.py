@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import create_engine, insert
 
-from spark.sources import Database, jdbc_url
 from tests.sqla_support import pg_schema
+from txmq.spark.sources import Database, jdbc_url
 from txmq.sqla.tables import metadata, transaction_log
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from broker.store import MessageStore, StoreConfig
-from broker.store.export import StoreUnreadable, export_path, export_store, scan_segment
-from broker.transaction import OP_TOPIC
-from spark.sources import read_store
-from spark.store_source import segments
-from txmq.message import Prop, SysFlag
+from txmq.broker.store import MessageStore, StoreConfig
+from txmq.broker.store.export import StoreUnreadable, export_path, export_store, scan_segment
+from txmq.message import OP_TOPIC, Prop, SysFlag
+from txmq.spark.sources import read_store
+from txmq.spark.store_source import segments
 
 
 def _fill(root: Path) -> dict[str, int]:
@@ -161,7 +160,7 @@ def test_halves_held_back_beyond_the_limit_still_come_out_once(
         return halves, resolved
 
     folded = resolutions()
-    monkeypatch.setattr("broker.store.export._PENDING", 0)
+    monkeypatch.setattr("txmq.broker.store.export._PENDING", 0)
     assert resolutions() == folded
     assert sum(r["kind"] == "op" for r in _rows(tmp_path)) == 2
 

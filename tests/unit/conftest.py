@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.store import GetStatus, MessageStore, PutResult, PutStatus, StoreConfig
+from txmq.broker.store import GetStatus, MessageStore, PutResult, PutStatus, StoreConfig
 from txmq.codec import decode_records
 from txmq.message import MessageExt, Prop, new_message_id
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.store import FlushMode
+from txmq.broker.config import BrokerConfig
+from txmq.broker.store import FlushMode
 from txmq.settings import SettingsError
 
 

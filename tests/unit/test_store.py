@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from broker.store import (
+from txmq.broker.store import (
     CQ_TAG_PROPERTY,
     GetStatus,
     MessageStore,
@@ -16,7 +16,7 @@ from broker.store import (
     StoreConfig,
     StoreError,
 )
-from broker.store.index import key_hash
+from txmq.broker.store.index import key_hash
 from txmq.codec import check_record, decode_record, decode_records
 from txmq.message import Prop, new_message_id, tag_hash
 

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.store import MessageStore, PutResult, StoreConfig, export, exporting
-from broker.store.exporting import SegmentExporter
-from broker.transaction import HALF_TOPIC
-from txmq.message import Prop, SysFlag
+from txmq.broker.config import BrokerConfig
+from txmq.broker.store import MessageStore, PutResult, StoreConfig, export, exporting
+from txmq.broker.store.exporting import SegmentExporter
+from txmq.message import HALF_TOPIC, Prop, SysFlag
 
 HOUR_MS = 3_600_000
 needs_pyarrow = pytest.mark.skipif(not export.available(), reason="pyarrow is not installed")
@@ -135,7 +134,7 @@ def test_no_pyarrow_logs_once_and_exports_nothing(
     make_store, put_msg, tmp_path, monkeypatch, caplog
 ) -> None:
     caplog.set_level(logging.INFO, logger="txmq.broker.store")
-    monkeypatch.setattr("broker.store.store.pyarrow_installed", lambda: False)
+    monkeypatch.setattr("txmq.broker.store.store.pyarrow_installed", lambda: False)
     store = make_store(segment_size=4096)
     _fill(store, put_msg)
     store.shutdown()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from broker.store import FlushMode, GetStatus, StoreError
+from txmq.broker.store import FlushMode, GetStatus, StoreError
 
 HOUR_MS = 3_600_000
 

@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from broker.store import GetStatus
+from txmq.broker.store import GetStatus
 from txmq.codec import decode_record
 
 LOGGER = "txmq.broker.store"
@@ -280,7 +280,7 @@ def test_explicit_tag_code_survives_rebuild(make_store, put_msg, crash_store) ->
 _CHILD = """
 import sys
 from pathlib import Path
-from broker.store import FlushMode, MessageStore, StoreConfig
+from txmq.broker.store import FlushMode, MessageStore, StoreConfig
 
 store = MessageStore(StoreConfig(
     root=Path(sys.argv[1]), segment_size=64 * 1024, flush_mode=FlushMode.SYNC,

@@ -13,6 +13,7 @@ local-transaction log, its exact check-back, and txmq's table migrations.
 """
 
 from txmq.sqla.checker import SqlTransactionChecker
+from txmq.sqla.inbox import idempotent
 from txmq.sqla.local import (
     AsyncLocalTransaction,
     AsyncTransactionalProducer,
@@ -46,6 +47,7 @@ __all__ = [
     "alembic_config",
     "current",
     "downgrade",
+    "idempotent",
     "include_name",
     "metadata",
     "transaction",

@@ -48,7 +48,7 @@ VERSION_TABLE = "txmq_alembic_version"
 
 def script_location() -> Path:
     """The installed ``migrations`` package: alembic's script directory for txmq."""
-    return Path(str(resources.files("migrations")))
+    return Path(str(resources.files("txmq.migrations")))
 
 
 def alembic_config(url: str | None = None, connection: Connection | None = None) -> Config:

@@ -12,13 +12,25 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from broker.config import BrokerConfig
-from broker.server import EmbeddedBroker
+from txmq.broker.config import BrokerConfig
+from txmq.broker.server import EmbeddedBroker
+from txmq.cli.options import SubParsers, add_command
 from txmq.message import Message
 from txmq.pull import PullStatus
 from txmq.sync import AdminClient, Producer, PullConsumer
 
-__all__ = ["run_quickstart"]
+__all__ = ["add_parser", "run_quickstart"]
+
+
+def add_parser(sub: SubParsers) -> None:
+    q = add_command(
+        sub,
+        "quickstart",
+        help="broker in a temporary folder; send and receive",
+        examples="  txmq quickstart\n  txmq quickstart --messages 100",
+    )
+    q.add_argument("--messages", type=int, default=1000, help="how many to send (default 1000)")
+    q.set_defaults(func=lambda args: run_quickstart(args.messages))
 
 
 def run_quickstart(count: int = 1000) -> int:

@@ -13,15 +13,22 @@ from typing import Any
 
 import anyio
 
-__all__ = ["add_outbox_parser", "run_outbox"]
+from txmq.cli.options import SubParsers, add_command
+from txmq.db import describe_db_error, with_connection
+from txmq.fmt import format_table
+
+__all__ = ["add_parser", "run_outbox"]
 
 log = logging.getLogger("txmq.outbox")
 
 
-def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``txmq outbox ...`` to the ``txmq`` command's subcommands."""
-    o = sub.add_parser(
+def add_parser(sub: SubParsers) -> None:
+    o = add_command(
+        sub,
         "outbox",
+        examples="  txmq outbox relay --db postgresql+psycopg://app@db/orders --broker HOST:PORT\n"
+        "  txmq outbox stats --db sqlite:///app.db --json\n"
+        "  txmq outbox requeue --db sqlite:///app.db --all",
         help="the transactional outbox: relay it to the broker, inspect it",
         description=(
             "Messages added with outbox.add() wait in the txmq_outbox table of your database "
@@ -29,7 +36,7 @@ def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "postgresql+psycopg://user@host/db or sqlite:///app.db."
         ),
     )
-    osub = o.add_subparsers(dest="outbox_cmd", required=True)
+    osub = o.add_subparsers(dest="outbox_cmd", required=True, metavar="COMMAND")
     r = osub.add_parser(
         "relay",
         help="send outbox rows to the broker until stopped (SIGTERM/SIGINT)",
@@ -83,8 +90,7 @@ def add_outbox_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run_outbox(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-    from outbox.relay import OutboxNotReady
-    from txmq.db import describe_db_error
+    from txmq.outbox.relay import OutboxNotReady
 
     try:
         if args.outbox_cmd == "relay":
@@ -98,9 +104,7 @@ def run_outbox(args: argparse.Namespace) -> int:
 
 
 def _table_command(args: argparse.Namespace) -> int:
-    import outbox
-    from txmq.cli import format_table
-    from txmq.db import with_connection
+    from txmq import outbox
 
     cmd = args.outbox_cmd
     if cmd == "stats":
@@ -130,7 +134,7 @@ def _table_command(args: argparse.Namespace) -> int:
 
 
 def _relay(args: argparse.Namespace) -> int:
-    from outbox.relay import OutboxRelay
+    from txmq.outbox.relay import OutboxRelay
 
     relay = OutboxRelay(
         args.db,

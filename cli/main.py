@@ -1,0 +1,62 @@
+"""The ``txmq`` command's parser and entry point; each command group has its module."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from txmq.cli import admin, broker, db, outbox, quickstart, reconcile
+from txmq.cli.options import share
+from txmq.errors import TxmqError
+from txmq.settings import SettingsError
+
+__all__ = ["build_parser", "main"]
+
+EXAMPLES = """\
+  txmq quickstart                                   # a broker in a temporary folder, round trip
+  txmq broker start --store /var/lib/txmq --flush sync
+  txmq admin topics --broker 127.0.0.1:10911
+  txmq db upgrade --url postgresql+psycopg://app@db/orders
+  txmq outbox relay --db sqlite:///app.db --broker 127.0.0.1:10911
+  txmq reconcile --store /var/lib/txmq --db sqlite:///app.db --sla 10m
+
+Every option works before or after its subcommand; 'txmq COMMAND --help' shows more."""
+
+
+def _log_level(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--log-level", default=default, help="DEBUG, INFO, WARNING (default INFO)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="txmq",
+        description="Transactional messaging for Python: change your database and tell "
+        "other services, as one reliable step.",
+        epilog=f"examples:\n{EXAMPLES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    broker.add_parser(sub)
+    admin.add_parser(sub)
+    db.add_parser(sub)
+    outbox.add_parser(sub)
+    reconcile.add_parser(sub)
+    quickstart.add_parser(sub)
+    share(p, _log_level)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level > logging.DEBUG:
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # we say what happened ourselves
+    try:
+        return int(args.func(args))
+    except (TxmqError, SettingsError, OSError, ValueError) as exc:
+        print(f"txmq: error: {exc}", file=sys.stderr)
+        return 1

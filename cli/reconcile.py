@@ -1,0 +1,41 @@
+"""``txmq reconcile``: the Spark reconciliation job (:mod:`txmq.spark.job`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from txmq.cli.options import SubParsers, add_command
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: SubParsers) -> None:
+    from txmq.spark.job import add_arguments
+
+    r = add_command(
+        sub,
+        "reconcile",
+        help="find lost, phantom, unconsumed, duplicate, parked and dead-lettered messages",
+        description=(
+            "A PySpark job over the broker's store and txmq's tables in each database; "
+            "writes a Parquet table per anomaly class and exits 1 if any needs attention."
+        ),
+        examples="  txmq reconcile --store /var/lib/txmq --db sqlite:///orders.db "
+        "--db sqlite:///inventory.db --sla 10m\n"
+        "  txmq reconcile --store /var/lib/txmq --db postgresql+psycopg://app@db/orders "
+        "--since -1h --expect billing=orders",
+    )
+    add_arguments(r)
+    r.set_defaults(func=run_reconcile)
+
+
+def run_reconcile(args: argparse.Namespace) -> int:
+    from txmq.spark.job import BadOption, execute, options_from
+
+    try:
+        opts = options_from(args)
+    except BadOption as exc:
+        print(f"txmq reconcile: {exc}", file=sys.stderr)
+        return 2
+    return execute(opts)

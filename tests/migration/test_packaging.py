@@ -1,0 +1,136 @@
+"""What the wheel installs: everything under ``txmq`` (the repository's broker/, outbox/,
+spark/, migrations/ and cli/ as txmq.broker, ...), nothing under a common top-level name
+that an application's own package could shadow or be shadowed by."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ["pyproject.toml", "README.md", "txmq", "broker", "outbox", "spark", "migrations", "cli"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from a copy of the sources (the build leaves nothing in the tree)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(
+                path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy(path, src / name)
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"),
+            *("-q", "-w", str(out), str(src)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("txmq-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def site(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel installed into a fresh virtual environment; its site-packages."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "--python", str(python)),
+            *("install", "-q", "--no-deps", str(wheel)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (packages,) = venv.glob("lib/python*/site-packages")
+    return packages
+
+
+def test_the_wheel_holds_only_txmq(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"txmq"}
+    for expected in (
+        "txmq/broker/server.py",
+        "txmq/broker/store/commitlog.py",
+        "txmq/outbox/relay.py",
+        "txmq/spark/job.py",
+        "txmq/migrations/alembic.ini",
+        "txmq/migrations/versions/0001_transaction_log.py",
+        "txmq/cli/main.py",
+    ):
+        assert expected in names
+
+
+def test_a_fresh_install_has_no_top_level_broker_outbox_spark_or_migrations(site: Path) -> None:
+    present = {p.name for p in site.iterdir()}
+    assert present & {"broker", "outbox", "spark", "migrations", "cli"} == set()
+    assert (site / "txmq" / "broker" / "server.py").is_file()
+    assert not (site / "txmq" / "broker").is_symlink()
+
+
+def _app_with_its_own_migrations(tmp_path: Path) -> Path:
+    """A project folder as Flask-Migrate leaves it: a ``migrations`` package of its own."""
+    app = tmp_path / "app"
+    (app / "migrations" / "versions").mkdir(parents=True)
+    (app / "migrations" / "__init__.py").write_text(
+        'raise ImportError("this is the application\'s own migrations package")\n'
+    )
+    (app / "migrations" / "env.py").write_text("# the application's alembic env\n")
+    (app / "migrations" / "alembic.ini").write_text("[alembic]\n")
+    return app
+
+
+@pytest.mark.parametrize("install", ["wheel", "editable"])
+def test_db_upgrade_from_a_project_with_its_own_migrations_package(
+    install: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    app = _app_with_its_own_migrations(tmp_path)
+    db = app / "app.db"
+    env = {**os.environ, "PYTHONPATH": str(app)}  # as an application run from its folder
+    if install == "wheel":
+        env["PYTHONPATH"] += os.pathsep + str(request.getfixturevalue("site"))
+    r = subprocess.run(
+        [sys.executable, "-m", "txmq.cli", "db", "upgrade", "--url", f"sqlite:///{db}"],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "-> 0003 (head)" in r.stdout
+    engine = create_engine(f"sqlite:///{db}")
+    try:
+        with engine.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+    assert {"txmq_transaction_log", "txmq_outbox", "txmq_consumed_keys"} <= tables
+    if install == "wheel":
+        where = subprocess.run(
+            [sys.executable, "-c", "import txmq.migrations; print(txmq.migrations.__file__)"],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert where.startswith(str(request.getfixturevalue("site")))

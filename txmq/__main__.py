@@ -1,5 +1,0 @@
-import sys
-
-from txmq.cli import main
-
-sys.exit(main())
