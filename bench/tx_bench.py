@@ -368,7 +368,7 @@ async def broker_audit(address: str, wait: float = 5.0) -> tuple[int, int]:
                 break
             await asyncio.sleep(0.2)
         stats = await admin.topic_stats(TOPIC)
-    return pending, sum(q["max_offset"] - q["min_offset"] for q in stats)
+    return pending, sum(q.max_offset - q.min_offset for q in stats)
 
 
 # -- the run --------------------------------------------------------------------------------

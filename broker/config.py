@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from txmq.broker.store import FlushMode, StoreConfig
-from txmq.protocol import DEFAULT_MAX_FRAME_SIZE
 from txmq.settings import SettingsError, load_settings
+from txmq.wire import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "BrokerConfig", "parse_delay_levels"]
 

@@ -12,34 +12,37 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
-from txmq.errors import BadRequest, ResponseCode, TxmqError
+from txmq.errors import BadRequest, TxmqError
 from txmq.message import retry_topic
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection, HandlerResult, Response
+from txmq.remoting import Connection
+from txmq.rpc import Call
+from txmq.wire import (
+    ConsumerList,
+    Empty,
+    GetConsumerListByGroup,
+    Heartbeat,
+    NotifyConsumerIdsChanged,
+    UnregisterClient,
+)
 
 if TYPE_CHECKING:
-    from txmq.broker.server import Broker
     from txmq.broker.topics import TopicManager
 
 __all__ = [
-    "CONSUME_TYPES",
-    "MESSAGE_MODELS",
-    "ClientGroupHandlers",
     "ConsumerGroupInfo",
     "ConsumerManager",
     "ConsumerMember",
+    "GroupService",
     "ProducerManager",
     "run_expiry_scan",
 ]
 
 log = logging.getLogger("txmq.broker")
 
-MESSAGE_MODELS = frozenset({"CLUSTERING", "BROADCASTING"})
-CONSUME_TYPES = frozenset({"CONCURRENTLY", "ORDERLY"})
 _HOOKED = "_txmq_group_close_hook"
 
 
@@ -135,7 +138,7 @@ class ConsumerManager:
             if member.conn.closed:
                 continue
             try:
-                member.conn.oneway(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"group": group})
+                member.conn.send_oneway(NotifyConsumerIdsChanged(group=group))
             except TxmqError as exc:
                 log.debug("notifying %s of group %s failed: %s", member.client_id, group, exc)
 
@@ -188,105 +191,60 @@ class ProducerManager:
         return sorted(self._groups.get(group, {}))
 
 
-def _str(header: dict[str, Any], name: str) -> str:
-    value = header.get(name)
-    if not isinstance(value, str) or not value:
-        raise BadRequest(f"request header field {name!r} must be a non-empty string")
-    return value
+class GroupService:
+    """HEARTBEAT, UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP."""
 
-
-def _str_list(header: dict[str, Any], name: str) -> list[str]:
-    value = header.get(name) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise BadRequest(f"request header field {name!r} must be a list of names")
-    return value
-
-
-def _consumer_entry(raw: object) -> tuple[str, str, str, dict[str, str]]:
-    if not isinstance(raw, dict):
-        raise BadRequest("each heartbeat consumer must be a map")
-    group = _str(raw, "group")
-    model = raw.get("message_model", "CLUSTERING")
-    if model not in MESSAGE_MODELS:
-        raise BadRequest(f"message_model must be one of {sorted(MESSAGE_MODELS)}, not {model!r}")
-    ctype = raw.get("consume_type", "CONCURRENTLY")
-    if ctype not in CONSUME_TYPES:
-        raise BadRequest(f"consume_type must be one of {sorted(CONSUME_TYPES)}, not {ctype!r}")
-    subs = raw.get("subscriptions") or {}
-    if not isinstance(subs, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in subs.items()
-    ):
-        raise BadRequest("subscriptions must map topic names to expressions")
-    return group, model, ctype, subs
-
-
-class ClientGroupHandlers:
-    """HEARTBEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP and the expiry scan."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.consumers: ConsumerManager = broker.consumers
-        self.producers: ProducerManager = broker.producers
-        self.topics: TopicManager = broker.topics
-
-    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
-        return {
-            RequestCode.HEARTBEAT: self.heartbeat,
-            RequestCode.UNREGISTER_CLIENT: self.unregister,
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
-        }
+    def __init__(
+        self, consumers: ConsumerManager, producers: ProducerManager, topics: TopicManager
+    ) -> None:
+        self.consumers = consumers
+        self.producers = producers
+        self.topics = topics
 
     def _on_close(self, conn: Connection) -> None:
         self.consumers.connection_closed(conn)
         self.producers.connection_closed(conn)
 
-    def heartbeat(self, conn: Connection, frame: Frame) -> Response:
-        h = frame.header
-        conn.attributes["client_id"] = h.get("client_id")
-        conn.attributes["groups"] = h.get("groups", {})
-        consumers = h.get("consumers") or []
-        producers = _str_list(h, "producers")
-        if not isinstance(consumers, list):
-            raise BadRequest("request header field 'consumers' must be a list")
-        entries = [_consumer_entry(c) for c in consumers]
-        if not entries and not producers:
-            return (ResponseCode.SUCCESS, None, b"")
-        client_id = _str(h, "client_id")
-        for group, model, _, _ in entries:
-            if model == "CLUSTERING":
-                name = retry_topic(group)
+    def heartbeat(self, req: Heartbeat, call: Call) -> Empty:
+        conn = call.conn
+        conn.attributes["client_id"] = req.client_id
+        if not req.consumers and not req.producers:
+            return Empty()
+        if not req.client_id:
+            raise BadRequest("Heartbeat: header field 'client_id' must not be empty")
+        for entry in req.consumers:
+            if entry.message_model == "CLUSTERING":
+                name = retry_topic(entry.group)
                 cfg = self.topics.get(name)
                 if cfg is None or not cfg.system:
                     self.topics.create_or_update(name, 1, system=True)
         if not conn.attributes.get(_HOOKED):
             conn.attributes[_HOOKED] = True
             conn.on_close.append(self._on_close)
-        for group, model, ctype, subs in entries:
+        for entry in req.consumers:
             self.consumers.register(
-                group,
-                client_id,
+                entry.group,
+                req.client_id,
                 conn,
-                message_model=model,
-                consume_type=ctype,
-                subscriptions=subs,
+                message_model=entry.message_model,
+                consume_type=entry.consume_type,
+                subscriptions=entry.subscriptions,
             )
-        for group in producers:
-            self.producers.register(group, client_id, conn)
-        conn.attributes["consumer_groups"] = [e[0] for e in entries]
-        conn.attributes["producer_groups"] = list(producers)
-        return (ResponseCode.SUCCESS, None, b"")
+        for group in req.producers:
+            self.producers.register(group, req.client_id, conn)
+        conn.attributes["consumer_groups"] = [e.group for e in req.consumers]
+        conn.attributes["producer_groups"] = list(req.producers)
+        return Empty()
 
-    def unregister(self, conn: Connection, frame: Frame) -> Response:
-        h = frame.header
-        client_id = _str(h, "client_id")
-        for group in _str_list(h, "consumer_groups"):
-            self.consumers.unregister(group, client_id)
-        for group in _str_list(h, "producer_groups"):
-            self.producers.unregister(group, client_id)
-        return (ResponseCode.SUCCESS, None, b"")
+    def unregister(self, req: UnregisterClient, call: Call) -> Empty:
+        for group in req.consumer_groups:
+            self.consumers.unregister(group, req.client_id)
+        for group in req.producer_groups:
+            self.producers.unregister(group, req.client_id)
+        return Empty()
 
-    def consumer_list(self, conn: Connection, frame: Frame) -> Response:
-        group = _str(frame.header, "group")
-        return (ResponseCode.SUCCESS, {"client_ids": self.consumers.client_ids(group)}, b"")
+    def consumer_list(self, req: GetConsumerListByGroup, call: Call) -> ConsumerList:
+        return ConsumerList(client_ids=self.consumers.client_ids(req.group))
 
 
 async def run_expiry_scan(

@@ -11,16 +11,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from txmq.errors import BadRequest, ResponseCode
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection, HandlerResult, Response
+from txmq.rpc import Call
+from txmq.wire import Empty, LockBatchMq, Locked, UnlockBatchMq
 
-if TYPE_CHECKING:
-    from txmq.broker.server import Broker
-
-__all__ = ["LockEntry", "QueueLockHandlers", "RebalanceLockManager", "parse_queues"]
+__all__ = ["LockEntry", "LockService", "RebalanceLockManager"]
 
 Queue = tuple[str, int]
 
@@ -89,53 +84,16 @@ class RebalanceLockManager:
         return entry.client_id
 
 
-def parse_queues(raw: object) -> list[Queue]:
-    """``[[topic, queue_id], ...]`` from a request header."""
-    if not isinstance(raw, list):
-        raise BadRequest("request header field 'queues' must be a list of [topic, queue_id]")
-    out: list[Queue] = []
-    for item in raw:
-        if (
-            not isinstance(item, list | tuple)
-            or len(item) != 2
-            or not isinstance(item[0], str)
-            or not isinstance(item[1], int)
-            or isinstance(item[1], bool)
-        ):
-            raise BadRequest(f"queue {item!r} is not a [topic, queue_id] pair")
-        out.append((item[0], item[1]))
-    return out
-
-
-def _str_field(header: dict[str, Any], name: str) -> str:
-    value = header.get(name)
-    if not isinstance(value, str) or not value:
-        raise BadRequest(f"request header field {name!r} must be a non-empty string")
-    return value
-
-
-class QueueLockHandlers:
+class LockService:
     """LOCK_BATCH_MQ and UNLOCK_BATCH_MQ."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.locks: RebalanceLockManager = broker.locks
+    def __init__(self, locks: RebalanceLockManager) -> None:
+        self.locks = locks
 
-    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
-        return {
-            RequestCode.LOCK_BATCH_MQ: self.lock_batch,
-            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
-        }
+    def lock_batch(self, req: LockBatchMq, call: Call) -> Locked:
+        locked = self.locks.try_lock_batch(req.group, req.queues, req.client_id)
+        return Locked(locked=locked)
 
-    def lock_batch(self, conn: Connection, frame: Frame) -> Response:
-        h = frame.header
-        locked = self.locks.try_lock_batch(
-            _str_field(h, "group"), parse_queues(h.get("queues")), _str_field(h, "client_id")
-        )
-        return (ResponseCode.SUCCESS, {"locked": [[t, q] for t, q in locked]}, b"")
-
-    def unlock_batch(self, conn: Connection, frame: Frame) -> Response:
-        h = frame.header
-        self.locks.unlock_batch(
-            _str_field(h, "group"), parse_queues(h.get("queues")), _str_field(h, "client_id")
-        )
-        return (ResponseCode.SUCCESS, None, b"")
+    def unlock_batch(self, req: UnlockBatchMq, call: Call) -> Empty:
+        self.locks.unlock_batch(req.group, req.queues, req.client_id)
+        return Empty()

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from txmq.broker.store import MessageStore, MessageTooLarge, PutResult, PutStatus
+from txmq.broker.store import MAX_PROPERTIES_SIZE, MessageStore, PutResult, PutStatus
 from txmq.errors import BadRequest, BrokerBusy
-from txmq.errors import MessageTooLarge as MessageTooLargeError
 
-__all__ = ["MAX_PROPERTIES_SIZE", "check_put", "put_or_raise"]
-
-MAX_PROPERTIES_SIZE = 32767
+__all__ = ["check_put", "put_or_raise"]
 
 
 def check_put(r: PutResult) -> PutResult:
@@ -25,9 +22,6 @@ def check_put(r: PutResult) -> PutResult:
 
 
 def put_or_raise(store: MessageStore, **put: Any) -> PutResult:
-    """``store.put(**put)``, raising the protocol error for a refused message."""
-    try:
-        r = store.put(**put)
-    except MessageTooLarge as exc:
-        raise MessageTooLargeError(str(exc)) from None
-    return check_put(r)
+    """``store.put(**put)``, raising the protocol error for a refused message (a message
+    over the size limits raises :class:`txmq.errors.MessageTooLarge` from the store)."""
+    return check_put(store.put(**put))

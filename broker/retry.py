@@ -9,24 +9,28 @@ list the DLQ and re-send messages from it to the retry topic (DLQ_LIST / DLQ_RES
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
+from txmq.broker.context import BrokerContext
 from txmq.broker.putting import put_or_raise
 from txmq.broker.schedule import ScheduleMessageService
-from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
-from txmq.broker.topics import TopicManager
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult
 from txmq.codec import decode_record
-from txmq.errors import BadRequest, MessageNotFound, ResponseCode
+from txmq.errors import BadRequest, MessageNotFound
 from txmq.message import MessageExt, Prop, dlq_topic, retry_topic
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection, HandlerResult, Response
+from txmq.rpc import Call
+from txmq.wire import (
+    ConsumerSendMsgBack,
+    DlqList,
+    DlqPage,
+    DlqResend,
+    DlqResent,
+    SendBack,
+    WithBody,
+)
 
-if TYPE_CHECKING:
-    from txmq.broker.server import Broker
-
-__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RetryHandlers"]
+__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RetryService"]
 
 log = logging.getLogger("txmq.broker")
 
@@ -35,37 +39,14 @@ MAX_DLQ_LIST = 1024
 _DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
 
 
-def _int(header: dict[str, Any], name: str, default: int | None = None) -> int:
-    value = header.get(name, default)
-    if value is None or not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(f"request header field {name!r} must be an integer")
-    return value
-
-
-def _group(header: dict[str, Any]) -> str:
-    value = header.get("group")
-    if not isinstance(value, str) or not value:
-        raise BadRequest("request header field 'group' must be a non-empty string")
-    return value
-
-
-
-
-class RetryHandlers:
+class RetryService:
     """CONSUMER_SEND_MSG_BACK, DLQ_LIST and DLQ_RESEND."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.store: MessageStore = broker.store
-        self.topics: TopicManager = broker.topics
-        self.schedule: ScheduleMessageService = broker.schedule
-
-    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
-        return {
-            RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
-            RequestCode.DLQ_LIST: self.dlq_list,
-            RequestCode.DLQ_RESEND: self.dlq_resend,
-        }
+    def __init__(self, ctx: BrokerContext, schedule: ScheduleMessageService) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.topics = ctx.topics
+        self.schedule = schedule
 
     def _ensure(self, topic: str) -> None:
         cfg = self.topics.get(topic)
@@ -97,15 +78,11 @@ class RetryHandlers:
 
     # -- send back ------------------------------------------------------------------------
 
-    def send_back(self, conn: Connection, frame: Frame) -> HandlerResult:
-        h = frame.header
-        group = _group(h)
-        offset = _int(h, "commit_log_offset")
-        delay_level = _int(h, "delay_level", 0)
-        max_times = _int(h, "max_reconsume_times", DEFAULT_MAX_RECONSUME_TIMES)
-        origin = h.get("origin_msg_id") or ""
-        if not isinstance(origin, str):
-            raise BadRequest("request header field 'origin_msg_id' must be a string")
+    def send_back(
+        self, req: ConsumerSendMsgBack, call: Call
+    ) -> SendBack | asyncio.Future[SendBack]:
+        group, offset, delay_level = req.group, req.commit_log_offset, req.delay_level
+        max_times, origin = req.max_reconsume_times, req.origin_msg_id
         record = self.store.look_message_by_offset(offset) if offset >= 0 else None
         if record is None:
             raise MessageNotFound(f"no message at commit-log offset {offset}")
@@ -119,7 +96,7 @@ class RetryHandlers:
             target = dlq_topic(group)
             self._ensure(target)
             r = self._put(msg, target, 0, props, reconsume_times=times)
-            self.broker.notify_arrival(target, 0)
+            self.ctx.arrivals.notify(target, 0)
             log.info(
                 "message %s of group %s moved to %s after %d attempts",
                 msg.msg_id,
@@ -127,7 +104,7 @@ class RetryHandlers:
                 target,
                 times,
             )
-            answer = {"topic": target, "reconsume_times": times, "delay_level": -1}
+            answer = SendBack(topic=target, reconsume_times=times, delay_level=-1)
         else:
             target = retry_topic(group)
             self._ensure(target)
@@ -137,35 +114,29 @@ class RetryHandlers:
             topic, queue_id, stored, due, level = delayed
             r = self._put(msg, topic, queue_id, stored, reconsume_times=times, cq_tag_code=due)
             self.schedule.stored(level, due)
-            answer = {"topic": target, "reconsume_times": times, "delay_level": level}
+            answer = SendBack(topic=target, reconsume_times=times, delay_level=level)
         # under SYNC flush, answer once the copy is on disk (like a send)
-        return self.broker.processor._acked(r.end_offset, (ResponseCode.SUCCESS, answer, b""))
+        return self.ctx.acks.after_flush(r.end_offset, answer)
 
     # -- dead-letter queue ----------------------------------------------------------------
 
-    def dlq_list(self, conn: Connection, frame: Frame) -> Response:
-        h = frame.header
-        topic = dlq_topic(_group(h))
-        offset = max(_int(h, "offset", 0), self.store.min_offset(topic, 0))
-        max_msgs = min(max(_int(h, "max", 32), 1), MAX_DLQ_LIST)
+    def dlq_list(self, req: DlqList, call: Call) -> WithBody[DlqPage]:
+        topic = dlq_topic(req.group)
+        offset = max(req.offset, self.store.min_offset(topic, 0))
+        max_msgs = min(max(req.max, 1), MAX_DLQ_LIST)
         got = self.store.get_messages(topic, 0, offset, max_msgs)
-        header = {
-            "next_offset": got.next_begin_offset if got.status is GetStatus.FOUND else offset,
-            "min_offset": self.store.min_offset(topic, 0),
-            "max_offset": self.store.max_offset(topic, 0),
-        }
-        return (ResponseCode.SUCCESS, header, b"".join(got.records))
+        page = DlqPage(
+            next_offset=got.next_begin_offset if got.status is GetStatus.FOUND else offset,
+            min_offset=self.store.min_offset(topic, 0),
+            max_offset=self.store.max_offset(topic, 0),
+        )
+        return WithBody(page, b"".join(got.records))
 
-    def dlq_resend(self, conn: Connection, frame: Frame) -> Response:
-        h = frame.header
-        group = _group(h)
-        resend_all = h.get("all") is True
-        raw_ids = h.get("msg_ids") or []
-        if not isinstance(raw_ids, list) or not all(isinstance(i, str) for i in raw_ids):
-            raise BadRequest("request header field 'msg_ids' must be a list of message ids")
-        if not resend_all and not raw_ids:
-            raise BadRequest("DLQ_RESEND needs 'msg_ids' or 'all': true")
-        wanted = set(raw_ids)
+    def dlq_resend(self, req: DlqResend, call: Call) -> DlqResent:
+        group, resend_all = req.group, req.all
+        if not resend_all and not req.msg_ids:
+            raise BadRequest("DlqResend needs 'msg_ids' or 'all': true")
+        wanted = set(req.msg_ids)
         found: set[str] = set()
         source = dlq_topic(group)
         target = retry_topic(group)
@@ -192,7 +163,6 @@ class RetryHandlers:
                 resent += 1
             offset = got.next_begin_offset
         if resent:
-            self.broker.notify_arrival(target, 0)
+            self.ctx.arrivals.notify(target, 0)
             log.info("re-sent %d message(s) from %s to %s", resent, source, target)
-        missing = sorted(wanted - found)
-        return (ResponseCode.SUCCESS, {"resent": resent, "missing": missing}, b"")
+        return DlqResent(resent=resent, missing=sorted(wanted - found))

@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from txmq.broker.context import BrokerContext
 from txmq.broker.jsonfile import read_json, write_json_atomic
-from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutStatus
-from txmq.broker.store import MessageTooLarge as StoreMessageTooLarge
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
 from txmq.codec import decode_record
-from txmq.errors import BadRequest, TxmqError
+from txmq.errors import BadRequest, MessageTooLarge, TxmqError
 from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop, is_system_topic
-
-if TYPE_CHECKING:
-    from txmq.broker.server import Broker
 
 __all__ = ["Delayed", "ScheduleMessageService"]
 
@@ -49,12 +45,12 @@ def _now_ms() -> int:
 
 
 class ScheduleMessageService:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.store: MessageStore = broker.store
-        self.levels: tuple[int, ...] = broker.config.delay_levels
-        self.persist_interval_s = broker.config.offset_persist_interval_s
-        self.path = broker.config.store / "config" / "delay_offsets.json"
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.levels: tuple[int, ...] = ctx.config.delay_levels
+        self.persist_interval_s = ctx.config.offset_persist_interval_s
+        self.path = ctx.config.store / "config" / "delay_offsets.json"
         raw = read_json(self.path, {})
         self._offsets: dict[int, int] = {
             int(level): int(off) for level, off in raw.get("offsets", {}).items()
@@ -124,10 +120,10 @@ class ScheduleMessageService:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Deliver delayed messages until cancelled (the broker's task group)."""
-        cfg = self.broker.topics.get(SCHEDULE_TOPIC)
+        cfg = self.ctx.topics.get(SCHEDULE_TOPIC)
         levels = self._levels_to_run()
         if cfg is None or cfg.queue_nums < max(levels):
-            self.broker.topics.create_or_update(SCHEDULE_TOPIC, max(levels), system=True)
+            self.ctx.topics.create_or_update(SCHEDULE_TOPIC, max(levels), system=True)
         async with anyio.create_task_group() as tg:
             for level in levels:
                 self._wake[level] = anyio.Event()
@@ -217,7 +213,7 @@ class ScheduleMessageService:
             )
             return True
         try:
-            cfg = self.broker.topics.for_send(topic, allow_system=is_system_topic(topic))
+            cfg = self.ctx.topics.for_send(topic, allow_system=is_system_topic(topic))
         except TxmqError as exc:
             log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
             return True
@@ -234,7 +230,7 @@ class ScheduleMessageService:
                 flag=msg.flag,
                 reconsume_times=msg.reconsume_times,
             )
-        except StoreMessageTooLarge as exc:
+        except MessageTooLarge as exc:
             log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
             return True
         if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
@@ -247,7 +243,7 @@ class ScheduleMessageService:
                 r.status.value,
             )
             return True
-        self.broker.notify_arrival(topic, queue_id)
+        self.ctx.arrivals.notify(topic, queue_id)
         return True
 
     # -- persistence ----------------------------------------------------------------------

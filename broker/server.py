@@ -17,17 +17,28 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
+from txmq.broker.admin import AdminService
 from txmq.broker.config import BrokerConfig
-from txmq.broker.consumers import ConsumerManager, ProducerManager, run_expiry_scan
-from txmq.broker.locks import RebalanceLockManager
+from txmq.broker.consumers import (
+    ConsumerManager,
+    GroupService,
+    ProducerManager,
+    run_expiry_scan,
+)
+from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
+from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
-from txmq.broker.processor import RequestProcessor
+from txmq.broker.processor import Services, request_router
+from txmq.broker.pulling import PullService
+from txmq.broker.retry import RetryService
 from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.sending import SendService
 from txmq.broker.store import MessageStore
 from txmq.broker.topics import TopicManager
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
 from txmq.remoting import Connection
+from txmq.wire import RuntimeInfo
 
 __all__ = ["Broker", "EmbeddedBroker"]
 
@@ -53,37 +64,41 @@ class Broker:
         self.topics.on_change.append(lambda cfg: self.consumers.topic_changed(cfg.name))
         self.producers = ProducerManager()
         self.locks = RebalanceLockManager(config.lock_expiry_s)
-        self.schedule = ScheduleMessageService(self)
-        self.transactions = TransactionService(self)
-        self.transaction_checker = TransactionChecker(self, self.transactions)
-        self.processor = RequestProcessor(self)
+        self.arrivals = Arrivals()
+        ctx = self.context = BrokerContext(
+            config=config,
+            store=self.store,
+            topics=self.topics,
+            offsets=self.offsets,
+            consumers=self.consumers,
+            producers=self.producers,
+            locks=self.locks,
+            arrivals=self.arrivals,
+            acks=FlushAcks(self.store, config),
+        )
+        self.schedule = ScheduleMessageService(ctx)
+        self.transactions = TransactionService(ctx)
+        self.transaction_checker = TransactionChecker(ctx, self.transactions)
+        self.services = Services(
+            sending=SendService(ctx, self.schedule, self.transactions),
+            pulling=PullService(ctx),
+            groups=GroupService(self.consumers, self.producers, self.topics),
+            locks=LockService(self.locks),
+            retry=RetryService(ctx, self.schedule),
+            transactions=self.transactions,
+            checker=self.transaction_checker,
+            admin=AdminService(ctx, self.runtime_info),
+        )
+        self.router = request_router(self.services)
         self.connections: set[Connection] = set()
         self.port = config.port
         self.started_at = 0.0
-        self._arrivals: dict[tuple[str, int], anyio.Event] = {}
         self._stop: anyio.Event | None = None
         self._stack: AsyncExitStack | None = None
 
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
-
-    # -- long polling -----------------------------------------------------------------------
-
-    def notify_arrival(self, topic: str, queue_id: int) -> None:
-        event = self._arrivals.pop((topic, queue_id), None)
-        if event is not None:
-            event.set()
-
-    def arrival(self, topic: str, queue_id: int) -> anyio.Event:
-        """An event set by the next :meth:`notify_arrival` of this queue. Take it in the
-        same step as the read that found nothing (no ``await`` in between), or a message
-        stored in the gap wakes nobody."""
-        key = (topic, queue_id)
-        event = self._arrivals.get(key)
-        if event is None:
-            event = self._arrivals[key] = anyio.Event()
-        return event
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -161,7 +176,7 @@ class Broker:
         except Exception:
             name = "?"
         conn = Connection(
-            stream, self.processor.handle, max_frame_size=self.config.max_frame_size, name=name
+            stream, self.router.handle, max_frame_size=self.config.max_frame_size, name=name
         )
         self.connections.add(conn)
         try:
@@ -177,21 +192,21 @@ class Broker:
             except OSError:
                 log.exception("persisting consumer offsets failed")
 
-    def runtime_info(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "address": self.address,
-            "pid": os.getpid(),
-            "flush": self.config.flush.value,
-            "store": str(self.config.store),
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "connections": len(self.connections),
-            "topics": len(self.topics.all()),
-            "commit_log_min_offset": self.store.commit_log_min_offset,
-            "commit_log_max_offset": self.store.commit_log_max_offset,
-            "flushed_offset": self.store.flushed_offset,
-            "pending_transactions": len(self.transactions.pending),
-        }
+    def runtime_info(self) -> RuntimeInfo:
+        return RuntimeInfo(
+            version=VERSION,
+            address=self.address,
+            pid=os.getpid(),
+            flush=self.config.flush.value,
+            store=str(self.config.store),
+            uptime_s=round(time.time() - self.started_at, 1),
+            connections=len(self.connections),
+            topics=len(self.topics.all()),
+            commit_log_min_offset=self.store.commit_log_min_offset,
+            commit_log_max_offset=self.store.commit_log_max_offset,
+            flushed_offset=self.store.flushed_offset,
+            pending_transactions=len(self.transactions.pending),
+        )
 
 
 class EmbeddedBroker:

@@ -27,25 +27,20 @@ record is written then.  So a COMMIT is never stored twice, across restarts too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
+from txmq.broker.context import BrokerContext
 from txmq.broker.jsonfile import read_json
 from txmq.broker.putting import put_or_raise
-from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, MessageStore, PutResult
-from txmq.broker.topics import TopicManager
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult
 from txmq.codec import decode_record
-from txmq.errors import (
-    BadRequest,
-    BrokerBusy,
-    ResponseCode,
-    TransactionNotFound,
-)
+from txmq.errors import BadRequest, BrokerBusy, TransactionNotFound
 from txmq.message import (
     HALF_TOPIC,
     OP_TOPIC,
@@ -55,11 +50,8 @@ from txmq.message import (
     SysFlag,
     new_message_id,
 )
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection, HandlerResult
-
-if TYPE_CHECKING:
-    from txmq.broker.server import Broker
+from txmq.rpc import Call
+from txmq.wire import Ended, EndTransaction, SendMessage, Sent, TransactionRow
 
 __all__ = [
     "COMMIT",
@@ -67,15 +59,12 @@ __all__ = [
     "ROLLBACK",
     "PendingHalf",
     "TransactionService",
-    "header_int",
     "parse_op",
 ]
 
 log = logging.getLogger("txmq.broker.transaction")
 
 COMMIT, ROLLBACK, UNKNOWN, PARKED = "COMMIT", "ROLLBACK", "UNKNOWN", "PARKED"
-_STATES = frozenset({COMMIT, ROLLBACK, UNKNOWN})
-_RESULT = {COMMIT: "COMMITTED", ROLLBACK: "ROLLED_BACK"}
 #: properties of a half that the committed message does not carry
 _DROP = frozenset(
     {
@@ -115,34 +104,18 @@ class PendingHalf:
     op_mark: int
     check_times: int = 0
 
-    def row(self, now_ms: int) -> dict[str, Any]:
-        return {
-            "msg_id": self.msg_id,
-            "transaction_id": self.transaction_id,
-            "group": self.group,
-            "topic": self.topic,
-            "queue_id": self.queue_id,
-            "transaction_offset": self.offset,
-            "born_timestamp": self.born_timestamp,
-            "check_times": self.check_times,
-            "age_s": round(max(now_ms - self.born_timestamp, 0) / 1000, 1),
-        }
-
-
-def _str(header: dict[str, Any], name: str) -> str:
-    value = header.get(name)
-    if not isinstance(value, str) or not value:
-        raise BadRequest(f"request header field {name!r} must be a non-empty string")
-    return value
-
-
-def header_int(header: dict[str, Any], name: str, default: int | None = None) -> int:
-    value = header.get(name, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(f"request header field {name!r} must be an integer")
-    return value
-
-
+    def row(self, now_ms: int) -> TransactionRow:
+        return TransactionRow(
+            msg_id=self.msg_id,
+            transaction_id=self.transaction_id,
+            group=self.group,
+            topic=self.topic,
+            queue_id=self.queue_id,
+            transaction_offset=self.offset,
+            born_timestamp=self.born_timestamp,
+            check_times=self.check_times,
+            age_s=round(max(now_ms - self.born_timestamp, 0) / 1000, 1),
+        )
 
 
 def _immunity_ms(props: dict[str, str], default_s: float) -> int:
@@ -172,12 +145,12 @@ def parse_op(body: bytes) -> tuple[int, str] | None:
 class TransactionService:
     """Half messages, their resolution and the pending set (checks: ``TransactionChecker``)."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.config = broker.config
-        self.store: MessageStore = broker.store
-        self.topics: TopicManager = broker.topics
-        self.path = broker.config.store / "config" / "transaction_offsets.json"
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.store = ctx.store
+        self.topics = ctx.topics
+        self.path = ctx.config.store / "config" / "transaction_offsets.json"
         #: pending halves by commit-log offset, in store order
         self.pending: dict[int, PendingHalf] = {}
         self._resolved: OrderedDict[int, str] = OrderedDict()
@@ -340,24 +313,19 @@ class TransactionService:
 
     # -- requests -------------------------------------------------------------------------
 
-    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
-        return {
-            RequestCode.END_TRANSACTION: self.end_transaction,
-        }
-
     def check_ready(self) -> None:
         if not self.ready:
             raise BrokerBusy("the broker is still recovering transactions; try again")
 
-    def prepare(
-        self, header: dict[str, Any], body: bytes, topic: str, queue_id: int, props: dict[str, str]
-    ) -> HandlerResult:
-        """Store a half message for ``topic``/``queue_id`` (already validated by the caller)."""
+    def prepare(self, req: SendMessage, body: bytes) -> Sent | asyncio.Future[Sent]:
+        """Store a half message (its topic and queue already checked by the caller)."""
         self.check_ready()
-        group = _str(header, "group")
+        group, topic, queue_id, props = req.group, req.topic, req.queue_id, req.properties
+        if not group:
+            raise BadRequest("SendMessage: a half message needs header field 'group'")
         if Prop.DELAY in props:
             raise BadRequest("a transactional (half) message cannot be delayed")
-        born = header_int(header, "born_timestamp", 0) or _now_ms()
+        born = req.born_timestamp or _now_ms()
         stored = {k: v for k, v in props.items() if k != Prop.TRANSACTION_CHECK_TIMES}
         stored.setdefault(Prop.UNIQ_KEY, new_message_id())
         stored[Prop.TRAN_MSG] = "true"
@@ -374,7 +342,7 @@ class TransactionService:
             properties=stored,
             born_timestamp=born,
             sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
-            flag=header_int(header, "flag", 0),
+            flag=req.flag,
         )
         half = PendingHalf(
             offset=r.commit_log_offset,
@@ -390,15 +358,15 @@ class TransactionService:
             op_mark=op_mark,
         )
         self.pending[half.offset] = half
-        answer = {
-            "msg_id": half.msg_id,
-            "offset_msg_id": f"{r.commit_log_offset:016X}",
-            "queue_id": queue_id,
-            "queue_offset": r.queue_offset,
-            "store_timestamp": r.store_timestamp,
-            "transaction_offset": r.commit_log_offset,
-        }
-        return self.broker.processor._acked(r.end_offset, (ResponseCode.SUCCESS, answer, b""))
+        answer = Sent(
+            msg_id=half.msg_id,
+            offset_msg_id=f"{r.commit_log_offset:016X}",
+            queue_id=queue_id,
+            queue_offset=r.queue_offset,
+            store_timestamp=r.store_timestamp,
+            transaction_offset=r.commit_log_offset,
+        )
+        return self.ctx.acks.after_flush(r.end_offset, answer)
 
     def half_at(self, offset: int, group: str | None = None) -> MessageExt:
         """The half message at ``offset`` (of ``group``), or TransactionNotFound."""
@@ -419,18 +387,9 @@ class TransactionService:
             )
         return msg
 
-    def end_transaction(self, conn: Connection, frame: Frame) -> HandlerResult:
+    def end_transaction(self, req: EndTransaction, call: Call) -> Ended | asyncio.Future[Ended]:
         self.check_ready()
-        h = frame.header
-        group = _str(h, "group")
-        offset = header_int(h, "transaction_offset")
-        state = h.get("state")
-        if state not in _STATES:
-            raise BadRequest(f"request header field 'state' must be one of {sorted(_STATES)}")
-        msg_id = h.get("msg_id") or ""
-        if not isinstance(msg_id, str):
-            raise BadRequest("request header field 'msg_id' must be a string")
-        from_check = h.get("from_check") is True
+        group, offset, state, msg_id = req.group, req.transaction_offset, req.state, req.msg_id
         msg = self.half_at(offset, group)
         if msg_id and msg_id != msg.msg_id:
             raise TransactionNotFound(
@@ -445,34 +404,34 @@ class TransactionService:
                 msg.msg_id,
                 offset,
                 group,
-                ", from a check" if from_check else "",
+                ", from a check" if req.from_check else "",
                 resolution,
             )
-            done = {"result": "ALREADY_RESOLVED", "resolution": resolution}
-            return (ResponseCode.SUCCESS, done, b"")
+            return Ended(result="ALREADY_RESOLVED", resolution=resolution)
         if state == UNKNOWN:
             log.debug("END UNKNOWN for %s (offset %d)", msg.msg_id, offset)
-            return (ResponseCode.SUCCESS, {"result": UNKNOWN}, b"")
-        answer: dict[str, Any] = {"result": _RESULT[state]}
-        end = 0
+            return Ended(result="UNKNOWN")
         if state == COMMIT:
             queue_id, r = self._commit(half, msg)
-            answer.update(
+            answer = Ended(
+                result="COMMITTED",
                 queue_id=queue_id,
                 queue_offset=r.queue_offset,
                 offset_msg_id=f"{r.commit_log_offset:016X}",
             )
             end = r.end_offset
             op = self.settle(half, COMMIT)
-            self.broker.notify_arrival(half.topic, queue_id)
+            self.ctx.arrivals.notify(half.topic, queue_id)
         else:
+            answer = Ended(result="ROLLED_BACK")
+            end = 0
             op = self.settle(half, ROLLBACK)
             if op is None:
                 raise BrokerBusy("the broker could not store the rollback; try again")
         if op is not None:
             end = op.end_offset
         log.debug("END %s for %s (offset %d, group %s)", state, msg.msg_id, offset, group)
-        return self.broker.processor._acked(end, (ResponseCode.SUCCESS, answer, b""))
+        return self.ctx.acks.after_flush(end, answer)
 
     def _commit(self, half: PendingHalf, msg: MessageExt) -> tuple[int, PutResult]:
         """Store the real message of a half: (queue id, result); raises if refused."""

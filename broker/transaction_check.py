@@ -20,29 +20,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
+from txmq.broker.context import BrokerContext
 from txmq.broker.jsonfile import write_json_atomic
 from txmq.broker.store import CQ_TAG_PROPERTY
-from txmq.broker.transaction import (
-    PARKED,
-    PendingHalf,
-    TransactionService,
-    header_int,
-)
+from txmq.broker.transaction import PARKED, PendingHalf, TransactionService
 from txmq.codec import decode_record
-from txmq.errors import BadRequest, ResponseCode, TxmqError
+from txmq.errors import TxmqError
 from txmq.message import PARKED_TOPIC, Prop
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection, HandlerResult, Response
-
-if TYPE_CHECKING:
-    from txmq.broker.server import Broker
+from txmq.rpc import Call
+from txmq.wire import CheckTransactionState, GetTransactions, TransactionList, TransactionRow
 
 __all__ = ["TransactionChecker"]
 
@@ -60,20 +52,17 @@ def _now_ms() -> int:
 class TransactionChecker:
     """The check rounds, parking, GET_TRANSACTIONS and the offsets file."""
 
-    def __init__(self, broker: Broker, service: TransactionService) -> None:
-        self.broker = broker
+    def __init__(self, ctx: BrokerContext, service: TransactionService) -> None:
+        self.ctx = ctx
         self.service = service
-        self.store = broker.store
-        self.interval_s = broker.config.transaction_check_interval_s
-        self.check_max = broker.config.transaction_check_max
-        self.flush_timeout_s = broker.config.sync_flush_timeout_s
+        self.store = ctx.store
+        self.interval_s = ctx.config.transaction_check_interval_s
+        self.check_max = ctx.config.transaction_check_max
+        self.flush_timeout_s = ctx.config.sync_flush_timeout_s
         self._next: dict[str, int] = {}
         #: rounds run and checks sent since start (for tests and runtime info)
         self.rounds = 0
         self.checks_sent = 0
-
-    def handlers(self) -> dict[int, Callable[[Connection, Frame], HandlerResult]]:
-        return {RequestCode.GET_TRANSACTIONS: self.list_transactions}
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -106,7 +95,7 @@ class TransactionChecker:
             if half.check_times >= self.check_max:
                 self.park(half)
                 continue
-            conns = self.broker.producers.connections(half.group)
+            conns = self.ctx.producers.connections(half.group)
             if not conns:
                 continue
             record = self.store.look_message_by_offset(half.offset)
@@ -116,17 +105,17 @@ class TransactionChecker:
             n = self._next.get(half.group, 0)
             self._next[half.group] = n + 1
             conn = conns[n % len(conns)]
-            header = {
-                "transaction_offset": half.offset,
-                "msg_id": half.msg_id,
-                "transaction_id": half.transaction_id,
-                "group": half.group,
-                "topic": half.topic,
-                "queue_id": half.queue_id,
-                "check_times": half.check_times + 1,
-            }
+            check = CheckTransactionState(
+                transaction_offset=half.offset,
+                msg_id=half.msg_id,
+                transaction_id=half.transaction_id,
+                group=half.group,
+                topic=half.topic,
+                queue_id=half.queue_id,
+                check_times=half.check_times + 1,
+            )
             try:
-                conn.oneway(RequestCode.CHECK_TRANSACTION_STATE, header, record)
+                conn.send_oneway(check, record)
             except TxmqError as exc:
                 log.debug("checking %s with %s failed: %s", half.msg_id, conn.name, exc)
                 continue
@@ -182,27 +171,21 @@ class TransactionChecker:
 
     # -- listing --------------------------------------------------------------------------
 
-    def list_transactions(self, conn: Connection, frame: Frame) -> Response:
+    def list_transactions(self, req: GetTransactions, call: Call) -> TransactionList:
         self.service.check_ready()
-        h = frame.header
-        state = h.get("state", "pending")
-        limit = min(max(header_int(h, "max", 100), 1), MAX_LIST)
-        group = h.get("group")
-        if group is not None and not isinstance(group, str):
-            raise BadRequest("request header field 'group' must be a string")
+        limit = min(max(req.max, 1), MAX_LIST)
+        group = req.group
         now = _now_ms()
-        if state == "pending":
+        if req.state == "pending":
             rows = [
                 p.row(now) for p in self.service.pending.values() if not group or p.group == group
             ]
-        elif state == "parked":
-            rows = self._parked(group, now)
         else:
-            raise BadRequest("request header field 'state' must be 'pending' or 'parked'")
-        return (ResponseCode.SUCCESS, {"transactions": rows[:limit]}, b"")
+            rows = self._parked(group, now)
+        return TransactionList(transactions=rows[:limit])
 
-    def _parked(self, group: str | None, now: int) -> list[dict[str, Any]]:
-        rows: dict[int, dict[str, Any]] = {}
+    def _parked(self, group: str | None, now: int) -> list[TransactionRow]:
+        rows: dict[int, TransactionRow] = {}
         for msg in self.service.scan(PARKED_TOPIC, 0):
             props = msg.all_properties
             if group and props.get(Prop.PRODUCER_GROUP) != group:
@@ -212,18 +195,18 @@ class TransactionChecker:
                 times = int(props.get(Prop.TRANSACTION_CHECK_TIMES, "0"))
             except ValueError:
                 queue_id, times = -1, 0
-            rows[msg.prepared_transaction_offset] = {
-                "msg_id": msg.msg_id,
-                "transaction_id": props.get(Prop.TRANSACTION_ID, ""),
-                "group": props.get(Prop.PRODUCER_GROUP, ""),
-                "topic": props.get(Prop.REAL_TOPIC, ""),
-                "queue_id": queue_id,
-                "transaction_offset": msg.prepared_transaction_offset,
-                "born_timestamp": msg.born_timestamp,
-                "check_times": times,
-                "age_s": round(max(now - msg.born_timestamp, 0) / 1000, 1),
-                "parked_timestamp": msg.store_timestamp,
-            }
+            rows[msg.prepared_transaction_offset] = TransactionRow(
+                msg_id=msg.msg_id,
+                transaction_id=props.get(Prop.TRANSACTION_ID, ""),
+                group=props.get(Prop.PRODUCER_GROUP, ""),
+                topic=props.get(Prop.REAL_TOPIC, ""),
+                queue_id=queue_id,
+                transaction_offset=msg.prepared_transaction_offset,
+                born_timestamp=msg.born_timestamp,
+                check_times=times,
+                age_s=round(max(now - msg.born_timestamp, 0) / 1000, 1),
+                parked_timestamp=msg.store_timestamp,
+            )
         return list(rows.values())
 
     # -- persistence ----------------------------------------------------------------------

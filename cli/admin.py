@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import anyio
+import msgspec
 
 from txmq.admin import AdminClient
 from txmq.cli.options import SubParsers, add_command, share
@@ -110,6 +111,10 @@ def add_parser(sub: SubParsers) -> None:
     a.set_defaults(func=run_admin)
 
 
+def _dicts(items: list[Any]) -> list[dict[str, Any]]:
+    return [msgspec.structs.asdict(item) for item in items]
+
+
 def run_admin(args: argparse.Namespace) -> int:
     async def run() -> Rows:
         async with AdminClient(args.broker) as admin:
@@ -133,15 +138,15 @@ def run_admin(args: argparse.Namespace) -> int:
 async def _query(admin: AdminClient, args: argparse.Namespace) -> Rows:
     cmd = args.admin_cmd
     if cmd == "topics":
-        return await admin.topics(), ["topic", "queue_nums", "messages", "system"]
+        return _dicts(await admin.topics()), ["topic", "queue_nums", "messages", "system"]
     if cmd == "topic-stats":
-        return await admin.topic_stats(args.topic), None
+        return _dicts(await admin.topic_stats(args.topic)), None
     if cmd == "topic-create":
-        return [await admin.create_topic(args.topic, args.queues)], None
+        return _dicts([await admin.create_topic(args.topic, args.queues)]), None
     if cmd == "offsets":
-        return await admin.offsets(), None
+        return _dicts(await admin.offsets()), None
     if cmd == "broker-info":
-        info = await admin.runtime_info()
+        info = msgspec.structs.asdict(await admin.runtime_info())
         return [{"key": k, "value": v} for k, v in info.items()], None
     if cmd == "dlq":
         return await _dlq(admin, args)
@@ -187,17 +192,17 @@ async def _transactions(admin: AdminClient, args: argparse.Namespace) -> Rows:
     state = "parked" if args.parked else "pending"
     rows = await admin.transactions(state, args.max, group=args.group)
     if args.json:
-        return rows, None
+        return _dicts(rows), None
     table = [
         {
-            "msg_id": r["msg_id"],
-            "transaction_id": r["transaction_id"],
-            "group": r["group"],
-            "topic": f"{r['topic']}/{r['queue_id']}",
-            "offset": r["transaction_offset"],
-            "born": ms_time(r["born_timestamp"]),
-            "age_s": r["age_s"],
-            "checks": r["check_times"],
+            "msg_id": r.msg_id,
+            "transaction_id": r.transaction_id,
+            "group": r.group,
+            "topic": f"{r.topic}/{r.queue_id}",
+            "offset": r.transaction_offset,
+            "born": ms_time(r.born_timestamp),
+            "age_s": r.age_s,
+            "checks": r.check_times,
         }
         for r in rows
     ]

@@ -92,8 +92,8 @@ def _exercise(address: str, count: int) -> int:
         )
         for row in admin.offsets():
             print(
-                f"offsets:  group {row['group']} queue {row['queue_id']}: "
-                f"{row['offset']}/{row['max_offset']} (lag {row['lag']})"
+                f"offsets:  group {row.group} queue {row.queue_id}: "
+                f"{row.offset}/{row.max_offset} (lag {row.lag})"
             )
     ok = received == sent and found.body == sent[some_id]
     ok = ok and len(by_key) == len(per_key["order-7"])

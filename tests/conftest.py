@@ -18,10 +18,13 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import msgpack
 import pytest
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
+from txmq.client import BrokerClient
+from txmq.wire import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,6 +60,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+async def raw_request(client: BrokerClient, code: int, header: object, body: bytes = b"") -> Frame:
+    """Send ``header`` as msgpack whatever it is (what a typed client never would); error
+    answers raise as usual."""
+    conn = await client.remoting.connection()
+    return await conn.request(code, msgpack.packb(header), body)
 
 
 @pytest.fixture

@@ -6,13 +6,14 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, Self
+from typing import Self
 
 import anyio
 
 from txmq.errors import BrokerUnavailable, TxmqError
-from txmq.protocol import DEFAULT_MAX_FRAME_SIZE, Frame, RequestCode
 from txmq.remoting import Connection, Handler, RemotingClient
+from txmq.wire import DEFAULT_MAX_FRAME_SIZE, GetRouteInfo, Heartbeat, Request, WithBody
+from txmq.wire.base import R
 
 __all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address"]
 
@@ -120,20 +121,20 @@ class BrokerClient:
 
     # -- heartbeats (clients that register with the broker: consumers, transactional producers)
 
-    def _heartbeat_header(self) -> dict[str, Any] | None:
+    def _heartbeat_request(self) -> Heartbeat | None:
         """What this client tells the broker about itself; None: it sends no heartbeats."""
         return None
 
     async def _announce(self, conn: Connection) -> None:
         # a (re)connected broker learns who we are before anything else on this connection
-        header = self._heartbeat_header()
-        if header is not None:
-            conn.oneway(RequestCode.HEARTBEAT, header)
+        heartbeat = self._heartbeat_request()
+        if heartbeat is not None:
+            conn.send_oneway(heartbeat)
 
     async def _heartbeat(self) -> None:
-        header = self._heartbeat_header()
-        if header is not None:
-            await self.request(RequestCode.HEARTBEAT, header)
+        heartbeat = self._heartbeat_request()
+        if heartbeat is not None:
+            await self.call(heartbeat)
 
     async def _heartbeat_loop(self) -> None:
         """Heartbeat every ``heartbeat_interval`` seconds (started by subclasses that need it)."""
@@ -149,17 +150,19 @@ class BrokerClient:
             raise BrokerUnavailable("client is not started: call start() or use 'async with'")
         return self._tg
 
-    async def request(
-        self,
-        code: int,
-        header: dict[str, Any] | None = None,
-        body: bytes = b"",
-        *,
-        timeout: float | None = None,
-    ) -> Frame:
+    async def call(
+        self, request: Request[R], body: bytes = b"", *, timeout: float | None = None
+    ) -> R:
+        """Send a typed request; its typed answer (error answers raise)."""
+        return (await self.call_with_body(request, body, timeout=timeout)).header
+
+    async def call_with_body(
+        self, request: Request[R], body: bytes = b"", *, timeout: float | None = None
+    ) -> WithBody[R]:
+        """Send a typed request; its typed answer and the answer's body (records)."""
         self._task_group()
-        return await self.remoting.request(
-            code, header, body, timeout=self.request_timeout if timeout is None else timeout
+        return await self.remoting.call(
+            request, body, timeout=self.request_timeout if timeout is None else timeout
         )
 
     async def queue_nums(self, topic: str, *, create: bool = False, refresh: bool = False) -> int:
@@ -168,8 +171,7 @@ class BrokerClient:
         now = time.monotonic()
         if cached is not None and not refresh and now - cached[1] < self.route_ttl:
             return cached[0]
-        frame = await self.request(RequestCode.GET_ROUTE_INFO, {"topic": topic, "create": create})
-        nums = int(frame.header["queue_nums"])
+        nums = (await self.call(GetRouteInfo(topic=topic, create=create))).queue_nums
         self._routes[topic] = (nums, now)
         return nums
 

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from txmq.allocate import MessageQueue
-from txmq.client import BrokerClient
-from txmq.protocol import RequestCode
+from txmq.pull import PullConsumer
 
 __all__ = ["LocalFileOffsetStore", "OffsetStore", "RemoteOffsetStore"]
 
@@ -36,17 +35,14 @@ class _Table:
 
 
 class RemoteOffsetStore(_Table):
-    def __init__(self, client: BrokerClient, group: str) -> None:
+    """The consumer group's offsets on the broker (the client's group)."""
+
+    def __init__(self, client: PullConsumer) -> None:
         super().__init__()
         self.client = client
-        self.group = group
 
     async def read(self, mq: MessageQueue) -> int:
-        frame = await self.client.request(
-            RequestCode.QUERY_CONSUMER_OFFSET,
-            {"group": self.group, "topic": mq[0], "queue_id": mq[1]},
-        )
-        offset = int(frame.header["offset"])
+        offset = await self.client.fetch_offset(*mq)
         if offset >= 0:
             self.table[mq] = offset
         return offset
@@ -55,10 +51,7 @@ class RemoteOffsetStore(_Table):
         for mq in mqs:
             offset = self.table.get(mq)
             if offset is not None:
-                await self.client.request(
-                    RequestCode.UPDATE_CONSUMER_OFFSET,
-                    {"group": self.group, "topic": mq[0], "queue_id": mq[1], "offset": offset},
-                )
+                await self.client.commit_offset(*mq, offset)
 
 
 class LocalFileOffsetStore(_Table):

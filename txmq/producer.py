@@ -7,18 +7,20 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from txmq.client import BrokerClient
 from txmq.errors import InvalidTopic, MessageTooLarge, TxmqError
 from txmq.message import Message, Prop, is_system_topic, new_message_id, stable_hash
 from txmq.message import validate_topic_name as _why_bad_topic
-from txmq.protocol import RequestCode
+from txmq.wire import BatchEntry, SendBatchMessage, SendMessage, Sent
 
 __all__ = [
     "MessageQueueSelector",
     "Producer",
+    "QueueOptions",
     "SendCallback",
+    "SendOptions",
     "SendResult",
     "check_message",
     "select_by_hash",
@@ -31,6 +33,29 @@ MessageQueueSelector = Callable[[int, Message, Any], int]
 """``selector(queue_count, message, arg) -> queue id``."""
 
 SendCallback = Callable[["SendResult | None", "BaseException | None"], None]
+
+
+class QueueOptions(TypedDict, total=False):
+    """Where a message goes and how long its send may take (keyword arguments of every
+    send: ``producer.send(msg, sharding_key="42")``).
+
+    The queue: ``queue_id`` if given; else ``stable_hash(sharding_key) % queues`` (the
+    same in every process: messages with one key stay in order); else
+    ``selector(queues, msg, arg)``; else round robin (and a failed send may move to the
+    next queue).  ``timeout``: seconds to wait for the broker's answer (default: the
+    producer's ``send_timeout``).
+    """
+
+    sharding_key: str | None
+    selector: MessageQueueSelector | None
+    queue_id: int | None
+    timeout: float | None
+
+
+class SendOptions(QueueOptions, total=False):
+    """:class:`QueueOptions` and ``arg``, the selector's third argument."""
+
+    arg: Any
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 
@@ -54,17 +79,17 @@ class SendResult:
     transaction_offset: int = -1
 
 
-def send_result(topic: str, h: dict[str, Any]) -> SendResult:
-    """The result of a send from the broker's answer header."""
+def send_result(topic: str, sent: Sent) -> SendResult:
+    """The result of a send from the broker's answer."""
     return SendResult(
         "SEND_OK",
-        h["msg_id"],
-        h["offset_msg_id"],
+        sent.msg_id,
+        sent.offset_msg_id,
         topic,
-        h["queue_id"],
-        h["queue_offset"],
-        h["store_timestamp"],
-        transaction_offset=int(h.get("transaction_offset", -1)),
+        sent.queue_id,
+        sent.queue_offset,
+        sent.store_timestamp,
+        transaction_offset=sent.transaction_offset,
     )
 
 
@@ -115,22 +140,18 @@ class Producer(BrokerClient):
     def _check(self, msg: Message) -> None:
         check_message(msg, self.max_message_size)
 
-    async def _pick(
-        self,
-        msg: Message,
-        sharding_key: str | None,
-        selector: MessageQueueSelector | None,
-        arg: Any,
-        queue_id: int | None,
-    ) -> tuple[int, bool]:
+    async def _pick(self, msg: Message, options: QueueOptions) -> tuple[int, bool]:
         """(queue id, may move to another queue on failure)."""
+        queue_id = options.get("queue_id")
         if queue_id is not None:
             return queue_id, False
         nums = await self.queue_nums(msg.topic, create=True)
+        sharding_key = options.get("sharding_key")
         if sharding_key is not None:
             return select_by_hash(nums, msg, sharding_key), False
+        selector = options.get("selector")
         if selector is not None:
-            chosen = selector(nums, msg, arg)
+            chosen = selector(nums, msg, options.get("arg"))
             if not isinstance(chosen, int) or not 0 <= chosen < nums:
                 raise ValueError(f"selector returned {chosen!r}; expected 0..{nums - 1}")
             return chosen, False
@@ -144,38 +165,31 @@ class Producer(BrokerClient):
             props[Prop.SHARDING_KEY] = str(sharding_key)
         return props
 
-    def _send_header(
+    def _send_request(
         self, topic: str, queue_id: int, props: dict[str, str], born: int | None = None
-    ) -> dict[str, Any]:
-        return {
-            "topic": topic,
-            "queue_id": queue_id,
-            "properties": props,
-            "born_timestamp": born or int(time.time() * 1000),
-            "group": self.group,
-        }
+    ) -> SendMessage:
+        return SendMessage(
+            topic=topic,
+            queue_id=queue_id,
+            properties=props,
+            born_timestamp=born or int(time.time() * 1000),
+            group=self.group,
+        )
 
     # -- sending ---------------------------------------------------------------------------
 
-    async def send(
-        self,
-        msg: Message,
-        *,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
-    ) -> SendResult:
-        props = self._wire_properties(msg, sharding_key)
+    async def send(self, msg: Message, **options: Unpack[SendOptions]) -> SendResult:
+        """Send ``msg`` and wait for the broker's acknowledgement (see :class:`SendOptions`)."""
+        props = self._wire_properties(msg, options.get("sharding_key"))
         body = bytes(msg.body)
-        qid, movable = await self._pick(msg, sharding_key, selector, arg, queue_id)
+        qid, movable = await self._pick(msg, options)
         attempts = 1 + (self.retry_times if movable else 0)
         born = int(time.time() * 1000)
+        timeout = options.get("timeout")
         for attempt in range(attempts):
-            header = self._send_header(msg.topic, qid, props, born)
+            request = self._send_request(msg.topic, qid, props, born)
             try:
-                frame = await self.request(RequestCode.SEND_MESSAGE, header, body, timeout=timeout)
+                sent = await self.call(request, body, timeout=timeout)
             except TxmqError as exc:
                 if not exc.retriable or attempt + 1 >= attempts:
                     raise
@@ -185,21 +199,21 @@ class Producer(BrokerClient):
                 nums = await self.queue_nums(msg.topic, create=True)
                 qid = next(self._round_robin) % nums
                 continue
-            return send_result(msg.topic, frame.header)
+            return send_result(msg.topic, sent)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def send_async(
         self,
         msg: Message,
         callback: SendCallback | None = None,
-        **kwargs: Any,
+        **options: Unpack[SendOptions],
     ) -> None:
         """Send in the background; ``callback(result, error)`` runs when the answer arrives."""
         tg = self._task_group()
 
         async def run() -> None:
             try:
-                result = await self.send(msg, **kwargs)
+                result = await self.send(msg, **options)
             except Exception as exc:
                 if callback is None:
                     log.error("async send to %s failed: %s", msg.topic, exc)
@@ -211,34 +225,23 @@ class Producer(BrokerClient):
 
         tg.start_soon(run)
 
-    async def send_oneway(
-        self,
-        msg: Message,
-        *,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-    ) -> None:
-        """Send without waiting for an answer (no acknowledgement, no retry)."""
-        props = self._wire_properties(msg, sharding_key)
-        qid, _ = await self._pick(msg, sharding_key, selector, arg, queue_id)
-        header = self._send_header(msg.topic, qid, props)
-        await self.remoting.oneway(RequestCode.SEND_MESSAGE, header, bytes(msg.body))
+    async def send_oneway(self, msg: Message, **options: Unpack[SendOptions]) -> None:
+        """Send without waiting for an answer (no acknowledgement, no retry, no timeout)."""
+        props = self._wire_properties(msg, options.get("sharding_key"))
+        qid, _ = await self._pick(msg, options)
+        request = self._send_request(msg.topic, qid, props)
+        await self.remoting.send_oneway(request, bytes(msg.body))
 
     async def send_batch(
-        self,
-        msgs: Sequence[Message],
-        *,
-        sharding_key: str | None = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
+        self, msgs: Sequence[Message], **options: Unpack[SendOptions]
     ) -> SendResult:
-        """Send messages of one topic to one queue in one request; stored contiguously."""
+        """Send messages of one topic to one queue in one request; stored contiguously
+        (a selector is given the first message)."""
         if not msgs:
             raise ValueError("send_batch needs at least one message")
+        sharding_key = options.get("sharding_key")
         topic = msgs[0].topic
-        entries: list[dict[str, Any]] = []
+        entries: list[BatchEntry] = []
         bodies: list[bytes] = []
         born = int(time.time() * 1000)
         for m in msgs:
@@ -250,24 +253,23 @@ class Producer(BrokerClient):
             props = m.wire_properties(new_message_id())
             if sharding_key is not None:
                 props[Prop.SHARDING_KEY] = str(sharding_key)
-            entries.append({"properties": props, "size": len(m.body), "born_timestamp": born})
+            entries.append(BatchEntry(properties=props, size=len(m.body), born_timestamp=born))
             bodies.append(bytes(m.body))
         body = b"".join(bodies)
         if len(body) + 65536 > self.remoting.max_frame_size:
             raise MessageTooLarge(
                 f"batch of {len(body)} bytes is over the frame limit; split it into smaller batches"
             )
-        qid, _ = await self._pick(msgs[0], sharding_key, None, None, queue_id)
-        header = {"topic": topic, "queue_id": qid, "messages": entries, "group": self.group}
-        frame = await self.request(RequestCode.SEND_BATCH_MESSAGE, header, body, timeout=timeout)
-        h = frame.header
+        qid, _ = await self._pick(msgs[0], options)
+        request = SendBatchMessage(topic=topic, queue_id=qid, messages=entries, group=self.group)
+        sent = await self.call(request, body, timeout=options.get("timeout"))
         return SendResult(
             "SEND_OK",
-            h["msg_ids"][0],
-            h["offset_msg_ids"][0],
+            sent.msg_ids[0],
+            sent.offset_msg_ids[0],
             topic,
-            h["queue_id"],
-            h["queue_offset"],
-            h["store_timestamp"],
-            list(h["msg_ids"]),
+            sent.queue_id,
+            sent.queue_offset,
+            sent.store_timestamp,
+            list(sent.msg_ids),
         )

@@ -13,7 +13,13 @@ from typing import Any
 from txmq.client import BrokerClient
 from txmq.codec import decode_records
 from txmq.message import MessageExt, tag_hash
-from txmq.protocol import RequestCode
+from txmq.wire import (
+    GetMaxOffset,
+    GetMinOffset,
+    PullMessage,
+    QueryConsumerOffset,
+    UpdateConsumerOffset,
+)
 
 __all__ = ["PullConsumer", "PullResult", "PullStatus", "subscription_tags"]
 
@@ -66,51 +72,42 @@ class PullConsumer(BrokerClient):
         answers as soon as a message arrives (0 answers at once).  Tags are filtered on the
         broker by hash and confirmed here by name.
         """
-        header = {
-            "group": self.group,
-            "topic": topic,
-            "queue_id": queue_id,
-            "offset": offset,
-            "max_msgs": max_msgs,
-            "suspend_ms": int(long_poll * 1000),
-            "subscription": subscription,
-        }
-        frame = await self.request(
-            RequestCode.PULL_MESSAGE, header, timeout=long_poll + self.request_timeout
+        request = PullMessage(
+            group=self.group,
+            topic=topic,
+            queue_id=queue_id,
+            offset=offset,
+            max_msgs=max_msgs,
+            suspend_ms=int(long_poll * 1000),
+            subscription=subscription,
         )
-        h = frame.header
-        messages = decode_records(frame.body) if frame.body else []
+        pulled, body = await self.call_with_body(
+            request, timeout=long_poll + self.request_timeout
+        )
+        messages = decode_records(body) if body else []
         tags = subscription_tags(subscription)
         if tags is not None:
             codes = {tag_hash(t) for t in tags}
             messages = [m for m in messages if m.tags in tags and tag_hash(m.tags) in codes]
-        status = PullStatus(h["status"])
+        status = PullStatus(pulled.status)
         if status == PullStatus.FOUND and not messages:
             status = PullStatus.NO_MATCHED_MSG
-        return PullResult(status, h["next_offset"], h["min_offset"], h["max_offset"], messages)
+        return PullResult(
+            status, pulled.next_offset, pulled.min_offset, pulled.max_offset, messages
+        )
 
     async def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
-        await self.request(
-            RequestCode.UPDATE_CONSUMER_OFFSET,
-            {"group": self.group, "topic": topic, "queue_id": queue_id, "offset": offset},
+        await self.call(
+            UpdateConsumerOffset(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
         )
 
     async def fetch_offset(self, topic: str, queue_id: int) -> int:
         """The group's committed offset, or -1 if it never committed one."""
-        frame = await self.request(
-            RequestCode.QUERY_CONSUMER_OFFSET,
-            {"group": self.group, "topic": topic, "queue_id": queue_id},
-        )
-        return int(frame.header["offset"])
+        request = QueryConsumerOffset(group=self.group, topic=topic, queue_id=queue_id)
+        return (await self.call(request)).offset
 
     async def max_offset(self, topic: str, queue_id: int) -> int:
-        frame = await self.request(
-            RequestCode.GET_MAX_OFFSET, {"topic": topic, "queue_id": queue_id}
-        )
-        return int(frame.header["offset"])
+        return (await self.call(GetMaxOffset(topic=topic, queue_id=queue_id))).offset
 
     async def min_offset(self, topic: str, queue_id: int) -> int:
-        frame = await self.request(
-            RequestCode.GET_MIN_OFFSET, {"topic": topic, "queue_id": queue_id}
-        )
-        return int(frame.header["offset"])
+        return (await self.call(GetMinOffset(topic=topic, queue_id=queue_id))).offset

@@ -22,9 +22,19 @@ from txmq.errors import TopicNotFound, TxmqError
 from txmq.message import MessageExt, Prop, is_system_topic, retry_topic
 from txmq.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from txmq.process_queue import ProcessQueue
-from txmq.protocol import Frame, RequestCode
 from txmq.pull import PullConsumer, PullStatus
-from txmq.remoting import Connection, Response
+from txmq.rpc import Call, Router
+from txmq.wire import (
+    ConsumerData,
+    ConsumerSendMsgBack,
+    Empty,
+    GetConsumerListByGroup,
+    Heartbeat,
+    LockBatchMq,
+    NotifyConsumerIdsChanged,
+    UnlockBatchMq,
+    UnregisterClient,
+)
 
 __all__ = [
     "ConsumeFrom",
@@ -102,7 +112,9 @@ class PushConsumer(PullConsumer):
         offset_dir: str | Path | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(address, group, handler=self._on_request, **kwargs)
+        router = Router("consumers")
+        router.route(NotifyConsumerIdsChanged, self._on_notify)
+        super().__init__(address, group, handler=router.handle, **kwargs)
         self.listener = listener
         self.message_model = MessageModel(message_model)
         self.orderly = orderly
@@ -140,7 +152,7 @@ class PushConsumer(PullConsumer):
             base = Path(offset_dir) if offset_dir else Path.home() / ".txmq" / "offsets"
             self.offsets = LocalFileOffsetStore(base / self.instance_name / group / "offsets.json")
         else:
-            self.offsets = RemoteOffsetStore(self, group)
+            self.offsets = RemoteOffsetStore(self)
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -193,34 +205,28 @@ class PushConsumer(PullConsumer):
             if self.orderly and self.message_model is MessageModel.CLUSTERING and held:
                 await self._unlock(held)
             try:
-                await self.request(
-                    RequestCode.UNREGISTER_CLIENT,
-                    {"client_id": self.client_id, "consumer_groups": [self.group]},
+                await self.call(
+                    UnregisterClient(client_id=self.client_id, consumer_groups=[self.group])
                 )
             except TxmqError:
                 pass
 
-    def _on_request(self, conn: Connection, frame: Frame) -> Response | None:
-        if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            self._rebalance_now.set()
-            return None
-        return (3, {"error": f"request code {frame.code} is not supported by consumers"}, b"")
+    def _on_notify(self, request: NotifyConsumerIdsChanged, call: Call) -> Empty:
+        self._rebalance_now.set()
+        return Empty()
 
     # -- heartbeats, rebalance, offsets ----------------------------------------------------
 
-    def _heartbeat_header(self) -> dict[str, Any]:
-        return {
-            "client_id": self.client_id,
-            "consumers": [
-                {
-                    "group": self.group,
-                    "message_model": self.message_model.value,
-                    "consume_type": "ORDERLY" if self.orderly else "CONCURRENTLY",
-                    "subscriptions": self._all_subscriptions(),
-                }
-            ],
-            "producers": [],
-        }
+    def _heartbeat_request(self) -> Heartbeat:
+        consumer = ConsumerData(
+            group=self.group,
+            message_model="BROADCASTING"
+            if self.message_model is MessageModel.BROADCASTING
+            else "CLUSTERING",
+            consume_type="ORDERLY" if self.orderly else "CONCURRENTLY",
+            subscriptions=self._all_subscriptions(),
+        )
+        return Heartbeat(client_id=self.client_id, consumers=[consumer])
 
     async def _rebalance_loop(self) -> None:
         while True:
@@ -241,8 +247,7 @@ class PushConsumer(PullConsumer):
                 log.warning("persisting offsets failed: %s", exc)
 
     async def consumer_ids(self) -> list[str]:
-        frame = await self.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": self.group})
-        return sorted(frame.header["client_ids"])
+        return sorted((await self.call(GetConsumerListByGroup(group=self.group))).client_ids)
 
     async def rebalance(self) -> None:
         """Recompute which queues this member consumes, and start or stop their pulls."""
@@ -311,17 +316,13 @@ class PushConsumer(PullConsumer):
     # -- queue locks (orderly) -------------------------------------------------------------
 
     async def _lock(self, mqs: set[MessageQueue]) -> set[MessageQueue]:
-        frame = await self.request(
-            RequestCode.LOCK_BATCH_MQ,
-            {"group": self.group, "client_id": self.client_id, "queues": sorted(mqs)},
-        )
-        return {(t, q) for t, q in frame.header["locked"]}
+        request = LockBatchMq(group=self.group, client_id=self.client_id, queues=sorted(mqs))
+        return set((await self.call(request)).locked)
 
     async def _unlock(self, mqs: set[MessageQueue]) -> None:
         try:
-            await self.request(
-                RequestCode.UNLOCK_BATCH_MQ,
-                {"group": self.group, "client_id": self.client_id, "queues": sorted(mqs)},
+            await self.call(
+                UnlockBatchMq(group=self.group, client_id=self.client_id, queues=sorted(mqs))
             )
         except TxmqError as exc:
             log.warning("unlocking queues failed: %s", exc)
@@ -460,15 +461,14 @@ class PushConsumer(PullConsumer):
         """Hand a failed message back to the broker for retry (delay level 0: the broker's
         choice, 3 + reconsume times; -1: straight to the dead-letter queue)."""
         try:
-            await self.request(
-                RequestCode.CONSUMER_SEND_MSG_BACK,
-                {
-                    "group": self.group,
-                    "commit_log_offset": msg.commit_log_offset,
-                    "delay_level": delay_level,
-                    "max_reconsume_times": self.max_reconsume_times,
-                    "origin_msg_id": msg.msg_id,
-                },
+            await self.call(
+                ConsumerSendMsgBack(
+                    group=self.group,
+                    commit_log_offset=msg.commit_log_offset,
+                    delay_level=delay_level,
+                    max_reconsume_times=self.max_reconsume_times,
+                    origin_msg_id=msg.msg_id,
+                )
             )
         except TxmqError as exc:
             log.warning("sending %s back failed: %s", msg.msg_id, exc)

@@ -1,8 +1,9 @@
 """Connections that speak the txmq protocol, for clients and the broker alike.
 
 A :class:`Connection` multiplexes requests in both directions over one TCP stream: outgoing
-requests wait for the response with the same request id, incoming requests go to a handler.
-Writes are coalesced by a writer task so that pipelined requests cost few system calls.
+requests wait for the response with the same request id, incoming requests go to a handler
+(a :class:`txmq.rpc.Router`, which decodes them into typed requests).  Writes are coalesced
+by a writer task so that pipelined requests cost few system calls.
 """
 
 from __future__ import annotations
@@ -19,20 +20,30 @@ import anyio
 import anyio.abc
 
 from txmq.errors import (
+    BadRequest,
     BrokerUnavailable,
     RequestTimeout,
     ResponseCode,
     TxmqError,
     error_for_code,
 )
-from txmq.protocol import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameKind, encode_frame
+from txmq.wire.base import ErrorAnswer, R, Request, Response, WithBody, decode, encode
+from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameKind, encode_frame
 
-__all__ = ["Connection", "Handler", "RemotingClient", "Response", "parse_address"]
+__all__ = [
+    "Connection",
+    "Handler",
+    "HandlerResult",
+    "RemotingClient",
+    "Reply",
+    "parse_address",
+]
 
 log = logging.getLogger("txmq.remoting")
 
-Response = tuple[int, dict[str, Any] | None, bytes]
-HandlerResult = Response | None | Awaitable[Response | None] | asyncio.Future[Response | None]
+#: a successful answer: its header, or its header and a body
+Reply = Response | WithBody[Any]
+HandlerResult = Reply | None | Awaitable[Reply | None] | asyncio.Future[Reply | None]
 Handler = Callable[["Connection", Frame], HandlerResult]
 
 
@@ -133,9 +144,7 @@ class Connection:
             except TxmqError as exc:
                 log.warning("connection %s: %s; closing it", self.name, exc)
                 request_id = getattr(exc, "request_id", 0)
-                self._enqueue(
-                    encode_frame(FrameKind.RESPONSE, exc.code, request_id, {"error": str(exc)})
-                )
+                self._enqueue(_error_frame(request_id, exc.code, str(exc)))
                 self.close()
                 return
             for frame in frames:
@@ -177,18 +186,16 @@ class Connection:
 
     def _dispatch(self, frame: Frame) -> None:
         if self.handler is None:
-            self._reply(frame, (ResponseCode.REQUEST_CODE_NOT_SUPPORTED, _err("no handler"), b""))
+            self._fail(frame, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "no handler")
             return
         try:
             result = self.handler(self, frame)
         except TxmqError as exc:
-            self._reply(frame, (exc.code, _err(str(exc)), b""))
+            self._fail(frame, exc.code, str(exc))
             return
         except Exception as exc:
             log.exception("handling request code %s failed", frame.code)
-            self._reply(
-                frame, (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
-            )
+            self._fail(frame, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
             return
         if isinstance(result, asyncio.Future):
             result.add_done_callback(lambda f: self._reply_future(frame, f))
@@ -199,55 +206,84 @@ class Connection:
         else:
             self._reply(frame, result)
 
-    async def _await_reply(self, frame: Frame, result: Awaitable[Response | None]) -> None:
+    async def _await_reply(self, frame: Frame, result: Awaitable[Reply | None]) -> None:
         try:
-            response = await result
+            reply = await result
         except TxmqError as exc:
-            response = (exc.code, _err(str(exc)), b"")
+            self._fail(frame, exc.code, str(exc))
+            return
         except Exception as exc:
             log.exception("handling request code %s failed", frame.code)
-            response = (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
-        self._reply(frame, response)
+            self._fail(frame, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self._reply(frame, reply)
 
-    def _reply_future(self, frame: Frame, fut: asyncio.Future[Response | None]) -> None:
+    def _reply_future(self, frame: Frame, fut: asyncio.Future[Reply | None]) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()
         if exc is None:
             self._reply(frame, fut.result())
         elif isinstance(exc, TxmqError):
-            self._reply(frame, (exc.code, _err(str(exc)), b""))
+            self._fail(frame, exc.code, str(exc))
         else:
             log.error("handling request code %s failed: %r", frame.code, exc)
-            self._reply(
-                frame, (ResponseCode.SYSTEM_ERROR, _err(f"{type(exc).__name__}: {exc}"), b"")
-            )
+            self._fail(frame, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _reply(self, frame: Frame, response: Response | None) -> None:
-        if frame.kind == FrameKind.ONEWAY or response is None or self.closed:
+    def _reply(self, frame: Frame, reply: Reply | None) -> None:
+        if frame.kind == FrameKind.ONEWAY or reply is None or self.closed:
             return
-        code, header, body = response
-        self._enqueue(encode_frame(FrameKind.RESPONSE, code, frame.request_id, header, body))
+        if isinstance(reply, WithBody):
+            header, body = reply
+        else:
+            header, body = reply, b""
+        self._enqueue(
+            encode_frame(
+                FrameKind.RESPONSE, ResponseCode.SUCCESS, frame.request_id, header, body,
+                frame.version,
+            )
+        )
+
+    def _fail(self, frame: Frame, code: int, message: str) -> None:
+        if frame.kind == FrameKind.ONEWAY or self.closed:
+            return
+        self._enqueue(_error_frame(frame.request_id, code, message, frame.version))
 
     # -- outgoing requests ----------------------------------------------------------------
+
+    async def call(
+        self, request: Request[R], body: bytes = b"", *, timeout: float = 3.0
+    ) -> WithBody[R]:
+        """Send a typed request; its typed answer and the answer's body (errors raise)."""
+        frame = await self.request(
+            request.CODE, encode(request), body, timeout=timeout, version=request.VERSION
+        )
+        header: R = decode(request.RESPONSE, frame.header)  # type: ignore[assignment]
+        return WithBody(header, frame.body)
+
+    def send_oneway(self, request: Request[Any], body: bytes = b"") -> None:
+        """Send a typed request that gets no answer."""
+        self.oneway(request.CODE, encode(request), body, version=request.VERSION)
 
     async def request(
         self,
         code: int,
-        header: dict[str, Any] | None = None,
+        header: bytes = b"",
         body: bytes = b"",
         *,
         timeout: float = 3.0,
         check: bool = True,
+        version: int = 1,
     ) -> Frame:
-        """Send a request and wait for its answer; error answers raise (unless ``check``)."""
+        """Send a request (its header as msgpack) and wait for its answer; error answers
+        raise (unless ``check``)."""
         request_id = next(self._ids) & 0xFFFFFFFF
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Frame | None] = loop.create_future()
         self._pending[request_id] = fut
         expiry = loop.call_later(timeout, _expire, fut) if timeout > 0 else None
         try:
-            self._enqueue(encode_frame(FrameKind.REQUEST, code, request_id, header, body))
+            self._enqueue(encode_frame(FrameKind.REQUEST, code, request_id, header, body, version))
             frame = await fut
         finally:
             self._pending.pop(request_id, None)
@@ -258,16 +294,26 @@ class Connection:
                 f"no answer to request {code} within {timeout:.1f}s from {self.name}"
             )
         if check and frame.code != ResponseCode.SUCCESS:
-            raise error_for_code(frame.code, str(frame.header.get("error", "")))
+            raise error_for_code(frame.code, error_message(frame))
         return frame
 
-    def oneway(self, code: int, header: dict[str, Any] | None = None, body: bytes = b"") -> None:
+    def oneway(self, code: int, header: bytes = b"", body: bytes = b"", version: int = 1) -> None:
         request_id = next(self._ids) & 0xFFFFFFFF
-        self._enqueue(encode_frame(FrameKind.ONEWAY, code, request_id, header, body))
+        self._enqueue(encode_frame(FrameKind.ONEWAY, code, request_id, header, body, version))
 
 
-def _err(message: str) -> dict[str, Any]:
-    return {"error": message}
+def error_message(frame: Frame) -> str:
+    """The readable message of an error answer."""
+    try:
+        return decode(ErrorAnswer, frame.header).error
+    except BadRequest:
+        return f"(unreadable error header {frame.header[:64]!r})"
+
+
+def _error_frame(request_id: int, code: int, message: str, version: int = 1) -> bytes:
+    return encode_frame(
+        FrameKind.RESPONSE, code, request_id, ErrorAnswer(error=message), b"", version
+    )
 
 
 class RemotingClient:
@@ -334,19 +380,12 @@ class RemotingClient:
                 await hook(conn)
             return conn
 
-    async def request(
-        self,
-        code: int,
-        header: dict[str, Any] | None = None,
-        body: bytes = b"",
-        *,
-        timeout: float = 3.0,
-    ) -> Frame:
+    async def call(
+        self, request: Request[R], body: bytes = b"", *, timeout: float = 3.0
+    ) -> WithBody[R]:
         conn = await self.connection()
-        return await conn.request(code, header, body, timeout=timeout)
+        return await conn.call(request, body, timeout=timeout)
 
-    async def oneway(
-        self, code: int, header: dict[str, Any] | None = None, body: bytes = b""
-    ) -> None:
+    async def send_oneway(self, request: Request[Any], body: bytes = b"") -> None:
         conn = await self.connection()
-        conn.oneway(code, header, body)
+        conn.send_oneway(request, body)

@@ -5,16 +5,21 @@ blocking portal) and keeps the client's whole lifetime inside one task there::
 
     with txmq.sync.Producer("127.0.0.1:10911") as producer:
         result = producer.send(Message("orders", b"..."))
+
+Every method is derived from its async twin by :class:`blocking`: the same parameters and
+the same result, typed as the twin is; the facade adds no logic.  While a facade call
+waits, the calling thread runs what the async code hands back to it
+(:func:`txmq.caller.in_caller_thread`: the transactional producer's local transaction, so
+that thread-bound sessions work).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
 import anyio
 import anyio.abc
@@ -25,7 +30,7 @@ from txmq import producer as _producer
 from txmq import pull as _pull
 from txmq import push as _push
 from txmq import transaction as _tx
-from txmq.message import Message, MessageExt, new_message_id
+from txmq.caller import CallerThread, serving
 
 __all__ = [
     "AdminClient",
@@ -34,7 +39,12 @@ __all__ = [
     "PushConsumer",
     "SyncClient",
     "TransactionProducer",
+    "blocking",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 class AsyncLifecycle(Protocol):
     """What a facade can run: an object used as ``async with obj: ...``."""
@@ -45,13 +55,12 @@ class AsyncLifecycle(Protocol):
 
 
 C = TypeVar("C", bound=AsyncLifecycle)
-R = TypeVar("R")
 
 
 class SyncClient(Generic[C]):
     """Runs ``client`` (an async client, or anything with ``async with``) for its whole
     lifetime in one task of an event loop in a background thread; ``_call`` runs its
-    coroutine methods there."""
+    methods there."""
 
     def __init__(self, client: C) -> None:
         self.aio = client
@@ -99,9 +108,58 @@ class SyncClient(Generic[C]):
         self.stop()
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._portal is None:
+        """``fn(*args, **kwargs)`` on the client's event loop (awaited if it is a coroutine),
+        while this thread runs what it hands back with :func:`in_caller_thread`."""
+        portal = self._portal
+        if portal is None:
             raise RuntimeError("client is not started: call start() or use 'with'")
-        return self._portal.call(functools.partial(fn, *args, **kwargs))
+        caller = CallerThread()
+        call = functools.partial(serving, caller, fn, *args, **kwargs)
+        return caller.serve(portal.start_task_soon(call))
+
+
+class blocking(Generic[P, R]):
+    """A facade method derived from the async client's method of the same name: the same
+    parameters and result, run on the client's event loop (see :meth:`SyncClient._call`)::
+
+        class Producer(SyncClient[txmq.Producer]):
+            send = blocking(txmq.Producer.send)
+    """
+
+    @overload
+    def __init__(self, twin: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None: ...
+
+    @overload
+    def __init__(self, twin: Callable[Concatenate[Any, P], R]) -> None: ...
+
+    def __init__(self, twin: Callable[..., Any]) -> None:
+        self.twin = twin
+        self.name = twin.__name__
+        self.__doc__ = twin.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.name:
+            raise TypeError(f"{owner.__name__}.{name} is derived from {self.name}: same name")
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Self: ...
+
+    @overload
+    def __get__(self, obj: SyncClient[Any], owner: type) -> Callable[P, R]: ...
+
+    def __get__(self, obj: SyncClient[Any] | None, owner: type) -> Self | Callable[P, R]:
+        if obj is None:
+            return self
+        name = self.name
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            # looked up on the client itself, so that a subclass's override runs
+            result: R = obj._call(getattr(obj.aio, name), *args, **kwargs)
+            return result
+
+        call.__name__ = name
+        call.__doc__ = self.__doc__
+        return call
 
 
 class Producer(SyncClient[_producer.Producer]):
@@ -110,30 +168,19 @@ class Producer(SyncClient[_producer.Producer]):
     def __init__(self, address: str | None = None, group: str = "DEFAULT_PRODUCER", **kw: Any):
         super().__init__(_producer.Producer(address, group, **kw))
 
-    def send(self, msg: Message, **kwargs: Any) -> _producer.SendResult:
-        result: _producer.SendResult = self._call(self.aio.send, msg, **kwargs)
-        return result
-
-    def send_async(
-        self, msg: Message, callback: _producer.SendCallback | None = None, **kwargs: Any
-    ) -> None:
-        self._call(_wrap_sync(self.aio.send_async), msg, callback, **kwargs)
-
-    def send_oneway(self, msg: Message, **kwargs: Any) -> None:
-        self._call(self.aio.send_oneway, msg, **kwargs)
-
-    def send_batch(self, msgs: Sequence[Message], **kwargs: Any) -> _producer.SendResult:
-        result: _producer.SendResult = self._call(self.aio.send_batch, msgs, **kwargs)
-        return result
+    send = blocking(_producer.Producer.send)
+    send_async = blocking(_producer.Producer.send_async)
+    send_oneway = blocking(_producer.Producer.send_oneway)
+    send_batch = blocking(_producer.Producer.send_batch)
 
 
 class TransactionProducer(SyncClient[_tx.TransactionProducer]):
     """Blocking transactional producer; same arguments as
     :class:`txmq.transaction.TransactionProducer`.
 
-    ``send_message_in_transaction`` runs ``execute_local_transaction`` in the calling thread
-    (so thread-bound sessions work); check-backs run in worker threads (plain functions) or
-    on the client's event loop (coroutine functions).
+    ``send_message_in_transaction`` runs a plain ``execute_local_transaction`` in the
+    calling thread (so thread-bound sessions work); check-backs run in worker threads
+    (plain functions) or on the client's event loop (coroutine functions).
     """
 
     def __init__(self, address: str | None = None, group: str = "DEFAULT_PRODUCER", **kw: Any):
@@ -151,122 +198,39 @@ class TransactionProducer(SyncClient[_tx.TransactionProducer]):
     def listener(self, listener: _tx.TransactionListener | None) -> None:
         self.aio.listener = listener
 
-    def send(self, msg: Message, **kwargs: Any) -> _producer.SendResult:
-        result: _producer.SendResult = self._call(self.aio.send, msg, **kwargs)
-        return result
-
-    def send_half(self, msg: Message, **kwargs: Any) -> _producer.SendResult:
-        result: _producer.SendResult = self._call(self.aio.send_half, msg, **kwargs)
-        return result
-
-    def end_transaction(
-        self,
-        result: _producer.SendResult,
-        state: _tx.LocalTransactionState | str,
-        *,
-        from_check: bool = False,
-    ) -> str:
-        answer: str = self._call(self.aio.end_transaction, result, state, from_check=from_check)
-        return answer
-
-    def send_message_in_transaction(
-        self,
-        msg: Message,
-        arg: Any = None,
-        *,
-        transaction_id: str | None = None,
-        **send_kw: Any,
-    ) -> _tx.TransactionSendResult:
-        """Like the async one, with the local transaction run in this thread."""
-        listener = self.aio.listener
-        if listener is None:
-            raise ValueError("set a TransactionListener before sending in a transaction")
-        tx_id = transaction_id or new_message_id()
-        result = self.send_half(msg, transaction_id=tx_id, **send_kw)
-        try:
-            execute = listener.execute_local_transaction
-            if inspect.iscoroutinefunction(execute):
-                value = self._call(execute, msg, arg)
-            else:
-                value = execute(msg, arg)
-                if inspect.isawaitable(value):
-                    value = self._call(_tx._await, value)
-            state = _tx.to_state(value)
-        except Exception as exc:
-            unknown = _tx.LocalTransactionState.UNKNOWN
-            self._call(self.aio._end_after_local, result, tx_id, unknown, exc)
-            raise
-        self._call(self.aio._end_after_local, result, tx_id, state)
-        return _tx.TransactionSendResult(result, tx_id, state)
+    send = blocking(_tx.TransactionProducer.send)
+    send_half = blocking(_tx.TransactionProducer.send_half)
+    end_transaction = blocking(_tx.TransactionProducer.end_transaction)
+    send_message_in_transaction = blocking(_tx.TransactionProducer.send_message_in_transaction)
 
 
 class PullConsumer(SyncClient[_pull.PullConsumer]):
     def __init__(self, address: str | None = None, group: str = "DEFAULT_CONSUMER", **kw: Any):
         super().__init__(_pull.PullConsumer(address, group, **kw))
 
-    def queues(self, topic: str) -> list[int]:
-        result: list[int] = self._call(self.aio.queues, topic)
-        return result
-
-    def pull(self, topic: str, queue_id: int, offset: int, **kwargs: Any) -> _pull.PullResult:
-        result: _pull.PullResult = self._call(self.aio.pull, topic, queue_id, offset, **kwargs)
-        return result
-
-    def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
-        self._call(self.aio.commit_offset, topic, queue_id, offset)
-
-    def fetch_offset(self, topic: str, queue_id: int) -> int:
-        result: int = self._call(self.aio.fetch_offset, topic, queue_id)
-        return result
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        result: int = self._call(self.aio.max_offset, topic, queue_id)
-        return result
+    queues = blocking(_pull.PullConsumer.queues)
+    pull = blocking(_pull.PullConsumer.pull)
+    commit_offset = blocking(_pull.PullConsumer.commit_offset)
+    fetch_offset = blocking(_pull.PullConsumer.fetch_offset)
+    max_offset = blocking(_pull.PullConsumer.max_offset)
+    min_offset = blocking(_pull.PullConsumer.min_offset)
 
 
 class AdminClient(SyncClient[_admin.AdminClient]):
     def __init__(self, address: str | None = None, **kw: Any):
         super().__init__(_admin.AdminClient(address, **kw))
 
-    def topics(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call(self.aio.topics)
-        return result
-
-    def topic_stats(self, topic: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call(self.aio.topic_stats, topic)
-        return result
-
-    def create_topic(self, topic: str, queue_nums: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(self.aio.create_topic, topic, queue_nums)
-        return result
-
-    def message_by_id(self, msg_id: str) -> MessageExt:
-        result: MessageExt = self._call(self.aio.message_by_id, msg_id)
-        return result
-
-    def messages_by_key(self, key: str, max_num: int = 32) -> list[MessageExt]:
-        result: list[MessageExt] = self._call(self.aio.messages_by_key, key, max_num)
-        return result
-
-    def offsets(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call(self.aio.offsets)
-        return result
-
-    def runtime_info(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call(self.aio.runtime_info)
-        return result
-
-    def dlq_list(self, group: str, offset: int = 0, max: int = 32) -> list[MessageExt]:
-        result: list[MessageExt] = self._call(self.aio.dlq_list, group, offset, max)
-        return result
-
-    def dlq_resend(self, group: str, msg_ids: list[str] | None = None) -> int:
-        result: int = self._call(self.aio.dlq_resend, group, msg_ids)
-        return result
-
-    def transactions(self, state: str = "pending", max: int = 100) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call(self.aio.transactions, state, max)
-        return result
+    topics = blocking(_admin.AdminClient.topics)
+    topic_stats = blocking(_admin.AdminClient.topic_stats)
+    create_topic = blocking(_admin.AdminClient.create_topic)
+    delete_topic = blocking(_admin.AdminClient.delete_topic)
+    message_by_id = blocking(_admin.AdminClient.message_by_id)
+    messages_by_key = blocking(_admin.AdminClient.messages_by_key)
+    offsets = blocking(_admin.AdminClient.offsets)
+    runtime_info = blocking(_admin.AdminClient.runtime_info)
+    dlq_list = blocking(_admin.AdminClient.dlq_list)
+    dlq_resend = blocking(_admin.AdminClient.dlq_resend)
+    transactions = blocking(_admin.AdminClient.transactions)
 
 
 class PushConsumer(SyncClient[_push.PushConsumer]):
@@ -290,12 +254,3 @@ class PushConsumer(SyncClient[_push.PushConsumer]):
 
     def queues_held(self) -> list[tuple[str, int]]:
         return sorted(self.aio.queues_held)
-
-
-def _wrap_sync(fn: Callable[..., R]) -> Callable[..., Any]:
-    """Run a plain function inside the portal's event loop (portal.call takes coroutines)."""
-
-    async def call(*args: Any, **kwargs: Any) -> R:
-        return fn(*args, **kwargs)
-
-    return call

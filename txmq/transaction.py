@@ -41,17 +41,18 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 import anyio
 import anyio.to_thread
 
+from txmq.caller import in_caller_thread
 from txmq.codec import decode_record
-from txmq.errors import ResponseCode, TxmqError
+from txmq.errors import TxmqError
 from txmq.message import Message, MessageExt, Prop, new_message_id
-from txmq.producer import MessageQueueSelector, Producer, SendResult, send_result
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection, Response
+from txmq.producer import Producer, QueueOptions, SendOptions, SendResult, send_result
+from txmq.rpc import Call, Router
+from txmq.wire import CheckTransactionState, EndTransaction, Heartbeat, UnregisterClient
 
 __all__ = [
     "LocalTransactionState",
@@ -115,10 +116,6 @@ def to_state(value: object) -> LocalTransactionState:
     return LocalTransactionState.UNKNOWN
 
 
-async def _await(value: Awaitable[Any]) -> Any:
-    return await value
-
-
 class TransactionProducer(Producer):
     """A producer that sends transactional messages and answers the broker's check-backs.
 
@@ -143,7 +140,9 @@ class TransactionProducer(Producer):
             raise TypeError("a TransactionProducer handles the broker's requests itself")
         if check_concurrency < 1:
             raise ValueError("check_concurrency must be at least 1")
-        super().__init__(address, group, handler=self._on_request, **kwargs)
+        router = Router("transaction producers")
+        router.route(CheckTransactionState, self._schedule_check)
+        super().__init__(address, group, handler=router.handle, **kwargs)
         self.listener = listener
         self.check_concurrency = check_concurrency
         self.heartbeat_interval = heartbeat_interval
@@ -162,15 +161,14 @@ class TransactionProducer(Producer):
     async def _on_stop(self) -> None:
         with anyio.move_on_after(3):
             try:
-                await self.request(
-                    RequestCode.UNREGISTER_CLIENT,
-                    {"client_id": self.client_id, "producer_groups": [self.group]},
+                await self.call(
+                    UnregisterClient(client_id=self.client_id, producer_groups=[self.group])
                 )
             except TxmqError:
                 pass
 
-    def _heartbeat_header(self) -> dict[str, Any]:
-        return {"client_id": self.client_id, "consumers": [], "producers": [self.group]}
+    def _heartbeat_request(self) -> Heartbeat:
+        return Heartbeat(client_id=self.client_id, producers=[self.group])
 
     # -- the two phases ---------------------------------------------------------------------
 
@@ -179,12 +177,8 @@ class TransactionProducer(Producer):
         msg: Message,
         *,
         transaction_id: str,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
         check_immunity_s: float | None = None,
+        **options: Unpack[SendOptions],
     ) -> SendResult:
         """Store ``msg`` as a half message of local transaction ``transaction_id``.
 
@@ -197,7 +191,7 @@ class TransactionProducer(Producer):
             raise ValueError("transaction_id must be a non-empty string")
         if msg.delay_level:
             raise ValueError("a transactional message cannot be delayed")
-        props = self._wire_properties(msg, sharding_key)
+        props = self._wire_properties(msg, options.get("sharding_key"))
         props[Prop.TRAN_MSG] = "true"
         props[Prop.PRODUCER_GROUP] = self.group
         props[Prop.TRANSACTION_ID] = transaction_id
@@ -205,12 +199,10 @@ class TransactionProducer(Producer):
             if not check_immunity_s >= 0:
                 raise ValueError("check_immunity_s must not be negative")
             props[Prop.CHECK_IMMUNITY_TIME_IN_SECONDS] = repr(float(check_immunity_s))
-        qid, _ = await self._pick(msg, sharding_key, selector, arg, queue_id)
-        header = self._send_header(msg.topic, qid, props)
-        frame = await self.request(
-            RequestCode.SEND_MESSAGE, header, bytes(msg.body), timeout=timeout
-        )
-        return send_result(msg.topic, frame.header)
+        qid, _ = await self._pick(msg, options)
+        request = self._send_request(msg.topic, qid, props)
+        sent = await self.call(request, bytes(msg.body), timeout=options.get("timeout"))
+        return send_result(msg.topic, sent)
 
     async def end_transaction(
         self,
@@ -231,17 +223,16 @@ class TransactionProducer(Producer):
         state = LocalTransactionState(state)
         if state is LocalTransactionState.UNKNOWN:
             return "UNKNOWN"
-        frame = await self.request(
-            RequestCode.END_TRANSACTION,
-            {
-                "group": self.group,
-                "transaction_offset": offset,
-                "msg_id": msg_id,
-                "state": state.value,
-                "from_check": from_check,
-            },
+        ended = await self.call(
+            EndTransaction(
+                group=self.group,
+                transaction_offset=offset,
+                msg_id=msg_id,
+                state="COMMIT" if state is LocalTransactionState.COMMIT else "ROLLBACK",
+                from_check=from_check,
+            )
         )
-        return str(frame.header["result"])
+        return ended.result
 
     async def send_message_in_transaction(
         self,
@@ -249,17 +240,18 @@ class TransactionProducer(Producer):
         arg: Any = None,
         *,
         transaction_id: str | None = None,
-        **send_kw: Any,
+        **options: Unpack[QueueOptions],
     ) -> TransactionSendResult:
         """Half message, then the listener's local transaction, then commit or roll back.
 
-        ``transaction_id`` defaults to a new unique id.  ``send_kw`` go to :meth:`send_half`.
+        ``arg`` goes to the listener; ``transaction_id`` defaults to a new unique id;
+        ``options`` choose the queue as for :meth:`send` (a selector gets no ``arg``).
         """
         listener = self.listener
         if listener is None:
             raise ValueError("set a TransactionListener before sending in a transaction")
         tx_id = transaction_id or new_message_id()
-        result = await self.send_half(msg, transaction_id=tx_id, **send_kw)
+        result = await self.send_half(msg, transaction_id=tx_id, **options)
         try:
             state = await self._run(listener.execute_local_transaction, msg, arg)
         except Exception as exc:
@@ -301,12 +293,17 @@ class TransactionProducer(Producer):
         *args: Any,
         limiter: anyio.CapacityLimiter | None = None,
     ) -> LocalTransactionState:
+        """A listener method's answer as a state.  A coroutine function runs on the loop; a
+        plain one runs in the thread of the blocking facade call that waits for it (a
+        local transaction), else in a worker thread (check-backs: at most ``limiter``)."""
         if inspect.iscoroutinefunction(fn):
             if limiter is None:
                 result = await fn(*args)
             else:
                 async with limiter:
                     result = await fn(*args)
+        elif limiter is None:
+            result = await in_caller_thread(fn, *args)
         else:
             result = await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
         if inspect.isawaitable(result):
@@ -315,21 +312,8 @@ class TransactionProducer(Producer):
 
     # -- check-backs ------------------------------------------------------------------------
 
-    def _on_request(self, conn: Connection, frame: Frame) -> Response | None:
-        if frame.code == RequestCode.CHECK_TRANSACTION_STATE:
-            self._schedule_check(frame)
-            return None
-        return (
-            ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-            {"error": f"request code {frame.code} is not supported by transaction producers"},
-            b"",
-        )
-
-    def _schedule_check(self, frame: Frame) -> None:
-        offset = frame.header.get("transaction_offset")
-        if not isinstance(offset, int) or isinstance(offset, bool):
-            log.warning("transaction check without a transaction offset ignored")
-            return
+    def _schedule_check(self, check: CheckTransactionState, call: Call) -> None:
+        offset = check.transaction_offset
         if offset in self._checking:
             return  # the previous check of it is still running
         if len(self._checking) >= MAX_QUEUED_CHECKS:
@@ -339,19 +323,18 @@ class TransactionProducer(Producer):
         if tg is None:
             return
         self._checking.add(offset)
-        tg.start_soon(self._check_back, offset, frame.header, frame.body)
+        tg.start_soon(self._check_back, check, call.body)
 
-    async def _check_back(self, offset: int, header: dict[str, Any], body: bytes) -> None:
-        msg_id = str(header.get("msg_id") or "")
+    async def _check_back(self, check: CheckTransactionState, body: bytes) -> None:
+        offset, msg_id = check.transaction_offset, check.msg_id
         try:
             try:
                 msg = decode_record(body, verify=True)
                 props = msg.all_properties
                 msg.topic = props.get(Prop.REAL_TOPIC, msg.topic)
                 msg.queue_id = int(props.get(Prop.REAL_QID, msg.queue_id))
-                times = header.get("check_times")
-                if isinstance(times, int):
-                    props[Prop.TRANSACTION_CHECK_TIMES] = str(times)
+                if check.check_times:
+                    props[Prop.TRANSACTION_CHECK_TIMES] = str(check.check_times)
                 listener = self.listener
                 if listener is None:
                     log.warning("the broker checks transaction %s but no listener is set", msg_id)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from txmq.codec import HEADER, PREFIX, encode_record
+from txmq.errors import MessageTooLarge
 from txmq.message import Prop, tag_hash, validate_topic_name
 
 from .checkpoint import Checkpoint, write_checkpoint
@@ -34,7 +35,6 @@ from .recovery import CQ_TAG_PROPERTY, Recovery, index_keys
 from .types import (
     GetResult,
     GetStatus,
-    MessageTooLarge,
     PutResult,
     PutStatus,
     RecoveryStats,

@@ -10,7 +10,6 @@ __all__ = [
     "FlushMode",
     "GetResult",
     "GetStatus",
-    "MessageTooLarge",
     "PutResult",
     "PutStatus",
     "RecoveryStats",
@@ -125,6 +124,3 @@ class RecoveryStats:
 class StoreError(Exception):
     """The store cannot do what was asked (I/O failure, not running, bad directory)."""
 
-
-class MessageTooLarge(StoreError):
-    """A message body (or the whole record) exceeds the configured limits."""

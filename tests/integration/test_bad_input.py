@@ -5,14 +5,15 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Iterator
 
+import msgpack
 import pytest
 
 from txmq import InvalidTopic, Message, MessageTooLarge, NoPermission
 from txmq.broker.server import EmbeddedBroker
 from txmq.errors import BadRequest, ResponseCode, TopicNotFound
-from txmq.protocol import PREFIX, FrameDecoder, FrameKind, RequestCode, encode_frame
-from txmq.remoting import parse_address
+from txmq.remoting import error_message, parse_address
 from txmq.sync import Producer, PullConsumer
+from txmq.wire import PREFIX, Frame, FrameDecoder, FrameKind, RequestCode, encode_frame
 
 
 class RawClient:
@@ -25,11 +26,14 @@ class RawClient:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def request(self, code: int, header: dict[str, object], body: bytes = b"", rid: int = 1):  # type: ignore[no-untyped-def]
-        self.send(encode_frame(FrameKind.REQUEST, code, rid, header, body))
-        return self.read_frame()
+    def request(self, code: int, header: object, body: bytes = b"", rid: int = 1) -> Frame:
+        """``header`` as msgpack, whatever it is."""
+        self.send(encode_frame(FrameKind.REQUEST, code, rid, msgpack.packb(header), body))
+        frame = self.read_frame()
+        assert frame is not None
+        return frame
 
-    def read_frame(self):  # type: ignore[no-untyped-def]
+    def read_frame(self) -> Frame | None:
         while True:
             data = self.sock.recv(65536)
             if not data:
@@ -90,11 +94,11 @@ def test_topic_names(address: str) -> None:
         ("%DLQ%group", ResponseCode.NO_PERMISSION, "reserved system topic"),
     ]:
         frame = raw.request(RequestCode.SEND_MESSAGE, {"topic": topic, "queue_id": 0}, b"x")
-        assert frame.code == code and text in frame.header["error"]
+        assert frame.code == code and text in error_message(frame)
     frame = raw.request(RequestCode.SEND_MESSAGE, {"queue_id": 0}, b"x")
-    assert frame.code == ResponseCode.BAD_REQUEST and "'topic'" in frame.header["error"]
+    assert frame.code == ResponseCode.BAD_REQUEST and "'topic'" in error_message(frame)
     frame = raw.request(RequestCode.SEND_MESSAGE, {"topic": "t1", "queue_id": 99}, b"x")
-    assert frame.code == ResponseCode.BAD_REQUEST and "out of range" in frame.header["error"]
+    assert frame.code == ResponseCode.BAD_REQUEST and "out of range" in error_message(frame)
     with Producer(address) as p:
         with pytest.raises(InvalidTopic, match="empty"):
             p.send(Message("", b"x"))
@@ -110,11 +114,11 @@ def test_no_permission_and_bad_header_types(address: str) -> None:
     frame = raw.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "%RETRY%g", "queue_nums": 1})
     assert frame.code == ResponseCode.NO_PERMISSION
     frame = raw.request(RequestCode.PULL_MESSAGE, {"topic": "t", "queue_id": "zero", "offset": 0})
-    assert frame.code == ResponseCode.BAD_REQUEST and "queue_id" in frame.header["error"]
+    assert frame.code == ResponseCode.BAD_REQUEST and "queue_id" in error_message(frame)
     frame = raw.request(
         RequestCode.SEND_MESSAGE, {"topic": "t", "queue_id": 0, "properties": {"a": 1}}, b"x"
     )
-    assert frame.code == ResponseCode.BAD_REQUEST and "properties" in frame.header["error"]
+    assert frame.code == ResponseCode.BAD_REQUEST and "properties" in error_message(frame)
     assert NoPermission.code == ResponseCode.NO_PERMISSION and BadRequest.code == 7
 
 
@@ -122,19 +126,44 @@ def test_unknown_request_code_keeps_the_connection(address: str) -> None:
     raw = RawClient(address)
     frame = raw.request(9999, {}, rid=5)
     assert frame.request_id == 5 and frame.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-    assert "9999" in frame.header["error"]
+    assert "9999" in error_message(frame)
     frame = raw.request(RequestCode.GET_ALL_TOPIC_CONFIG, {}, rid=6)
     assert frame.code == ResponseCode.SUCCESS
 
 
-def test_malformed_frame_gets_an_error_then_close(address: str) -> None:
+def test_a_header_that_is_not_msgpack_is_a_bad_request_and_keeps_the_connection(
+    address: str,
+) -> None:
     raw = RawClient(address)
     junk = b"\xc1\xc1\xc1"
     raw.send(PREFIX.pack(12 + len(junk), 1, 0, RequestCode.SEND_MESSAGE, 77, len(junk)) + junk)
     frame = raw.read_frame()
+    assert frame is not None
+    assert frame.code == ResponseCode.BAD_REQUEST and frame.request_id == 77
+    assert "msgpack" in error_message(frame)
+    frame = raw.request(RequestCode.GET_ALL_TOPIC_CONFIG, {}, rid=78)
+    assert frame.code == ResponseCode.SUCCESS and frame.request_id == 78
+    _still_serving(address)
+
+
+def test_malformed_frame_gets_an_error_then_close(address: str) -> None:
+    raw = RawClient(address)
+    raw.send(PREFIX.pack(12, 1, 9, RequestCode.SEND_MESSAGE, 77, 0))  # no such frame kind
+    frame = raw.read_frame()
+    assert frame is not None
     assert frame.code == ResponseCode.MALFORMED_FRAME and frame.request_id == 77
-    assert "msgpack" in frame.header["error"]
+    assert "malformed frame" in error_message(frame)
     assert raw.closed_by_peer()
+    _still_serving(address)
+
+
+def test_an_unknown_request_version_is_refused_and_keeps_the_connection(address: str) -> None:
+    raw = RawClient(address)
+    header = msgpack.packb({"topic": "v", "queue_id": 0})
+    raw.send(encode_frame(FrameKind.REQUEST, RequestCode.SEND_MESSAGE, 5, header, b"x", 9))
+    frame = raw.read_frame()
+    assert frame is not None and frame.version == 9
+    assert frame.code == ResponseCode.VERSION_NOT_SUPPORTED and "version 9" in error_message(frame)
     _still_serving(address)
 
 
@@ -142,7 +171,7 @@ def test_frame_over_the_limit(address: str) -> None:
     raw = RawClient(address)
     raw.send(PREFIX.pack(50 * 1024 * 1024, 1, 0, RequestCode.SEND_MESSAGE, 3, 0))
     frame = raw.read_frame()
-    assert frame.code == ResponseCode.FRAME_TOO_LARGE and "over the limit" in frame.header["error"]
+    assert frame.code == ResponseCode.FRAME_TOO_LARGE and "over the limit" in error_message(frame)
     assert raw.closed_by_peer()
     _still_serving(address)
 
@@ -161,7 +190,7 @@ def test_bad_batch_sizes(address: str) -> None:
     raw = RawClient(address)
     header = {"topic": "b", "queue_id": 0, "messages": [{"size": 10}, {"size": 10}]}
     frame = raw.request(RequestCode.SEND_BATCH_MESSAGE, header, b"x" * 15)
-    assert frame.code == ResponseCode.BAD_REQUEST and "sizes" in frame.header["error"]
+    assert frame.code == ResponseCode.BAD_REQUEST and "sizes" in error_message(frame)
     raw.send(PREFIX.pack(0, 1, 0, RequestCode.SEND_MESSAGE, 9, 0))  # shorter than its prefix
     frame = raw.read_frame()
     assert frame.code == ResponseCode.MALFORMED_FRAME and frame.request_id == 9

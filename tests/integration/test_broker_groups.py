@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import pytest
 
+from tests.conftest import raw_request
 from txmq import AdminClient
 from txmq.broker.server import EmbeddedBroker
 from txmq.client import BrokerClient
 from txmq.errors import BadRequest
-from txmq.protocol import Frame, RequestCode
-from txmq.remoting import Connection
+from txmq.rpc import Call, Router
+from txmq.wire import (
+    ConsumerData,
+    Empty,
+    GetConsumerListByGroup,
+    Heartbeat,
+    LockBatchMq,
+    NotifyConsumerIdsChanged,
+    RequestCode,
+    UnlockBatchMq,
+    UnregisterClient,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -39,53 +50,43 @@ class Member:
     def __init__(self, address: str, client_id: str) -> None:
         self.client_id = client_id
         self.notified: list[str] = []
-        self.client = BrokerClient(address, handler=self._handle)
+        router = Router("test members")
+        router.route(NotifyConsumerIdsChanged, self._notified)
+        self.client = BrokerClient(address, handler=router.handle)
 
-    def _handle(self, conn: Connection, frame: Frame) -> None:
-        if frame.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            self.notified.append(frame.header["group"])
-        return None
+    def _notified(self, request: NotifyConsumerIdsChanged, call: Call) -> Empty:
+        self.notified.append(request.group)
+        return Empty()
 
     async def heartbeat(
         self,
         *groups: str,
-        model: str = "CLUSTERING",
+        model: Literal["CLUSTERING", "BROADCASTING"] = "CLUSTERING",
         producers: tuple[str, ...] = (),
     ) -> None:
-        await self.client.request(
-            RequestCode.HEARTBEAT,
-            {
-                "client_id": self.client_id,
-                "consumers": [
-                    {
-                        "group": g,
-                        "message_model": model,
-                        "consume_type": "CONCURRENTLY",
-                        "subscriptions": {"orders": "*", f"%RETRY%{g}": "*"},
-                    }
-                    for g in groups
-                ],
-                "producers": list(producers),
-            },
+        consumers = [
+            ConsumerData(
+                group=g,
+                message_model=model,
+                subscriptions={"orders": "*", f"%RETRY%{g}": "*"},
+            )
+            for g in groups
+        ]
+        await self.client.call(
+            Heartbeat(client_id=self.client_id, consumers=consumers, producers=list(producers))
         )
 
     async def lock(self, group: str, *queues: tuple[str, int]) -> list[tuple[str, int]]:
-        frame = await self.client.request(
-            RequestCode.LOCK_BATCH_MQ,
-            {"group": group, "client_id": self.client_id, "queues": [list(q) for q in queues]},
-        )
-        return [(t, q) for t, q in frame.header["locked"]]
+        request = LockBatchMq(group=group, client_id=self.client_id, queues=list(queues))
+        return list((await self.client.call(request)).locked)
 
     async def unlock(self, group: str, *queues: tuple[str, int]) -> None:
-        await self.client.request(
-            RequestCode.UNLOCK_BATCH_MQ,
-            {"group": group, "client_id": self.client_id, "queues": [list(q) for q in queues]},
-        )
+        request = UnlockBatchMq(group=group, client_id=self.client_id, queues=list(queues))
+        await self.client.call(request)
 
 
 async def members(client: BrokerClient, group: str) -> list[str]:
-    frame = await client.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": group})
-    return list(frame.header["client_ids"])
+    return list((await client.call(GetConsumerListByGroup(group=group))).client_ids)
 
 
 async def test_membership_changes_are_announced(
@@ -97,8 +98,8 @@ async def test_membership_changes_are_announced(
         assert await members(admin, "g1") == []
         await a.heartbeat("g1")
         assert await members(admin, "g1") == ["client-a"]
-        topics = {t["topic"]: t for t in await admin.topics()}
-        assert topics["%RETRY%g1"]["queue_nums"] == 1 and topics["%RETRY%g1"]["system"]
+        topics = {t.topic: t for t in await admin.topics()}
+        assert topics["%RETRY%g1"].queue_nums == 1 and topics["%RETRY%g1"].system
         a.notified.clear()
 
         await a.heartbeat("g1")  # a renewal changes nothing
@@ -113,17 +114,14 @@ async def test_membership_changes_are_announced(
         # BROADCASTING groups are members too, without a retry topic
         await a.heartbeat("bcast", model="BROADCASTING")
         assert await members(admin, "bcast") == ["client-a"]
-        assert "%RETRY%bcast" not in {t["topic"] for t in await admin.topics()}
+        assert "%RETRY%bcast" not in {t.topic for t in await admin.topics()}
 
         # UNREGISTER_CLIENT
         c = Member(eb.address, "client-c")
         async with c.client:
             await c.heartbeat("g1")
             await until(lambda: a.notified.count("g1") == 3)
-            await c.client.request(
-                RequestCode.UNREGISTER_CLIENT,
-                {"client_id": "client-c", "consumer_groups": ["g1"], "producer_groups": []},
-            )
+            await c.client.call(UnregisterClient(client_id="client-c", consumer_groups=["g1"]))
             assert await members(admin, "g1") == ["client-a"]
             await until(lambda: a.notified.count("g1") == 4)
 
@@ -210,11 +208,11 @@ async def test_bad_heartbeats_are_refused(embedded_broker: Callable[..., Embedde
             {"client_id": "x", "producers": [1]},
         ):
             with pytest.raises(BadRequest):
-                await client.request(RequestCode.HEARTBEAT, header)
+                await raw_request(client, RequestCode.HEARTBEAT, header)
         with pytest.raises(BadRequest):
-            await client.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {})
+            await raw_request(client, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {})
         # an empty heartbeat (no groups) is still fine
-        await client.request(RequestCode.HEARTBEAT, {"client_id": "x"})
+        await client.call(Heartbeat(client_id="x"))
 
 
 async def test_queue_locks(embedded_broker: Callable[..., EmbeddedBroker]) -> None:
@@ -246,7 +244,8 @@ async def test_queue_locks(embedded_broker: Callable[..., EmbeddedBroker]) -> No
         assert await a.lock("g", q0) == []
 
         with pytest.raises(BadRequest):
-            await a.client.request(
+            await raw_request(
+                a.client,
                 RequestCode.LOCK_BATCH_MQ,
                 {"group": "g", "client_id": "lock-a", "queues": [["orders"]]},
             )

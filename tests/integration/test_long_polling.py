@@ -14,7 +14,16 @@ import pytest
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import Broker, EmbeddedBroker
-from txmq.protocol import Frame, FrameKind, RequestCode
+from txmq.wire import (
+    Frame,
+    FrameKind,
+    PullMessage,
+    Request,
+    SendMessage,
+    UpdateAndCreateTopic,
+    WithBody,
+    encode,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +46,7 @@ async def test_held_pull_answers_when_a_message_arrives(
         async with anyio.create_task_group() as tg:
             tg.start_soon(pull)
             with anyio.fail_after(5):  # wait until the broker holds the pull
-                while ("lp", 1) not in eb.broker._arrivals:  # noqa: ASYNC110
+                while not eb.broker.arrivals.waiting("lp", 1):  # noqa: ASYNC110
                     await anyio.sleep(0.005)
             began = time.perf_counter()
             await producer.send(Message("lp", b"wake"), queue_id=1)
@@ -60,25 +69,21 @@ async def test_a_message_stored_before_the_held_pull_starts_waiting_still_wakes_
     async with anyio.create_task_group() as tg:
         await tg.start(broker.serve)
         try:
-            proc = broker.processor
+            handle = broker.router.handle
 
-            def frame(code: RequestCode, body: bytes = b"", **header: Any) -> Frame:
-                return Frame(FrameKind.REQUEST, code, 1, header, body)
+            def frame(request: Request[Any], body: bytes = b"") -> Frame:
+                return Frame(FrameKind.REQUEST, request.CODE, 1, encode(request), body)
 
-            create = frame(RequestCode.UPDATE_AND_CREATE_TOPIC, topic="gap", queue_nums=1)
-            assert not inspect.isawaitable(proc.handle(None, create))  # type: ignore[arg-type]
-            pull = frame(RequestCode.PULL_MESSAGE, topic="gap", queue_id=0, offset=0)
-            pull.header["suspend_ms"] = 10_000
-            held = proc.handle(None, pull)  # type: ignore[arg-type]
+            create = frame(UpdateAndCreateTopic(topic="gap", queue_nums=1))
+            assert not inspect.isawaitable(handle(None, create))  # type: ignore[arg-type]
+            pull = frame(PullMessage(topic="gap", queue_id=0, offset=0, suspend_ms=10_000))
+            held = handle(None, pull)  # type: ignore[arg-type]
             assert inspect.isawaitable(held)  # nothing there yet: the pull is held
             # the gap: a send handled before the held pull's coroutine has run at all
-            sent = proc.handle(
-                None,  # type: ignore[arg-type]
-                frame(RequestCode.SEND_MESSAGE, b"in the gap", topic="gap", queue_id=0),
-            )
+            sent = handle(None, frame(SendMessage(topic="gap", queue_id=0), b"in the gap"))  # type: ignore[arg-type]
             assert not inspect.isawaitable(sent)
             with anyio.fail_after(2):
-                code, header, body = await held  # type: ignore[misc]
-            assert code == 0 and b"in the gap" in body, (code, header)
+                answer = await held
+            assert isinstance(answer, WithBody) and b"in the gap" in answer.body, answer
         finally:
             broker.request_stop()

@@ -78,5 +78,5 @@ async def test_auto_create_switched_off(embedded_broker: Callable[..., EmbeddedB
             r = await p.send(Message("yes", b"x"))
             assert r.queue_id in (0, 1)
             await admin.create_topic("yes", 6)  # update: more queues
-            topics = {t["topic"]: t for t in await admin.topics()}
-            assert topics["yes"]["queue_nums"] == 6
+            topics = {t.topic: t for t in await admin.topics()}
+            assert topics["yes"].queue_nums == 6

@@ -8,19 +8,26 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
-from tests.conftest import ROOT, BrokerProcess, wait_for
+from tests.conftest import ROOT, BrokerProcess, raw_request, wait_for
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
 from txmq import sync as txsync
 from txmq.broker.server import EmbeddedBroker
 from txmq.client import BrokerClient
 from txmq.errors import BadRequest, MessageNotFound
 from txmq.message import MessageExt, Prop, new_message_id
-from txmq.protocol import RequestCode
+from txmq.wire import (
+    BatchEntry,
+    ConsumerSendMsgBack,
+    DlqResend,
+    RequestCode,
+    SendBack,
+    SendBatchMessage,
+    SendMessage,
+)
 
 # level:   1     2     3      4      5      6
 LEVELS = "20ms 40ms 300ms 350ms 400ms 450ms"
@@ -48,18 +55,16 @@ async def send_back(
     *,
     delay_level: int = 0,
     max_reconsume_times: int = 16,
-) -> dict[str, Any]:
-    frame = await client.request(
-        RequestCode.CONSUMER_SEND_MSG_BACK,
-        {
-            "group": group,
-            "commit_log_offset": msg.commit_log_offset,
-            "delay_level": delay_level,
-            "max_reconsume_times": max_reconsume_times,
-            "origin_msg_id": msg.msg_id,
-        },
+) -> SendBack:
+    return await client.call(
+        ConsumerSendMsgBack(
+            group=group,
+            commit_log_offset=msg.commit_log_offset,
+            delay_level=delay_level,
+            max_reconsume_times=max_reconsume_times,
+            origin_msg_id=msg.msg_id,
+        )
     )
-    return dict(frame.header)
 
 
 async def pull_at(
@@ -108,7 +113,7 @@ async def test_send_back_retries_with_growing_delay_then_dead_letters(
         # 1st failure: level 3 + 0 into %RETRY%G
         began = now_ms()
         answer = await send_back(raw, "G", original, max_reconsume_times=2)
-        assert answer["topic"] == "%RETRY%G" and answer["delay_level"] == 3
+        assert answer.topic == "%RETRY%G" and answer.delay_level == 3
         first = await pull_at(consumer, "%RETRY%G", 0, 0)
         arrived = now_ms()
         assert first.store_timestamp >= began + DELAY[3]
@@ -129,7 +134,7 @@ async def test_send_back_retries_with_growing_delay_then_dead_letters(
         # 2nd failure, consumed from the retry topic: level 3 + 1, origin kept
         began = now_ms()
         answer = await send_back(raw, "G", first, max_reconsume_times=2)
-        assert answer["delay_level"] == 4
+        assert answer.delay_level == 4
         second = await pull_at(consumer, "%RETRY%G", 0, 1)
         assert second.store_timestamp >= began + DELAY[4]
         assert second.reconsume_times == 2
@@ -139,7 +144,7 @@ async def test_send_back_retries_with_growing_delay_then_dead_letters(
 
         # 3rd failure: max_reconsume_times (2) used up -> %DLQ%G at once
         answer = await send_back(raw, "G", second, max_reconsume_times=2)
-        assert answer["topic"] == "%DLQ%G"
+        assert answer.topic == "%DLQ%G"
         dead = await pull_at(consumer, "%DLQ%G", 0, 0, long_poll=0)
         assert dead.reconsume_times == 3 and dead.body == b"pay 1"
         assert dead.get_property(Prop.RETRY_TOPIC) == "orders"
@@ -147,9 +152,9 @@ async def test_send_back_retries_with_growing_delay_then_dead_letters(
         assert_no_routing_props(dead)
 
         async with AdminClient(eb.address) as admin:
-            topics = {t["topic"]: t for t in await admin.topics()}
+            topics = {t.topic: t for t in await admin.topics()}
         for name in ("%RETRY%G", "%DLQ%G"):
-            assert topics[name]["queue_nums"] == 1 and topics[name]["system"]
+            assert topics[name].queue_nums == 1 and topics[name].system
 
 
 @pytest.mark.anyio
@@ -165,27 +170,25 @@ async def test_send_back_levels_and_errors(embedded_broker: Callable[..., Embedd
         a, b = (await consumer.pull("orders", 0, 0, long_poll=0)).messages
 
         # delay level -1: straight to the DLQ, whatever the count
-        assert (await send_back(raw, "G2", a, delay_level=-1))["topic"] == "%DLQ%G2"
+        assert (await send_back(raw, "G2", a, delay_level=-1)).topic == "%DLQ%G2"
         dead = await pull_at(consumer, "%DLQ%G2", 0, 0, long_poll=0)
         assert dead.msg_id == a.msg_id and dead.reconsume_times == 1
 
         # an explicit level is used as is; a level above the last is the last
         began = now_ms()
-        assert (await send_back(raw, "G2", b, delay_level=1))["delay_level"] == 1
+        assert (await send_back(raw, "G2", b, delay_level=1)).delay_level == 1
         quick = await pull_at(consumer, "%RETRY%G2", 0, 0)
         assert quick.store_timestamp >= began + DELAY[1]
         began = now_ms()
-        assert (await send_back(raw, "G2", b, delay_level=40))["delay_level"] == 6
+        assert (await send_back(raw, "G2", b, delay_level=40)).delay_level == 6
         slow = await pull_at(consumer, "%RETRY%G2", 0, 1)
         assert slow.store_timestamp >= began + DELAY[6]
 
         with pytest.raises(MessageNotFound):
-            await raw.request(
-                RequestCode.CONSUMER_SEND_MSG_BACK, {"group": "G2", "commit_log_offset": 1 << 40}
-            )
+            await raw.call(ConsumerSendMsgBack(group="G2", commit_log_offset=1 << 40))
         with pytest.raises(BadRequest):
-            await raw.request(
-                RequestCode.CONSUMER_SEND_MSG_BACK, {"commit_log_offset": a.commit_log_offset}
+            await raw_request(
+                raw, RequestCode.CONSUMER_SEND_MSG_BACK, {"commit_log_offset": a.commit_log_offset}
             )
         # a client may not send to the retry or dead-letter topics itself
         with pytest.raises(Exception, match="system topic"):
@@ -213,7 +216,7 @@ async def test_delayed_send_wakes_a_long_polling_pull(
         async with anyio.create_task_group() as tg:
             tg.start_soon(pull)
             with anyio.fail_after(5):  # wait until the broker holds the pull
-                while ("later", 1) not in eb.broker._arrivals:  # noqa: ASYNC110
+                while not eb.broker.arrivals.waiting("later", 1):  # noqa: ASYNC110
                     await anyio.sleep(0.005)
             began = now_ms()
             sent = await producer.send(
@@ -242,10 +245,8 @@ async def test_delayed_send_wakes_a_long_polling_pull(
         assert clamped.body == b"clamped" and clamped.store_timestamp >= began + DELAY[6]
 
         with pytest.raises(BadRequest, match="DELAY"):
-            await producer.request(
-                RequestCode.SEND_MESSAGE,
-                {"topic": "later", "queue_id": 0, "properties": {"DELAY": "soon"}},
-                b"x",
+            await producer.call(
+                SendMessage(topic="later", queue_id=0, properties={"DELAY": "soon"}), b"x"
             )
 
 
@@ -283,19 +284,16 @@ async def test_delayed_entry_in_a_raw_batch(embedded_broker: Callable[..., Embed
         await admin.create_topic("mixed", 1)
         now_id, later_id = new_message_id(), new_message_id()
         began = now_ms()
-        frame = await admin.request(
-            RequestCode.SEND_BATCH_MESSAGE,
-            {
-                "topic": "mixed",
-                "queue_id": 0,
-                "messages": [
-                    {"size": 3, "properties": {Prop.UNIQ_KEY: now_id}},
-                    {"size": 5, "properties": {Prop.UNIQ_KEY: later_id, Prop.DELAY: "4"}},
-                ],
-            },
-            b"nowlater",
+        batch = SendBatchMessage(
+            topic="mixed",
+            queue_id=0,
+            messages=[
+                BatchEntry(size=3, properties={Prop.UNIQ_KEY: now_id}),
+                BatchEntry(size=5, properties={Prop.UNIQ_KEY: later_id, Prop.DELAY: "4"}),
+            ],
         )
-        assert frame.header["msg_ids"] == [now_id, later_id]
+        answer = await admin.call(batch, b"nowlater")
+        assert answer.msg_ids == [now_id, later_id]
         first = await pull_at(consumer, "mixed", 0, 0, long_poll=0)
         assert (first.msg_id, first.body) == (now_id, b"now")
         second = await pull_at(consumer, "mixed", 0, 1)
@@ -395,7 +393,7 @@ async def test_dlq_list_and_resend(embedded_broker: Callable[..., EmbeddedBroker
         assert await admin.dlq_resend("DG", ["no-such-id"]) == 0
         assert await admin.dlq_resend("DG", []) == 0
         with pytest.raises(BadRequest):
-            await admin.request(RequestCode.DLQ_RESEND, {"group": "DG"})
+            await admin.call(DlqResend(group="DG"))
 
 
 def test_dlq_sync_admin_and_cli(embedded_broker: Callable[..., EmbeddedBroker]) -> None:

@@ -50,6 +50,7 @@ from txmq.broker.server import EmbeddedBroker
 from txmq.message import Prop
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction_log
 from txmq.transaction import LocalTransactionState
+from txmq.wire import TransactionRow
 
 pytestmark = pytest.mark.anyio
 
@@ -232,7 +233,7 @@ async def until(predicate: Callable[[], Awaitable[Any]], timeout: float = 20.0) 
             await anyio.sleep(0.05)
 
 
-async def pending(address: str, state: str = "pending") -> list[dict[str, Any]]:
+async def pending(address: str, state: str = "pending") -> list[TransactionRow]:
     async with AdminClient(address) as admin:
         return await admin.transactions(state)
 
@@ -306,7 +307,7 @@ async def test_killed_after_db_commit_is_committed_by_another_producer(
             assert app_db.log_state(n.tid) == COMMITTED
 
             async def resolved() -> bool:
-                return not any(t["transaction_id"] == n.tid for t in await pending(b.address))
+                return not any(t.transaction_id == n.tid for t in await pending(b.address))
 
             await until(resolved)
 
@@ -346,7 +347,7 @@ async def test_killed_before_db_commit_is_rolled_back_by_another_producer(
         async with TransactionProducer(b.address, n.group, listener=checker):
             proc = sqla_producer(*producer_args(b, app_db, n, "before-db-commit"))
             assert await anyio.to_thread.run_sync(proc.expect, "HALF-SENT") == f"HALF-SENT {n.tid}"
-            halves = [t for t in await pending(b.address) if t["transaction_id"] == n.tid]
+            halves = [t for t in await pending(b.address) if t.transaction_id == n.tid]
             assert len(halves) == 2
 
             async def asked_while_alive() -> bool:  # the open transaction is waited for
@@ -357,7 +358,7 @@ async def test_killed_before_db_commit_is_rolled_back_by_another_producer(
             proc.sigkill()  # the database transaction dies with the process
 
             async def resolved() -> bool:
-                return not any(t["transaction_id"] == n.tid for t in await pending(b.address))
+                return not any(t.transaction_id == n.tid for t in await pending(b.address))
 
             await until(resolved)
             await more_check_rounds(b)

@@ -32,6 +32,7 @@ from txmq.errors import BrokerUnavailable
 from txmq.producer import SendResult
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction, transaction_log
 from txmq.transaction import LocalTransactionState
+from txmq.wire import TransactionRow
 
 pytestmark = pytest.mark.anyio
 
@@ -122,7 +123,7 @@ async def consume(address: str, topic: str, db: Db, seen: Seen) -> PushConsumer:
     return consumer
 
 
-async def pending(address: str) -> list[dict[str, Any]]:
+async def pending(address: str) -> list[TransactionRow]:
     async with AdminClient(address) as admin:
         return await admin.transactions("pending")
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
-from tests.conftest import ROOT, BrokerProcess, wait_for
+from tests.conftest import ROOT, BrokerProcess, raw_request, wait_for
 from txmq import (
     AdminClient,
     LocalTransactionState,
@@ -35,8 +36,8 @@ from txmq.broker.transaction import COMMIT, TransactionService
 from txmq.errors import BadRequest
 from txmq.message import MessageExt, Prop, SysFlag
 from txmq.producer import SendResult
-from txmq.protocol import RequestCode
 from txmq.settings import SettingsError
+from txmq.wire import BatchEntry, Ended, RequestCode, SendBatchMessage, SendMessage, decode
 
 pytestmark = pytest.mark.anyio
 
@@ -70,7 +71,9 @@ async def read_topic(address: str, topic: str) -> list[MessageExt]:
 
 
 async def end_raw(p: TransactionProducer, r: SendResult, state: str) -> dict[str, Any]:
-    frame = await p.request(
+    """END_TRANSACTION with any state; the broker's answer as a map of what it says."""
+    frame = await raw_request(
+        p,
         RequestCode.END_TRANSACTION,
         {
             "group": p.group,
@@ -79,12 +82,13 @@ async def end_raw(p: TransactionProducer, r: SendResult, state: str) -> dict[str
             "state": state,
         },
     )
-    return dict(frame.header)
+    answer: dict[str, Any] = msgspec.to_builtins(decode(Ended, frame.header))
+    return answer
 
 
 async def pending(address: str, state: str = "pending") -> list[dict[str, Any]]:
     async with AdminClient(address) as admin:
-        return await admin.transactions(state)
+        return [msgspec.to_builtins(t) for t in await admin.transactions(state)]
 
 
 class Listener:
@@ -246,37 +250,34 @@ async def test_not_found_and_bad_requests(embedded_broker: Callable[..., Embedde
         with pytest.raises(ValueError, match="send_half"):
             await p.end_transaction(normal, S.COMMIT)
         with pytest.raises(BadRequest, match="state"):
-            await p.request(
+            await raw_request(
+                p,
                 RequestCode.END_TRANSACTION,
                 {"group": "tx-bad", "transaction_offset": r.transaction_offset, "state": "MAYBE"},
             )
         half_props = {Prop.TRAN_MSG: "true", Prop.UNIQ_KEY: "H1"}
         with pytest.raises(BadRequest, match="'group'"):  # a half message needs its group
-            await p.request(
-                RequestCode.SEND_MESSAGE,
-                {"topic": "tx-bad-topic", "queue_id": 0, "properties": half_props},
-                b"x",
+            await p.call(
+                SendMessage(topic="tx-bad-topic", queue_id=0, properties=half_props), b"x"
             )
         with pytest.raises(BadRequest, match="batch"):
-            await p.request(
-                RequestCode.SEND_BATCH_MESSAGE,
-                {
-                    "topic": "tx-bad-topic",
-                    "queue_id": 0,
-                    "group": "tx-bad",
-                    "messages": [{"size": 1, "properties": half_props}],
-                },
+            await p.call(
+                SendBatchMessage(
+                    topic="tx-bad-topic",
+                    queue_id=0,
+                    group="tx-bad",
+                    messages=[BatchEntry(size=1, properties=half_props)],
+                ),
                 b"x",
             )
         with pytest.raises(BadRequest, match="delayed"):
-            await p.request(
-                RequestCode.SEND_MESSAGE,
-                {
-                    "topic": "tx-bad-topic",
-                    "queue_id": 0,
-                    "group": "tx-bad",
-                    "properties": {**half_props, Prop.DELAY: "2"},
-                },
+            await p.call(
+                SendMessage(
+                    topic="tx-bad-topic",
+                    queue_id=0,
+                    group="tx-bad",
+                    properties={**half_props, Prop.DELAY: "2"},
+                ),
                 b"x",
             )
         with pytest.raises(BadRequest, match="out of range"):
@@ -286,7 +287,7 @@ async def test_not_found_and_bad_requests(embedded_broker: Callable[..., Embedde
         with pytest.raises(ValueError, match="transaction_id"):
             await p.send_half(Message("tx-bad-topic", b"x"), transaction_id="")
         with pytest.raises(BadRequest, match="pending"):
-            await p.request(RequestCode.GET_TRANSACTIONS, {"state": "everything"})
+            await raw_request(p, RequestCode.GET_TRANSACTIONS, {"state": "everything"})
         # the broker is fine and the half still resolvable
         assert await p.end_transaction(r, S.COMMIT) == "COMMITTED"
 

@@ -28,7 +28,6 @@ from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
 from txmq.broker.server import EmbeddedBroker
 from txmq.message import Message
-from txmq.protocol import RequestCode
 from txmq.pull import PullConsumer
 from txmq.spark.classify import CLASSES
 from txmq.spark.job import JDBC_JAR, main
@@ -36,6 +35,7 @@ from txmq.sqla import transaction
 from txmq.sqla.tables import consumed_keys, outbox, transaction_log
 from txmq.sync import AdminClient, Producer, TransactionProducer
 from txmq.transaction import LocalTransactionState
+from txmq.wire import ConsumerSendMsgBack
 
 # a module-wide budget above the default 120 s: the first test also builds the world (the
 # orders example on PostgreSQL) and every test starts Spark work on 2 cores
@@ -129,7 +129,7 @@ def _seed_faults(w: World) -> None:
         with AdminClient(w.address) as admin:
             wait_for(
                 lambda: any(
-                    t["transaction_id"] == "parked-1" for t in admin.transactions("parked")
+                    t.transaction_id == "parked-1" for t in admin.transactions("parked")
                 ),
                 timeout=30,
             )
@@ -147,15 +147,13 @@ def _seed_faults(w: World) -> None:
             got = await pc.pull(ORDER_CREATED, poison.queue_id, poison.queue_offset, max_msgs=1)
             msg = got.messages[0]
             assert msg.msg_id == poison.msg_id
-            await pc.request(
-                RequestCode.CONSUMER_SEND_MSG_BACK,
-                {
-                    "group": "inventory-service",
-                    "commit_log_offset": msg.commit_log_offset,
-                    "delay_level": -1,
-                    "max_reconsume_times": 16,
-                    "origin_msg_id": msg.msg_id,
-                },
+            await pc.call(
+                ConsumerSendMsgBack(
+                    group="inventory-service",
+                    commit_log_offset=msg.commit_log_offset,
+                    delay_level=-1,
+                    origin_msg_id=msg.msg_id,
+                )
             )
 
     anyio.run(dead_letter)

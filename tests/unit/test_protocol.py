@@ -1,32 +1,56 @@
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 import pytest
 
 from txmq.errors import (
+    BadRequest,
     BrokerBusy,
     FrameTooLarge,
     MalformedFrame,
     MessageTooLarge,
     ResponseCode,
     ServerError,
+    UnsupportedRequest,
     UnsupportedVersion,
     error_for_code,
 )
-from txmq.protocol import PREFIX, FrameDecoder, FrameKind, RequestCode, encode_frame
+from txmq.wire import (
+    PREFIX,
+    EndTransaction,
+    FrameDecoder,
+    FrameKind,
+    Heartbeat,
+    LockBatchMq,
+    PullMessage,
+    QueryConsumerOffset,
+    Request,
+    RequestCode,
+    SendMessage,
+    Sent,
+    decode,
+    encode,
+    encode_frame,
+    request_class,
+    requests,
+)
 
 
 def test_frames_roundtrip_when_fed_byte_by_byte() -> None:
-    data = encode_frame(FrameKind.REQUEST, RequestCode.SEND_MESSAGE, 7, {"topic": "t"}, b"body")
+    header = encode(SendMessage(topic="t", queue_id=1))
+    data = encode_frame(FrameKind.REQUEST, RequestCode.SEND_MESSAGE, 7, header, b"body")
     data += encode_frame(FrameKind.RESPONSE, 0, 7)
     dec = FrameDecoder()
     frames = []
     for i in range(len(data)):
         frames += dec.feed(data[i : i + 1])
     assert [(f.kind, f.code, f.request_id, f.header, f.body) for f in frames] == [
-        (FrameKind.REQUEST, RequestCode.SEND_MESSAGE, 7, {"topic": "t"}, b"body"),
-        (FrameKind.RESPONSE, 0, 7, {}, b""),
+        (FrameKind.REQUEST, RequestCode.SEND_MESSAGE, 7, header, b"body"),
+        (FrameKind.RESPONSE, 0, 7, b"", b""),
     ]
+    assert decode(SendMessage, frames[0].header) == SendMessage(topic="t", queue_id=1)
 
 
 def test_oversized_frame_is_refused_before_reading_it() -> None:
@@ -38,19 +62,80 @@ def test_oversized_frame_is_refused_before_reading_it() -> None:
     assert "over the limit of 1024 bytes" in str(exc.value)
 
 
-def test_bad_version_kind_and_header_are_errors() -> None:
-    with pytest.raises(UnsupportedVersion):
-        FrameDecoder().feed(PREFIX.pack(12, 9, 0, 10, 1, 0))
+def test_bad_kind_and_header_length_are_stream_errors() -> None:
     with pytest.raises(MalformedFrame):
         FrameDecoder().feed(PREFIX.pack(12, 1, 7, 10, 1, 0))
-    bad_header = b"\xc1\xc1"  # never-used msgpack byte
-    frame = PREFIX.pack(12 + len(bad_header), 1, 0, 10, 1, len(bad_header)) + bad_header
-    with pytest.raises(MalformedFrame, match="not valid msgpack"):
+
+
+@pytest.mark.parametrize("followed", [False, True])
+def test_a_header_longer_than_the_frame_is_refused_alone_or_followed(followed: bool) -> None:
+    """One rule: the header must fit in the frame after its 12 bytes of fixed fields."""
+    header = b"\x80" * 12
+    frame = PREFIX.pack(12 + 12, 1, 0, 10, 1, 24) + header
+    if followed:
+        frame += encode_frame(FrameKind.REQUEST, 10, 2)
+    with pytest.raises(MalformedFrame):
         FrameDecoder().feed(frame)
-    not_a_map = msgpack.packb([1, 2])
-    frame = PREFIX.pack(12 + len(not_a_map), 1, 0, 10, 1, len(not_a_map)) + not_a_map
-    with pytest.raises(MalformedFrame, match="not a map"):
-        FrameDecoder().feed(frame)
+    fits = PREFIX.pack(12 + 12, 1, 0, 10, 1, 12) + header
+    assert len(FrameDecoder().feed(fits)) == 1
+
+
+def test_every_request_class_is_registered_once_with_its_response() -> None:
+    table = requests()
+    assert len(table) == len(RequestCode)
+    assert {code for code, _ in table} == {int(c) for c in RequestCode}
+    for (code, version), cls in table.items():
+        assert cls.CODE == code and cls.VERSION == version
+        assert issubclass(cls, Request) and cls.RESPONSE is not None
+    assert SendMessage.RESPONSE is Sent
+    assert request_class(RequestCode.PULL_MESSAGE, 1) is PullMessage
+    with pytest.raises(UnsupportedRequest, match="9999"):
+        request_class(9999, 1)
+    with pytest.raises(UnsupportedVersion, match=r"PullMessage.*version 7"):
+        request_class(RequestCode.PULL_MESSAGE, 7)
+
+
+@pytest.mark.parametrize(
+    ("cls", "header", "expected"),
+    [
+        (SendMessage, {"queue_id": 1}, "misses field 'topic'"),
+        (SendMessage, {"topic": "t", "queue_id": None}, "'queue_id': Expected `int`, got `None`"),
+        (SendMessage, {"topic": "t", "queue_id": True}, "'queue_id': Expected `int`, got `bool`"),
+        (
+            QueryConsumerOffset,
+            {"group": "", "topic": "t", "queue_id": 1},
+            "'group': Expected `str` of length >= 1",
+        ),
+        (SendMessage, {"topic": "t", "queue_id": 1, "properties": {"a": 1}}, "'properties"),
+        (PullMessage, {"topic": "t", "queue_id": 0, "offset": 0, "suspend_ms": None}, "suspend_ms"),
+        (EndTransaction, {"group": "g", "transaction_offset": 1, "state": ["x"]}, "'state'"),
+        (EndTransaction, {"group": "g", "transaction_offset": 1, "state": "MAYBE"}, "'state'"),
+        (LockBatchMq, {"group": "g", "client_id": "c", "queues": [["t"]]}, "'queues[0]'"),
+        (Heartbeat, {"consumers": [{"group": "g", "message_model": "X"}]}, "message_model"),
+        (SendMessage, [1, 2], "not a map"),
+    ],
+)
+def test_a_header_that_does_not_fit_is_a_bad_request_naming_the_field(
+    cls: type[Request[Any]], header: object, expected: str
+) -> None:
+    with pytest.raises(BadRequest) as exc:
+        decode(cls, msgpack.packb(header))
+    assert expected in str(exc.value)
+    assert str(exc.value).startswith(cls.__name__)
+
+
+def test_a_header_that_is_not_msgpack_is_a_bad_request() -> None:
+    with pytest.raises(BadRequest, match="not valid msgpack"):
+        decode(SendMessage, b"\xc1\xc1")
+
+
+def test_unknown_fields_are_ignored_and_defaults_are_not_sent() -> None:
+    header = msgpack.packb({"topic": "t", "queue_id": 2, "from_the_future": [1]})
+    assert decode(SendMessage, header) == SendMessage(topic="t", queue_id=2)
+    assert msgpack.unpackb(encode(SendMessage(topic="t", queue_id=2))) == {
+        "topic": "t",
+        "queue_id": 2,
+    }
 
 
 def test_error_codes_map_to_classes_with_retriable_flag() -> None:

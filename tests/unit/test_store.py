@@ -11,13 +11,13 @@ from txmq.broker.store import (
     CQ_TAG_PROPERTY,
     GetStatus,
     MessageStore,
-    MessageTooLarge,
     PutStatus,
     StoreConfig,
     StoreError,
 )
 from txmq.broker.store.index import key_hash
 from txmq.codec import check_record, decode_record, decode_records
+from txmq.errors import MessageTooLarge
 from txmq.message import Prop, new_message_id, tag_hash
 
 

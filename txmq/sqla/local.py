@@ -15,7 +15,7 @@ import inspect
 import logging
 import uuid
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
 
 import anyio
 from sqlalchemy import Insert, insert
@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from txmq.message import Message
-from txmq.producer import MessageQueueSelector, SendResult
+from txmq.producer import SendOptions, SendResult
 from txmq.sqla.tables import COMMITTED, transaction_log
 from txmq.transaction import LocalTransactionState
 
@@ -51,15 +51,7 @@ class AsyncTransactionalProducer(Protocol):
     """What :func:`transaction` needs of an async producer (``txmq.TransactionProducer``)."""
 
     async def send_half(
-        self,
-        msg: Message,
-        *,
-        transaction_id: str,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
+        self, msg: Message, *, transaction_id: str, **options: Unpack[SendOptions]
     ) -> SendResult: ...
 
     async def end_transaction(
@@ -72,15 +64,7 @@ class TransactionalProducer(Protocol):
     (``txmq.sync.TransactionProducer``)."""
 
     def send_half(
-        self,
-        msg: Message,
-        *,
-        transaction_id: str,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
+        self, msg: Message, *, transaction_id: str, **options: Unpack[SendOptions]
     ) -> SendResult: ...
 
     def end_transaction(
@@ -260,27 +244,12 @@ class AsyncLocalTransaction(_Base[AsyncTransactionalProducer, AsyncSession]):
         self._started()
         return self
 
-    async def send(
-        self,
-        msg: Message,
-        *,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
-    ) -> SendResult:
+    async def send(self, msg: Message, **options: Unpack[SendOptions]) -> SendResult:
         """Send ``msg`` as a half message of this transaction (invisible to consumers
         until the block commits); returns the broker's :class:`SendResult`."""
         self._check_open()
         result = await self.producer.send_half(
-            msg,
-            transaction_id=self.transaction_id,
-            sharding_key=sharding_key,
-            selector=selector,
-            arg=arg,
-            queue_id=queue_id,
-            timeout=timeout,
+            msg, transaction_id=self.transaction_id, **options
         )
         self.results.append(result)
         return result
@@ -366,27 +335,10 @@ class LocalTransaction(_Base[TransactionalProducer, Session]):
         self._started()
         return self
 
-    def send(
-        self,
-        msg: Message,
-        *,
-        sharding_key: str | None = None,
-        selector: MessageQueueSelector | None = None,
-        arg: Any = None,
-        queue_id: int | None = None,
-        timeout: float | None = None,
-    ) -> SendResult:
+    def send(self, msg: Message, **options: Unpack[SendOptions]) -> SendResult:
         """Send ``msg`` as a half message of this transaction; returns its result."""
         self._check_open()
-        result = self.producer.send_half(
-            msg,
-            transaction_id=self.transaction_id,
-            sharding_key=sharding_key,
-            selector=selector,
-            arg=arg,
-            queue_id=queue_id,
-            timeout=timeout,
-        )
+        result = self.producer.send_half(msg, transaction_id=self.transaction_id, **options)
         self.results.append(result)
         return result
 

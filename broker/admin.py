@@ -1,0 +1,155 @@
+"""Operators' requests: routes, topics, queue statistics, message lookups, all group
+offsets and the broker's runtime information."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from txmq.broker.context import BrokerContext
+from txmq.codec import read_header
+from txmq.errors import MessageNotFound, TopicNotFound
+from txmq.rpc import Call
+from txmq.wire import (
+    DeleteTopic,
+    Empty,
+    GetAllConsumerOffsets,
+    GetAllTopicConfig,
+    GetBrokerRuntimeInfo,
+    GetRouteInfo,
+    GetTopicStats,
+    GroupOffset,
+    GroupOffsets,
+    MessageCount,
+    QueryMessageByKey,
+    QueueStats,
+    RouteInfo,
+    RuntimeInfo,
+    TopicInfo,
+    TopicList,
+    TopicRow,
+    TopicStats,
+    UpdateAndCreateTopic,
+    ViewMessageById,
+    WithBody,
+)
+
+__all__ = ["AdminService"]
+
+log = logging.getLogger("txmq.broker")
+
+MAX_QUERY_BY_KEY = 1000
+
+
+class AdminService:
+    def __init__(self, ctx: BrokerContext, runtime_info: Callable[[], RuntimeInfo]) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.topics = ctx.topics
+        self._runtime_info = runtime_info
+
+    # -- topics -----------------------------------------------------------------------------
+
+    def route_info(self, req: GetRouteInfo, call: Call) -> RouteInfo:
+        if req.create:
+            cfg = self.topics.for_send(req.topic)
+        else:
+            found = self.topics.get(req.topic)
+            if found is None:
+                raise TopicNotFound(f"topic {req.topic!r} does not exist")
+            cfg = found
+        return RouteInfo(topic=cfg.name, queue_nums=cfg.queue_nums)
+
+    def create_topic(self, req: UpdateAndCreateTopic, call: Call) -> TopicInfo:
+        queue_nums = req.queue_nums
+        if queue_nums is None:
+            queue_nums = self.ctx.config.default_queue_nums
+        cfg = self.topics.create_or_update(req.topic, queue_nums)
+        log.info("topic %s now has %d queues", cfg.name, cfg.queue_nums)
+        return TopicInfo(topic=cfg.name, queue_nums=cfg.queue_nums)
+
+    def delete_topic(self, req: DeleteTopic, call: Call) -> Empty:
+        self.topics.check_name(req.topic)
+        if not self.topics.delete(req.topic):
+            raise TopicNotFound(f"topic {req.topic!r} does not exist")
+        self.ctx.offsets.remove_topic(req.topic)
+        return Empty()
+
+    def all_topics(self, req: GetAllTopicConfig, call: Call) -> TopicList:
+        stats = self.store.queue_offsets()
+        rows = []
+        for cfg in self.topics.all():
+            queues = stats.get(cfg.name, {})
+            rows.append(
+                TopicRow(
+                    topic=cfg.name,
+                    queue_nums=cfg.queue_nums,
+                    system=cfg.system,
+                    messages=sum(mx - mn for mn, mx in queues.values()),
+                    max_offset_total=sum(mx for _, mx in queues.values()),
+                )
+            )
+        return TopicList(topics=rows)
+
+    def topic_stats(self, req: GetTopicStats, call: Call) -> TopicStats:
+        topic = req.topic
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        rows = []
+        for queue_id in range(cfg.queue_nums):
+            mn = self.store.min_offset(topic, queue_id)
+            mx = self.store.max_offset(topic, queue_id)
+            last = 0
+            if mx > mn:
+                got = self.store.get_messages(topic, queue_id, mx - 1, 1)
+                if got.records:
+                    last = read_header(got.records[0]).store_timestamp
+            rows.append(
+                QueueStats(queue_id=queue_id, min_offset=mn, max_offset=mx, last_store_ts=last)
+            )
+        return TopicStats(topic=topic, queues=rows)
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def view_message(self, req: ViewMessageById, call: Call) -> WithBody[Empty]:
+        msg_id = req.msg_id
+        record = self.store.query_by_uniq_key(msg_id)
+        if record is None and len(msg_id) == 16:
+            try:
+                record = self.store.look_message_by_offset(int(msg_id, 16))
+            except ValueError:
+                record = None
+        if record is None:
+            raise MessageNotFound(f"no message with id {msg_id!r}")
+        return WithBody(Empty(), record)
+
+    def query_by_key(self, req: QueryMessageByKey, call: Call) -> WithBody[MessageCount]:
+        max_num = min(req.max_num, MAX_QUERY_BY_KEY)
+        records = self.store.query_by_key(req.key, max_num=max_num)
+        if not records:
+            raise MessageNotFound(f"no message with key {req.key!r}")
+        return WithBody(MessageCount(count=len(records)), b"".join(records))
+
+    # -- offsets and the broker -------------------------------------------------------------
+
+    def all_offsets(self, req: GetAllConsumerOffsets, call: Call) -> GroupOffsets:
+        rows = []
+        for group, topics in sorted(self.ctx.offsets.snapshot().items()):
+            for topic, queues in sorted(topics.items()):
+                for queue_id, offset in sorted(queues.items()):
+                    max_offset = self.store.max_offset(topic, queue_id)
+                    rows.append(
+                        GroupOffset(
+                            group=group,
+                            topic=topic,
+                            queue_id=queue_id,
+                            offset=offset,
+                            max_offset=max_offset,
+                            lag=max(max_offset - offset, 0),
+                        )
+                    )
+        return GroupOffsets(offsets=rows)
+
+    def runtime_info(self, req: GetBrokerRuntimeInfo, call: Call) -> RuntimeInfo:
+        return self._runtime_info()

@@ -1,0 +1,169 @@
+"""Operators' requests: topics, queue statistics, message lookups, offsets, broker
+information and the dead-letter queue."""
+
+from __future__ import annotations
+
+from txmq.wire.base import Empty, Name, Request, Response, Topic
+from txmq.wire.codes import RequestCode
+
+__all__ = [
+    "DeleteTopic",
+    "DlqList",
+    "DlqPage",
+    "DlqResend",
+    "DlqResent",
+    "GetAllConsumerOffsets",
+    "GetAllTopicConfig",
+    "GetBrokerRuntimeInfo",
+    "GetTopicStats",
+    "GroupOffset",
+    "GroupOffsets",
+    "MessageCount",
+    "QueryMessageByKey",
+    "QueueStats",
+    "RuntimeInfo",
+    "TopicInfo",
+    "TopicList",
+    "TopicRow",
+    "TopicStats",
+    "UpdateAndCreateTopic",
+    "ViewMessageById",
+]
+
+
+class TopicInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
+    topic: str
+    queue_nums: int
+
+
+class UpdateAndCreateTopic(Request[TopicInfo], frozen=True, kw_only=True, omit_defaults=True):
+    """Create a topic or change its queue count (default: the broker's default)."""
+
+    CODE = RequestCode.UPDATE_AND_CREATE_TOPIC
+    topic: Topic
+    queue_nums: int | None = None
+
+
+class DeleteTopic(Request[Empty], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.DELETE_TOPIC
+    topic: Topic
+
+
+class TopicRow(Response, frozen=True, kw_only=True, omit_defaults=True):
+    topic: str
+    queue_nums: int
+    system: bool
+    messages: int
+    max_offset_total: int
+
+
+class TopicList(Response, frozen=True, kw_only=True, omit_defaults=True):
+    topics: list[TopicRow]
+
+
+class GetAllTopicConfig(Request[TopicList], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.GET_ALL_TOPIC_CONFIG
+
+
+class QueueStats(Response, frozen=True, kw_only=True, omit_defaults=True):
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    #: store time of the newest message (ms), 0 if the queue is empty
+    last_store_ts: int
+
+
+class TopicStats(Response, frozen=True, kw_only=True, omit_defaults=True):
+    topic: str
+    queues: list[QueueStats]
+
+
+class GetTopicStats(Request[TopicStats], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.GET_TOPIC_STATS
+    topic: Topic
+
+
+class ViewMessageById(Request[Empty], frozen=True, kw_only=True, omit_defaults=True):
+    """The stored record (the frame's body) of a message id or offset message id."""
+
+    CODE = RequestCode.VIEW_MESSAGE_BY_ID
+    msg_id: Name
+
+
+class MessageCount(Response, frozen=True, kw_only=True, omit_defaults=True):
+    count: int
+
+
+class QueryMessageByKey(Request[MessageCount], frozen=True, kw_only=True, omit_defaults=True):
+    """The records (the frame's body) of up to ``max_num`` messages with key ``key``."""
+
+    CODE = RequestCode.QUERY_MESSAGE_BY_KEY
+    key: Name
+    max_num: int = 32
+
+
+class GroupOffset(Response, frozen=True, kw_only=True, omit_defaults=True):
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    max_offset: int
+    lag: int
+
+
+class GroupOffsets(Response, frozen=True, kw_only=True, omit_defaults=True):
+    offsets: list[GroupOffset]
+
+
+class GetAllConsumerOffsets(Request[GroupOffsets], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.GET_ALL_CONSUMER_OFFSETS
+
+
+class RuntimeInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
+    version: str
+    address: str
+    pid: int
+    flush: str
+    store: str
+    uptime_s: float
+    connections: int
+    topics: int
+    commit_log_min_offset: int
+    commit_log_max_offset: int
+    flushed_offset: int
+    pending_transactions: int
+
+
+class GetBrokerRuntimeInfo(Request[RuntimeInfo], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.GET_BROKER_RUNTIME_INFO
+
+
+class DlqPage(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a DLQ listing stopped; the records are the frame's body."""
+
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class DlqList(Request[DlqPage], frozen=True, kw_only=True, omit_defaults=True):
+    """Up to ``max`` dead letters of consumer group ``group`` from queue offset ``offset``."""
+
+    CODE = RequestCode.DLQ_LIST
+    group: Name
+    offset: int = 0
+    max: int = 32
+
+
+class DlqResent(Response, frozen=True, kw_only=True, omit_defaults=True):
+    resent: int
+    missing: list[str] = []
+
+
+class DlqResend(Request[DlqResent], frozen=True, kw_only=True, omit_defaults=True):
+    """Store dead letters of ``group`` again in its retry topic: ``msg_ids``, or ``all``."""
+
+    CODE = RequestCode.DLQ_RESEND
+    group: Name
+    msg_ids: list[str] = []
+    all: bool = False

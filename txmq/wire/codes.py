@@ -1,0 +1,40 @@
+"""Request codes: which operation a frame asks for (RocketMQ's numbers where it has one)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["RequestCode"]
+
+
+class RequestCode(enum.IntEnum):
+    # client -> broker
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    QUERY_MESSAGE_BY_KEY = 12
+    QUERY_CONSUMER_OFFSET = 14
+    UPDATE_CONSUMER_OFFSET = 15
+    UPDATE_AND_CREATE_TOPIC = 17
+    GET_ALL_TOPIC_CONFIG = 21
+    GET_BROKER_RUNTIME_INFO = 28
+    GET_MAX_OFFSET = 30
+    GET_MIN_OFFSET = 31
+    VIEW_MESSAGE_BY_ID = 33
+    HEARTBEAT = 34
+    UNREGISTER_CLIENT = 35
+    CONSUMER_SEND_MSG_BACK = 36
+    END_TRANSACTION = 37
+    GET_CONSUMER_LIST_BY_GROUP = 38
+    LOCK_BATCH_MQ = 41
+    UNLOCK_BATCH_MQ = 42
+    GET_ALL_CONSUMER_OFFSETS = 43
+    GET_ROUTE_INFO = 105
+    GET_TOPIC_STATS = 202
+    DELETE_TOPIC = 215
+    SEND_BATCH_MESSAGE = 320
+    DLQ_LIST = 351
+    DLQ_RESEND = 352
+    GET_TRANSACTIONS = 353
+    # broker -> client
+    NOTIFY_CONSUMER_IDS_CHANGED = 40
+    CHECK_TRANSACTION_STATE = 39

@@ -1,0 +1,195 @@
+"""Errors shared by clients and the broker.
+
+Every error the broker can answer has a numeric code (see :class:`ResponseCode`); the
+client turns an error answer into the exception class registered for its code.  Each class
+says whether retrying the same request may succeed (``retriable``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "BadRequest",
+    "BrokerBusy",
+    "BrokerUnavailable",
+    "FlushDiskTimeout",
+    "FrameTooLarge",
+    "InvalidTopic",
+    "MalformedFrame",
+    "MessageNotFound",
+    "MessageTooLarge",
+    "NoPermission",
+    "RequestTimeout",
+    "ResponseCode",
+    "ServerError",
+    "TopicNotFound",
+    "TransactionNotFound",
+    "TxmqError",
+    "UnsupportedRequest",
+    "UnsupportedVersion",
+    "error_for_code",
+]
+
+
+class ResponseCode(enum.IntEnum):
+    SUCCESS = 0
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2
+    REQUEST_CODE_NOT_SUPPORTED = 3
+    MALFORMED_FRAME = 4
+    FRAME_TOO_LARGE = 5
+    VERSION_NOT_SUPPORTED = 6
+    BAD_REQUEST = 7
+    FLUSH_DISK_TIMEOUT = 10
+    MESSAGE_ILLEGAL = 13
+    MESSAGE_TOO_LARGE = 14
+    NO_PERMISSION = 16
+    TOPIC_NOT_EXIST = 17
+    INVALID_TOPIC = 18
+    QUERY_NOT_FOUND = 22
+    TRANSACTION_NOT_FOUND = 23
+
+
+class TxmqError(Exception):
+    """Base of every txmq error."""
+
+    code: ResponseCode = ResponseCode.SYSTEM_ERROR
+    retriable: bool = False
+    #: the id of the request that caused it, when known (protocol errors)
+    request_id: int = 0
+
+    def __init__(self, message: str = "", *, code: int | None = None) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.__class__.__name__)
+        if code is not None:
+            try:
+                self.code = ResponseCode(code)
+            except ValueError:
+                pass
+
+
+class ServerError(TxmqError):
+    """The broker failed to handle the request."""
+
+    code = ResponseCode.SYSTEM_ERROR
+    retriable = True
+
+
+class BrokerBusy(TxmqError):
+    """The broker is overloaded; try again."""
+
+    code = ResponseCode.SYSTEM_BUSY
+    retriable = True
+
+
+class UnsupportedRequest(TxmqError):
+    """The peer does not know this request code."""
+
+    code = ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+class MalformedFrame(TxmqError):
+    """A frame could not be parsed."""
+
+    code = ResponseCode.MALFORMED_FRAME
+
+
+class FrameTooLarge(TxmqError):
+    """A frame is over the size limit."""
+
+    code = ResponseCode.FRAME_TOO_LARGE
+
+
+class UnsupportedVersion(TxmqError):
+    """The frame's protocol version is not supported."""
+
+    code = ResponseCode.VERSION_NOT_SUPPORTED
+
+
+class BadRequest(TxmqError):
+    """A request misses a field or has one of the wrong type."""
+
+    code = ResponseCode.BAD_REQUEST
+
+
+class FlushDiskTimeout(TxmqError):
+    """The broker stored the message but could not fsync it in time (SYNC flush)."""
+
+    code = ResponseCode.FLUSH_DISK_TIMEOUT
+    retriable = True
+
+
+class MessageTooLarge(TxmqError):
+    """The message body is over the broker's size limit."""
+
+    code = ResponseCode.MESSAGE_TOO_LARGE
+
+
+class NoPermission(TxmqError):
+    """The request is not allowed (for example, sending to a reserved system topic)."""
+
+    code = ResponseCode.NO_PERMISSION
+
+
+class TopicNotFound(TxmqError):
+    """The topic does not exist and auto-creation is off."""
+
+    code = ResponseCode.TOPIC_NOT_EXIST
+
+
+class InvalidTopic(TxmqError):
+    """The topic name is not valid."""
+
+    code = ResponseCode.INVALID_TOPIC
+
+
+class MessageNotFound(TxmqError):
+    """No message matches the query."""
+
+    code = ResponseCode.QUERY_NOT_FOUND
+
+
+class TransactionNotFound(TxmqError):
+    """No half message of this producer group at that commit-log offset."""
+
+    code = ResponseCode.TRANSACTION_NOT_FOUND
+
+
+class BrokerUnavailable(TxmqError):
+    """The broker cannot be reached or the connection was lost."""
+
+    retriable = True
+
+
+class RequestTimeout(TxmqError):
+    """No answer arrived within the request timeout."""
+
+    retriable = True
+
+
+_REGISTRY: dict[int, type[TxmqError]] = {
+    cls.code: cls
+    for cls in (
+        ServerError,
+        BrokerBusy,
+        UnsupportedRequest,
+        MalformedFrame,
+        FrameTooLarge,
+        UnsupportedVersion,
+        BadRequest,
+        FlushDiskTimeout,
+        MessageTooLarge,
+        NoPermission,
+        TopicNotFound,
+        InvalidTopic,
+        MessageNotFound,
+        TransactionNotFound,
+    )
+}
+_REGISTRY[ResponseCode.MESSAGE_ILLEGAL] = BadRequest
+
+
+def error_for_code(code: int, message: str) -> TxmqError:
+    """The exception for an error answer with ``code``."""
+    cls = _REGISTRY.get(code, ServerError)
+    return cls(message, code=code)

@@ -1,0 +1,135 @@
+"""Frames: how requests and answers travel on a connection, in either direction.
+
+    offset  size  field
+    0       4     length of the rest of the frame (little-endian)
+    4       1     version of the request (a response carries its request's)
+    5       1     kind: 0 request, 1 response, 2 oneway request
+    6       2     request code (requests) or response code (responses)
+    8       4     request id (a response carries its request's id)
+    12      4     header length H
+    16      H     header: a msgpack map (the typed request or response, :mod:`txmq.wire.base`)
+    16+H    ...   body: raw bytes (message bodies, stored records)
+
+Framing is the same for every version and code, so the decoder checks only the frame
+itself; the header is decoded by whoever knows its type (the request's code and version).
+An error answer has a non-zero response code and the header field ``error``.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import msgspec
+
+from txmq.wire.errors import FrameTooLarge, MalformedFrame
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "PREFIX",
+    "Frame",
+    "FrameDecoder",
+    "FrameKind",
+    "encode_frame",
+]
+
+PREFIX = struct.Struct("<IBBHII")
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
+_EMPTY_MAP = b"\x80"
+_encode = msgspec.msgpack.Encoder().encode
+
+
+class FrameKind(enum.IntEnum):
+    REQUEST = 0
+    RESPONSE = 1
+    ONEWAY = 2
+
+
+@dataclass(slots=True)
+class Frame:
+    kind: FrameKind
+    code: int
+    request_id: int
+    #: the msgpack header, undecoded (empty: an empty map)
+    header: bytes = b""
+    body: bytes = b""
+    version: int = 1
+
+
+def encode_frame(
+    kind: FrameKind | int,
+    code: int,
+    request_id: int,
+    header: msgspec.Struct | bytes | None = None,
+    body: bytes | memoryview = b"",
+    version: int = 1,
+) -> bytes:
+    """One frame; ``header`` is a typed struct (encoded here) or msgpack bytes."""
+    if header is None:
+        head = b""
+    elif isinstance(header, bytes):
+        head = header
+    else:
+        head = _encode(header)
+        if head == _EMPTY_MAP:
+            head = b""
+    length = PREFIX.size - 4 + len(head) + len(body)
+    return b"".join(
+        (PREFIX.pack(length, version, int(kind), int(code), request_id, len(head)), head, body)
+    )
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, get whole frames back.
+
+    Raises :class:`FrameTooLarge` or :class:`MalformedFrame`; after that the stream cannot
+    be resynchronised and the connection should answer and close.  The exception's
+    ``request_id`` attribute carries the offending frame's id when known.
+    """
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        n = len(buf)
+        try:
+            while n - pos >= PREFIX.size:
+                length, version, kind, code, request_id, hlen = PREFIX.unpack_from(buf, pos)
+                if length + 4 > self.max_frame_size:
+                    err = FrameTooLarge(
+                        f"frame of {length + 4} bytes is over the limit of "
+                        f"{self.max_frame_size} bytes"
+                    )
+                    err.request_id = request_id
+                    raise err
+                if kind > FrameKind.ONEWAY or not 0 <= hlen <= length - (PREFIX.size - 4):
+                    merr = MalformedFrame(
+                        f"malformed frame (kind={kind}, length={length}, header length={hlen})"
+                    )
+                    merr.request_id = request_id
+                    raise merr
+                end = pos + 4 + length
+                if end > n:
+                    break
+                hstart = pos + PREFIX.size
+                frames.append(
+                    Frame(
+                        FrameKind(kind),
+                        code,
+                        request_id,
+                        bytes(buf[hstart : hstart + hlen]),
+                        bytes(buf[hstart + hlen : end]),
+                        version,
+                    )
+                )
+                pos = end
+        finally:
+            if pos:
+                del buf[:pos]
+        return frames

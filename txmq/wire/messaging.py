@@ -1,0 +1,169 @@
+"""Sending, pulling, routes and consumer offsets: the hot path."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from txmq.wire.base import Empty, Name, Request, Response, Topic
+from txmq.wire.codes import RequestCode
+
+__all__ = [
+    "BatchEntry",
+    "BatchResult",
+    "ConsumerSendMsgBack",
+    "GetMaxOffset",
+    "GetMinOffset",
+    "GetRouteInfo",
+    "Offset",
+    "PullMessage",
+    "PullStatus",
+    "Pulled",
+    "QueryConsumerOffset",
+    "RouteInfo",
+    "SendBack",
+    "SendBatchMessage",
+    "SendMessage",
+    "Sent",
+    "UpdateConsumerOffset",
+]
+
+PullStatus = Literal["FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"]
+
+
+class Sent(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """Where the broker stored a message (a half message: its commit-log offset too)."""
+
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int
+    transaction_offset: int = -1
+
+
+class SendMessage(Request[Sent], frozen=True, kw_only=True, omit_defaults=True):
+    """Store the frame's body as a message in ``topic``/``queue_id`` (a half message when
+    its TRAN_MSG property is "true", a delayed one with DELAY)."""
+
+    CODE = RequestCode.SEND_MESSAGE
+    topic: Topic
+    queue_id: int
+    properties: dict[str, str] = {}
+    born_timestamp: int = 0
+    flag: int = 0
+    group: str = ""
+
+
+class BatchEntry(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """One message of a batch: its body is the next ``size`` bytes of the frame's body."""
+
+    size: int
+    properties: dict[str, str] = {}
+    born_timestamp: int = 0
+
+
+class BatchResult(Response, frozen=True, kw_only=True, omit_defaults=True):
+    msg_ids: list[str]
+    offset_msg_ids: list[str]
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int
+
+
+class SendBatchMessage(Request[BatchResult], frozen=True, kw_only=True, omit_defaults=True):
+    """Store several messages of one topic in one queue, contiguously."""
+
+    CODE = RequestCode.SEND_BATCH_MESSAGE
+    topic: Topic
+    queue_id: int
+    messages: list[BatchEntry]
+    group: str = ""
+
+
+class Pulled(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """A pull's outcome; the records found are the frame's body."""
+
+    status: PullStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class PullMessage(Request[Pulled], frozen=True, kw_only=True, omit_defaults=True):
+    """Up to ``max_msgs`` records of a queue from ``offset``; with nothing to read, the
+    broker holds the request up to ``suspend_ms`` (long polling)."""
+
+    CODE = RequestCode.PULL_MESSAGE
+    topic: Topic
+    queue_id: int
+    offset: int
+    group: str = ""
+    max_msgs: int = 32
+    suspend_ms: int = 0
+    subscription: str | None = None
+
+
+class RouteInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
+    topic: str
+    queue_nums: int
+
+
+class GetRouteInfo(Request[RouteInfo], frozen=True, kw_only=True, omit_defaults=True):
+    """How many queues ``topic`` has (``create``: create it if auto-creation is on)."""
+
+    CODE = RequestCode.GET_ROUTE_INFO
+    topic: Topic
+    create: bool = False
+
+
+class Offset(Response, frozen=True, kw_only=True, omit_defaults=True):
+    offset: int
+
+
+class QueryConsumerOffset(Request[Offset], frozen=True, kw_only=True, omit_defaults=True):
+    """A consumer group's committed offset of a queue (-1: none)."""
+
+    CODE = RequestCode.QUERY_CONSUMER_OFFSET
+    group: Name
+    topic: Name
+    queue_id: int
+
+
+class UpdateConsumerOffset(Request[Empty], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.UPDATE_CONSUMER_OFFSET
+    group: Name
+    topic: Name
+    queue_id: int
+    offset: int
+
+
+class GetMaxOffset(Request[Offset], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.GET_MAX_OFFSET
+    topic: Topic
+    queue_id: int
+
+
+class GetMinOffset(Request[Offset], frozen=True, kw_only=True, omit_defaults=True):
+    CODE = RequestCode.GET_MIN_OFFSET
+    topic: Topic
+    queue_id: int
+
+
+class SendBack(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a failed message went: the retry topic at ``delay_level``, or the DLQ (-1)."""
+
+    topic: str
+    reconsume_times: int
+    delay_level: int
+
+
+class ConsumerSendMsgBack(Request[SendBack], frozen=True, kw_only=True, omit_defaults=True):
+    """A consumer failed the message at ``commit_log_offset``: retry it later (after
+    ``delay_level``, 0: 3 + reconsume times; -1: to the dead-letter queue at once)."""
+
+    CODE = RequestCode.CONSUMER_SEND_MSG_BACK
+    group: Name
+    commit_log_offset: int
+    delay_level: int = 0
+    max_reconsume_times: int = 16
+    origin_msg_id: str = ""
