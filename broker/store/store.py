@@ -515,18 +515,23 @@ class MessageStore:
             victims = self._cl.expired_segments(cutoff)
             if not victims:
                 return 0
+            # the consume queues' minimums move first, then the commit log's: a reader
+            # never sees a queue entry that points below the commit log's minimum
+            gone_starts = {seg.start for seg in victims}
+            cl_min = min(s.start for s in self._cl.segments() if s.start not in gone_starts)
+            for cq in list(self._cqs.values()):
+                with self._lock:
+                    cq.correct_min(cl_min)
             self._cl.drop_segments(victims, self._lock)
             for seg in victims:  # an export never outlives its segment
                 export_file(self._root, seg.path).unlink(missing_ok=True)
             if self._exporter is not None:
                 self._exporter.request()  # also removes one a running export just wrote
-            cl_min = self._cl.min_offset
             gone = 0
             for cq in list(self._cqs.values()):
                 with self._lock:
                     files = cq.expired_files(cl_min)
                     cq.forget(files)
-                    cq.correct_min(cl_min)
                 for f in files:
                     f.path.unlink(missing_ok=True)
                 gone += len(files)

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, create_engine, inspect, make_url, text
 from sqlalchemy.exc import OperationalError
 
 from tests.conftest import ROOT
-from tests.sqla_support import PG_URL
+from tests.sqla_support import PG_URL, pg_unreachable
 from txmq.sqla import VERSION_TABLE, alembic_config, current, downgrade, metadata, upgrade
 
 TXMQ_TABLES = set(metadata.tables)
@@ -37,7 +37,7 @@ def fresh_pg_url() -> Iterator[str]:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except OperationalError as exc:
         admin.dispose()
-        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc.orig}")
+        pg_unreachable(exc)
     try:
         yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     finally:
