@@ -135,7 +135,7 @@ def _spawn_broker(tmp: str, flush: str, ready: Path) -> subprocess.Popen[bytes]:
         [
             sys.executable,
             "-m",
-            "txmq",
+            "txmq.cli",
             "--log-level",
             "WARNING",
             "broker",

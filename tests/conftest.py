@@ -29,6 +29,15 @@ from txmq.wire import Frame
 ROOT = Path(__file__).resolve().parent.parent
 
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), every Spark test runs on one worker: they
+    share one session-scoped Spark session (one JVM), and two would not fit 2 cores."""
+    spark = ROOT / "tests" / "spark"
+    for item in items:
+        if item.path.is_relative_to(spark):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
 @contextlib.contextmanager
 def running_async(service: AbstractAsyncContextManager[Any]) -> Iterator[None]:
     """Run an async service (``async with service``) in a background event loop while the
