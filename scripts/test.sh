@@ -35,5 +35,5 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
 # in parallel (pytest-xdist): every test has its own ports (0), stores (tmp_path) and
-# PostgreSQL schemas; the Spark tests share one worker (tests/conftest.py)
-exec .venv/bin/pytest -q -p no:cacheprovider -n "${TXMQ_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# PostgreSQL schemas; the Spark tests share one worker (tests/conftest.py, SparkTogether)
+exec .venv/bin/pytest -q -p no:cacheprovider -n "${TXMQ_TEST_WORKERS:-4}" "$@"
