@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Annotated
 
-from txmq.broker.jsonfile import read_json, write_json_atomic
+import msgspec
 
-__all__ = ["ConsumerOffsetManager"]
+from txmq.broker.jsonfile import load_json, write_json_atomic
+from txmq.broker.topics import TopicName
+
+__all__ = ["ConsumerOffsetManager", "OffsetsFile"]
+
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+GroupName = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class OffsetsFile(msgspec.Struct):
+    """``offsets.json``: group -> topic -> queue id -> offset."""
+
+    offsets: dict[GroupName, dict[TopicName, dict[NonNegative, NonNegative]]] = {}
 
 
 class ConsumerOffsetManager:
-    """Offsets by ``group`` and ``topic`` and queue id, in ``<store>/config/offsets.json``."""
+    """Offsets by ``group`` and ``topic`` and queue id, in ``<store>/config/offsets.json``.
+
+    Only what the broker checked is committed (an existing topic, a queue id it has, an
+    offset >= 0: :meth:`txmq.broker.pulling.PullService.update_offset`); a damaged file is
+    salvaged on start (:func:`txmq.broker.jsonfile.load_json`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        raw = read_json(path, {})
-        self._offsets: dict[str, dict[str, dict[int, int]]] = {
-            group: {
-                topic: {int(q): int(o) for q, o in queues.items()}
-                for topic, queues in topics.items()
-            }
-            for group, topics in raw.get("offsets", {}).items()
-        }
+        self._offsets: dict[str, dict[str, dict[int, int]]] = load_json(path, OffsetsFile).offsets
         self._dirty = False
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:

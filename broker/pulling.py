@@ -9,6 +9,7 @@ import anyio
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.store import GetResult, GetStatus
+from txmq.broker.topics import check_queue_id
 from txmq.errors import BadRequest, TopicNotFound
 from txmq.message import tag_hash
 from txmq.rpc import Call
@@ -79,8 +80,7 @@ class PullService:
         topic, queue_id, offset = req.topic, req.queue_id, req.offset
         max_msgs = min(max(req.max_msgs, 1), MAX_PULL_BATCH)
         tag_codes = parse_subscription(req.subscription)
-        if self.ctx.topics.get(topic) is None:
-            raise TopicNotFound(f"topic {topic!r} does not exist")
+        self._check_queue(topic, queue_id)  # no long poll may wait on a queue that is not
         result = self.store.get_messages(topic, queue_id, offset, max_msgs, tag_codes=tag_codes)
         if result.status in _WAITABLE and req.suspend_ms > 0:
             # registered now: the coroutine below starts a loop iteration later (remoting
@@ -112,8 +112,18 @@ class PullService:
     # -- offsets ----------------------------------------------------------------------------
 
     def update_offset(self, req: UpdateConsumerOffset, call: Call) -> Empty:
+        """Commit a group's offset of a queue the broker has (nothing else is saved)."""
+        self._check_queue(req.topic, req.queue_id)
+        if req.offset < 0:
+            raise BadRequest(f"offset {req.offset} is negative")
         self.ctx.offsets.commit(req.group, req.topic, req.queue_id, req.offset)
         return Empty()
+
+    def _check_queue(self, topic: str, queue_id: int) -> None:
+        cfg = self.ctx.topics.get(topic)
+        if cfg is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        check_queue_id(cfg, queue_id)
 
     def query_offset(self, req: QueryConsumerOffset, call: Call) -> Offset:
         return Offset(offset=self.ctx.offsets.query(req.group, req.topic, req.queue_id))

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Annotated
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import msgspec
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.jsonfile import read_json, write_json_atomic
+from txmq.broker.jsonfile import load_json, write_json_atomic
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageTooLarge, TxmqError
 from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop, is_system_topic
 
-__all__ = ["Delayed", "ScheduleMessageService"]
+__all__ = ["DelayOffsetsFile", "Delayed", "ScheduleMessageService"]
 
 log = logging.getLogger("txmq.broker.schedule")
 
@@ -44,6 +46,12 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class DelayOffsetsFile(msgspec.Struct):
+    """``delay_offsets.json``: delay level -> the next offset of its schedule queue."""
+
+    offsets: dict[Annotated[int, msgspec.Meta(ge=1)], Annotated[int, msgspec.Meta(ge=0)]] = {}
+
+
 class ScheduleMessageService:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
@@ -51,10 +59,7 @@ class ScheduleMessageService:
         self.levels: tuple[int, ...] = ctx.config.delay_levels
         self.persist_interval_s = ctx.config.offset_persist_interval_s
         self.path = ctx.config.store / "config" / "delay_offsets.json"
-        raw = read_json(self.path, {})
-        self._offsets: dict[int, int] = {
-            int(level): int(off) for level, off in raw.get("offsets", {}).items()
-        }
+        self._offsets: dict[int, int] = load_json(self.path, DelayOffsetsFile).offsets
         self._dirty = False
         self._wake: dict[int, anyio.Event] = {}
         self._next_due: dict[int, int | None] = {}

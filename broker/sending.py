@@ -13,6 +13,7 @@ from txmq.broker.context import BrokerContext
 from txmq.broker.putting import check_put, put_or_raise
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.store import MAX_PROPERTIES_SIZE, PutResult
+from txmq.broker.topics import check_queue_id
 from txmq.broker.transaction import TransactionService
 from txmq.errors import BadRequest, MessageTooLarge
 from txmq.message import Prop
@@ -53,11 +54,7 @@ class SendService:
             )
 
     def _check_queue(self, topic: str, queue_id: int) -> None:
-        cfg = self.ctx.topics.for_send(topic)
-        if not 0 <= queue_id < cfg.queue_nums:
-            raise BadRequest(
-                f"queue id {queue_id} is out of range for topic {topic!r} ({cfg.queue_nums} queues)"
-            )
+        check_queue_id(self.ctx.topics.for_send(topic), queue_id)
 
     def send_message(self, req: SendMessage, call: Call) -> Sent | asyncio.Future[Sent]:
         self._check_body(len(call.body))
@@ -103,9 +100,7 @@ class SendService:
             self._check_body(size)
             props = entry.properties
             if props and len(msgpack.packb(props)) > MAX_PROPERTIES_SIZE:
-                raise BadRequest(
-                    f"message properties are over {MAX_PROPERTIES_SIZE} bytes encoded"
-                )
+                raise BadRequest(f"message properties are over {MAX_PROPERTIES_SIZE} bytes encoded")
             if props.get(Prop.TRAN_MSG, "").lower() == "true":
                 raise BadRequest("a batch cannot hold transactional (half) messages")
             item: dict[str, Any] = {

@@ -6,14 +6,27 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
 
-from txmq.broker.jsonfile import read_json, write_json_atomic
-from txmq.errors import InvalidTopic, NoPermission, TopicNotFound
-from txmq.message import is_system_topic, validate_topic_name
+import msgspec
 
-__all__ = ["MAX_QUEUE_NUMS", "TopicConfig", "TopicManager"]
+from txmq.broker.jsonfile import load_json, write_json_atomic
+from txmq.errors import BadRequest, InvalidTopic, NoPermission, TopicNotFound
+from txmq.message import TOPIC_NAME_PATTERN, is_system_topic, validate_topic_name
+
+__all__ = [
+    "MAX_QUEUE_NUMS",
+    "TopicConfig",
+    "TopicManager",
+    "TopicName",
+    "TopicsFile",
+    "check_queue_id",
+]
 
 MAX_QUEUE_NUMS = 1024
+
+#: a valid topic name (:func:`txmq.message.validate_topic_name`), for typed files
+TopicName = Annotated[str, msgspec.Meta(pattern=TOPIC_NAME_PATTERN)]
 
 
 @dataclass(frozen=True)
@@ -23,15 +36,36 @@ class TopicConfig:
     system: bool = False
 
 
+def check_queue_id(cfg: TopicConfig, queue_id: int) -> None:
+    """:class:`BadRequest` unless ``cfg``'s topic has queue ``queue_id``."""
+    if not 0 <= queue_id < cfg.queue_nums:
+        raise BadRequest(
+            f"queue id {queue_id} is out of range for topic {cfg.name!r} ({cfg.queue_nums} queues)"
+        )
+
+
+class TopicEntry(msgspec.Struct):
+    name: TopicName
+    queue_nums: Annotated[int, msgspec.Meta(ge=1, le=MAX_QUEUE_NUMS)]
+    system: bool = False
+
+
+class TopicsFile(msgspec.Struct):
+    """``topics.json``: name -> configuration."""
+
+    topics: dict[TopicName, TopicEntry] = {}
+
+
 class TopicManager:
     def __init__(self, path: Path, *, auto_create: bool, default_queue_nums: int) -> None:
         self.path = path
         self.auto_create = auto_create
         self.default_queue_nums = default_queue_nums
         self._lock = threading.Lock()
-        raw = read_json(path, {})
         self._topics: dict[str, TopicConfig] = {
-            name: TopicConfig(**cfg) for name, cfg in raw.get("topics", {}).items()
+            name: TopicConfig(e.name, e.queue_nums, e.system)
+            for name, e in load_json(path, TopicsFile).topics.items()
+            if e.name == name
         }
         self.on_change: list[Callable[[TopicConfig], None]] = []
         """Called (on the broker's loop) when a topic is created or its queue count changes:

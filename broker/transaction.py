@@ -34,9 +34,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.jsonfile import read_json
+from txmq.broker.jsonfile import load_json
 from txmq.broker.putting import put_or_raise
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult
 from txmq.codec import decode_record
@@ -58,6 +61,7 @@ __all__ = [
     "PARKED",
     "ROLLBACK",
     "PendingHalf",
+    "TransactionOffsetsFile",
     "TransactionService",
     "parse_op",
 ]
@@ -84,6 +88,19 @@ _SCAN_BATCH = 256
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+_Offset = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class TransactionOffsetsFile(msgspec.Struct):
+    """``transaction_offsets.json``: where the check rounds resume (written by
+    :class:`txmq.broker.transaction_check.TransactionChecker`)."""
+
+    check_offset: _Offset = 0
+    op_offset: _Offset = 0
+    #: half's commit-log offset -> checks so far
+    check_times: dict[_Offset, _Offset] = {}
 
 
 @dataclass(slots=True)
@@ -161,10 +178,8 @@ class TransactionService:
 
     def recover(self) -> None:
         """Rebuild the pending set from the store (the broker calls it once it is open)."""
-        raw = read_json(self.path, {})
-        check_offset = int(raw.get("check_offset", 0))
-        op_offset = int(raw.get("op_offset", 0))
-        counts = {int(k): int(v) for k, v in raw.get("check_times", {}).items()}
+        saved = load_json(self.path, TransactionOffsetsFile)
+        check_offset, op_offset, counts = saved.check_offset, saved.op_offset, saved.check_times
         for topic in (HALF_TOPIC, OP_TOPIC, PARKED_TOPIC):
             cfg = self.topics.get(topic)
             if cfg is None or not cfg.system:

@@ -20,6 +20,7 @@ __all__ = [
     "PARKED_TOPIC",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPIC_PREFIXES",
+    "TOPIC_NAME_PATTERN",
     "Message",
     "MessageExt",
     "Prop",
@@ -113,6 +114,8 @@ def dlq_topic(group: str) -> str:
     return f"%DLQ%{group}"
 _TOPIC_MAX_LEN = 127
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%|.")
+#: the rule of :func:`validate_topic_name` as a regular expression
+TOPIC_NAME_PATTERN = rf"\A[A-Za-z0-9_%|.\-]{{1,{_TOPIC_MAX_LEN}}}\Z"
 
 
 def is_system_topic(topic: str) -> bool:

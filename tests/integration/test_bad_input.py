@@ -2,58 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
 
+from tests.raw_client import RawClient, still_serving
 from txmq import InvalidTopic, Message, MessageTooLarge, NoPermission
 from txmq.broker.server import EmbeddedBroker
 from txmq.errors import BadRequest, ResponseCode, TopicNotFound
-from txmq.remoting import error_message, parse_address
+from txmq.remoting import error_message
 from txmq.sync import Producer, PullConsumer
-from txmq.wire import PREFIX, Frame, FrameDecoder, FrameKind, RequestCode, encode_frame
-
-
-class RawClient:
-    """A plain socket speaking (or not) the protocol, to send what a client never would."""
-
-    def __init__(self, address: str) -> None:
-        self.sock = socket.create_connection(parse_address(address), timeout=10)
-        self.decoder = FrameDecoder()
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def request(self, code: int, header: object, body: bytes = b"", rid: int = 1) -> Frame:
-        """``header`` as msgpack, whatever it is."""
-        self.send(encode_frame(FrameKind.REQUEST, code, rid, msgpack.packb(header), body))
-        frame = self.read_frame()
-        assert frame is not None
-        return frame
-
-    def read_frame(self) -> Frame | None:
-        while True:
-            data = self.sock.recv(65536)
-            if not data:
-                return None
-            frames = self.decoder.feed(data)
-            if frames:
-                return frames[0]
-
-    def closed_by_peer(self) -> bool:
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-
-def _still_serving(address: str) -> None:
-    with Producer(address) as p, PullConsumer(address) as c:
-        r = p.send(Message("still-alive", b"yes"))
-        got = c.pull("still-alive", r.queue_id, r.queue_offset, long_poll=0)
-        assert [m.body for m in got.messages] == [b"yes"]
+from txmq.wire import PREFIX, FrameKind, RequestCode, encode_frame
 
 
 @pytest.fixture
@@ -82,7 +42,7 @@ def test_oversized_message_client_and_broker_side(address: str) -> None:
             p.send(Message("big", b"x" * 100_000))
     with Producer(address) as p, pytest.raises(MessageTooLarge, match="over the limit"):
         p.send(Message("big", b"x" * (5 * 1024 * 1024)))
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_topic_names(address: str) -> None:
@@ -106,7 +66,7 @@ def test_topic_names(address: str) -> None:
             p.send(Message("RMQ_SYS_TRANS_HALF_TOPIC", b"x"))
     with PullConsumer(address) as c, pytest.raises(TopicNotFound):
         c.pull("never-created", 0, 0, long_poll=0)
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_no_permission_and_bad_header_types(address: str) -> None:
@@ -143,7 +103,7 @@ def test_a_header_that_is_not_msgpack_is_a_bad_request_and_keeps_the_connection(
     assert "msgpack" in error_message(frame)
     frame = raw.request(RequestCode.GET_ALL_TOPIC_CONFIG, {}, rid=78)
     assert frame.code == ResponseCode.SUCCESS and frame.request_id == 78
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_malformed_frame_gets_an_error_then_close(address: str) -> None:
@@ -154,7 +114,7 @@ def test_malformed_frame_gets_an_error_then_close(address: str) -> None:
     assert frame.code == ResponseCode.MALFORMED_FRAME and frame.request_id == 77
     assert "malformed frame" in error_message(frame)
     assert raw.closed_by_peer()
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_an_unknown_request_version_is_refused_and_keeps_the_connection(address: str) -> None:
@@ -164,7 +124,7 @@ def test_an_unknown_request_version_is_refused_and_keeps_the_connection(address:
     frame = raw.read_frame()
     assert frame is not None and frame.version == 9
     assert frame.code == ResponseCode.VERSION_NOT_SUPPORTED and "version 9" in error_message(frame)
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_frame_over_the_limit(address: str) -> None:
@@ -173,7 +133,7 @@ def test_frame_over_the_limit(address: str) -> None:
     frame = raw.read_frame()
     assert frame.code == ResponseCode.FRAME_TOO_LARGE and "over the limit" in error_message(frame)
     assert raw.closed_by_peer()
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_garbage_bytes_on_the_socket(address: str) -> None:
@@ -183,7 +143,7 @@ def test_garbage_bytes_on_the_socket(address: str) -> None:
         frame = raw.read_frame()
         assert frame is None or frame.code != ResponseCode.SUCCESS
         assert raw.closed_by_peer()
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_bad_batch_sizes(address: str) -> None:
@@ -194,10 +154,10 @@ def test_bad_batch_sizes(address: str) -> None:
     raw.send(PREFIX.pack(0, 1, 0, RequestCode.SEND_MESSAGE, 9, 0))  # shorter than its prefix
     frame = raw.read_frame()
     assert frame.code == ResponseCode.MALFORMED_FRAME and frame.request_id == 9
-    _still_serving(address)
+    still_serving(address)
 
 
 def test_oversized_properties(address: str) -> None:
     with Producer(address) as p, pytest.raises(BadRequest, match="properties are over 32767"):
         p.send(Message("props", b"x", properties={"big": "v" * 40_000}))
-    _still_serving(address)
+    still_serving(address)
