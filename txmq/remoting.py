@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -28,6 +29,7 @@ from txmq.errors import (
     error_for_code,
 )
 from txmq.wire.base import ErrorAnswer, R, Request, Response, WithBody, decode, encode
+from txmq.wire.errors import clip
 from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameKind, encode_frame
 
 __all__ = [
@@ -142,7 +144,7 @@ class Connection:
             try:
                 frames = self._decoder.feed(data)
             except TxmqError as exc:
-                log.warning("connection %s: %s; closing it", self.name, exc)
+                log.warning("connection %s: %s; closing it", self.name, clip(str(exc)))
                 request_id = getattr(exc, "request_id", 0)
                 self._enqueue(_error_frame(request_id, exc.code, str(exc)))
                 self.close()
@@ -190,12 +192,8 @@ class Connection:
             return
         try:
             result = self.handler(self, frame)
-        except TxmqError as exc:
-            self._fail(frame, exc.code, str(exc))
-            return
         except Exception as exc:
-            log.exception("handling request code %s failed", frame.code)
-            self._fail(frame, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            self._failed(frame, exc)
             return
         if isinstance(result, asyncio.Future):
             result.add_done_callback(lambda f: self._reply_future(frame, f))
@@ -209,12 +207,8 @@ class Connection:
     async def _await_reply(self, frame: Frame, result: Awaitable[Reply | None]) -> None:
         try:
             reply = await result
-        except TxmqError as exc:
-            self._fail(frame, exc.code, str(exc))
-            return
         except Exception as exc:
-            log.exception("handling request code %s failed", frame.code)
-            self._fail(frame, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            self._failed(frame, exc)
             return
         self._reply(frame, reply)
 
@@ -224,11 +218,8 @@ class Connection:
         exc = fut.exception()
         if exc is None:
             self._reply(frame, fut.result())
-        elif isinstance(exc, TxmqError):
-            self._fail(frame, exc.code, str(exc))
         else:
-            log.error("handling request code %s failed: %r", frame.code, exc)
-            self._fail(frame, ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            self._failed(frame, exc)
 
     def _reply(self, frame: Frame, reply: Reply | None) -> None:
         if frame.kind == FrameKind.ONEWAY or reply is None or self.closed:
@@ -244,10 +235,22 @@ class Connection:
             )
         )
 
+    def _failed(self, frame: Frame, exc: BaseException) -> None:
+        """Answer a request whose handler raised: a txmq error with its code, anything
+        else as SYSTEM_ERROR, logged with its stack (the message clipped: it may quote
+        the request)."""
+        if isinstance(exc, TxmqError):
+            self._fail(frame, exc.code, str(exc))
+            return
+        text = clip(f"{type(exc).__name__}: {exc}")
+        stack = "".join(traceback.format_tb(exc.__traceback__))
+        log.error("handling request code %s failed: %s\n%s", frame.code, text, stack)
+        self._fail(frame, ResponseCode.SYSTEM_ERROR, text)
+
     def _fail(self, frame: Frame, code: int, message: str) -> None:
         if frame.kind == FrameKind.ONEWAY or self.closed:
             return
-        self._enqueue(_error_frame(frame.request_id, code, message, frame.version))
+        self._enqueue(_error_frame(frame.request_id, code, clip(message), frame.version))
 
     # -- outgoing requests ----------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Generic, NamedTuple, TypeVar, get_a
 
 import msgspec
 
-from txmq.wire.errors import BadRequest, UnsupportedRequest, UnsupportedVersion
+from txmq.wire.errors import BadRequest, UnsupportedRequest, UnsupportedVersion, clip
 
 __all__ = [
     "Empty",
@@ -131,14 +131,18 @@ def decode(cls: type[T], header: bytes) -> T:
     try:
         return decoder.decode(header or _EMPTY_MAP)  # type: ignore[no-any-return]
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"{cls.__name__}: {_describe(cls, str(exc))}") from None
+        raise BadRequest(clip(f"{cls.__name__}: {_describe(cls, str(exc))}")) from None
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"{cls.__name__}: the header is not valid msgpack ({exc})") from None
+        raise BadRequest(
+            clip(f"{cls.__name__}: the header is not valid msgpack ({exc})")
+        ) from None
 
 
 def _describe(cls: type[msgspec.Struct], message: str) -> str:
     """msgspec's message with the field named as the request header's field (and the
     values a field of fixed choices takes)."""
+    if len(message) > 1024:  # it may quote a huge value: keep its start and the field path
+        message = f"{message[:400]}…{message[-400:]}"
     m = _WHERE.match(message)
     assert m is not None
     what, path = m.group("what"), (m.group("path") or "").lstrip(".")

@@ -28,6 +28,7 @@ __all__ = [
     "TxmqError",
     "UnsupportedRequest",
     "UnsupportedVersion",
+    "clip",
     "error_for_code",
 ]
 
@@ -193,3 +194,15 @@ def error_for_code(code: int, message: str) -> TxmqError:
     """The exception for an error answer with ``code``."""
     cls = _REGISTRY.get(code, ServerError)
     return cls(message, code=code)
+
+
+#: the longest error message sent or logged: a message may quote the input, which may be
+#: megabytes (a 2 MiB header once made a 6 MB log line)
+MAX_MESSAGE = 512
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text``, cut to ``limit`` characters (saying how much was left out)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
