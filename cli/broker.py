@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from txmq.cli.options import SubParsers, add_command
+from txmq.cli.options import CommandError, SubParsers, add_command
 
 __all__ = ["add_parser"]
 
@@ -51,6 +52,10 @@ def start_broker(args: argparse.Namespace) -> int:
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False
     config = BrokerConfig.load(args.config, **overrides)
+    if config.store.exists() and not config.store.is_dir():
+        raise CommandError(
+            f"--store {config.store} is a file; give a folder (it is created if missing)"
+        )
     broker = Broker(config)
 
     async def run() -> None:
@@ -75,5 +80,26 @@ def start_broker(args: argparse.Namespace) -> int:
                 Path(args.ready_file).write_text(broker.address)  # noqa: ASYNC240
             print(f"txmq broker listening on {broker.address}", flush=True)
 
-    anyio.run(run)
+    try:
+        anyio.run(run)
+    except BaseExceptionGroup as group:  # the task group's: say the first cause in one line
+        raise _one_line(group, config.host, config.port) from None
     return 0
+
+
+def _one_line(group: BaseExceptionGroup[BaseException], host: str, port: int) -> BaseException:
+    from txmq.broker.store import StoreError
+
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return CommandError(
+            f"{host}:{port} is already in use (another broker?): stop it, or choose "
+            "another --port (0 picks a free one)"
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return CommandError(f"cannot listen on {host}: no such address on this machine (--host)")
+    if isinstance(exc, StoreError):
+        return CommandError(str(exc))
+    return exc

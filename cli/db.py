@@ -65,6 +65,13 @@ def run_db(args: argparse.Namespace) -> int:
         print(f"txmq: error: {describe_db_error(exc, args.url)}", file=sys.stderr)
     except CommandError as exc:
         print(f"txmq: error: {exc}", file=sys.stderr)
+    except ModuleNotFoundError as exc:  # SQLAlchemy knows the dialect, its driver is missing
+        print(
+            f"txmq: error: no database driver for {args.url.split(':', 1)[0]!r} ({exc}); "
+            "txmq's tables live in PostgreSQL (postgresql+psycopg://user@host/db) or SQLite "
+            "(sqlite:///app.db)",
+            file=sys.stderr,
+        )
     return 1
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from txmq.cli import admin, broker, db, outbox, quickstart, reconcile
-from txmq.cli.options import share
+from txmq.cli.options import CommandError, share
 from txmq.errors import TxmqError
 from txmq.settings import SettingsError
 
@@ -57,6 +57,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("alembic").setLevel(logging.WARNING)  # we say what happened ourselves
     try:
         return int(args.func(args))
-    except (TxmqError, SettingsError, OSError, ValueError) as exc:
+    except (TxmqError, SettingsError, CommandError, OSError, ValueError) as exc:
         print(f"txmq: error: {exc}", file=sys.stderr)
         return 1

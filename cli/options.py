@@ -7,12 +7,26 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-__all__ = ["Shared", "SubParsers", "add_command", "leaves", "share"]
+__all__ = [
+    "CommandError",
+    "Shared",
+    "SubParsers",
+    "add_command",
+    "leaves",
+    "positive_int",
+    "share",
+]
 
 if TYPE_CHECKING:
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
     SubParsers = argparse._SubParsersAction
+
+
+class CommandError(Exception):
+    """A command cannot go on; ``txmq`` prints the message as one line and exits 1."""
+
+
 #: adds options to a parser; ``default`` is None on the group, SUPPRESS on its subcommands
 Shared = Callable[[argparse.ArgumentParser, object], None]
 
@@ -55,3 +69,14 @@ def share(group: argparse.ArgumentParser, add: Shared) -> None:
     add(group, None)
     for leaf in leaves(group):
         add(leaf, argparse.SUPPRESS)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value

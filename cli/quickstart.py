@@ -14,7 +14,7 @@ from pathlib import Path
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
-from txmq.cli.options import SubParsers, add_command
+from txmq.cli.options import SubParsers, add_command, positive_int
 from txmq.message import Message
 from txmq.pull import PullStatus
 from txmq.sync import AdminClient, Producer, PullConsumer
@@ -29,11 +29,15 @@ def add_parser(sub: SubParsers) -> None:
         help="broker in a temporary folder; send and receive",
         examples="  txmq quickstart\n  txmq quickstart --messages 100",
     )
-    q.add_argument("--messages", type=int, default=1000, help="how many to send (default 1000)")
+    q.add_argument(
+        "--messages", type=positive_int, default=1000, help="how many to send (default 1000)"
+    )
     q.set_defaults(func=lambda args: run_quickstart(args.messages))
 
 
 def run_quickstart(count: int = 1000) -> int:
+    if count < 1:
+        raise ValueError(f"quickstart sends at least 1 message, not {count}")
     with tempfile.TemporaryDirectory(prefix="txmq-quickstart-") as tmp:
         config = BrokerConfig(store=Path(tmp) / "store", port=0)
         with EmbeddedBroker(config) as broker:
@@ -84,11 +88,12 @@ def _exercise(address: str, count: int) -> int:
 
         some_id = next(iter(sent))
         found = admin.message_by_id(some_id)
-        by_key = admin.messages_by_key("order-7", max_num=100)
+        key = f"order-{min(count - 1, 7)}"  # a key that was sent, however few messages
+        by_key = admin.messages_by_key(key, max_num=100)
         print(
             f"lookup:   id {some_id} -> topic {found.topic} queue {found.queue_id} offset "
-            f"{found.queue_offset}; key order-7 -> {len(by_key)} messages "
-            f"(sent {len(per_key['order-7'])})"
+            f"{found.queue_offset}; key {key} -> {len(by_key)} messages "
+            f"(sent {len(per_key[key])})"
         )
         for row in admin.offsets():
             print(
@@ -96,6 +101,6 @@ def _exercise(address: str, count: int) -> int:
                 f"{row.offset}/{row.max_offset} (lag {row.lag})"
             )
     ok = received == sent and found.body == sent[some_id]
-    ok = ok and len(by_key) == len(per_key["order-7"])
+    ok = ok and len(by_key) == len(per_key[key])
     print("result:   " + ("OK - every message came back intact" if ok else "MISMATCH"))
     return 0 if ok else 1

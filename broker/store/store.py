@@ -126,7 +126,10 @@ class MessageStore:
         except BlockingIOError:
             os.close(self._lock_fd)
             self._lock_fd = -1
-            raise StoreError(f"store directory {root} is in use by another store") from None
+            raise StoreError(
+                f"store {root} is in use by another process (a broker already running on "
+                "it?): stop that one, or give another --store"
+            ) from None
         abort = root / "abort"
         clean = not abort.exists()
         abort.write_text(f"{os.getpid()}\n")

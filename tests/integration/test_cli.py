@@ -71,3 +71,55 @@ def test_clear_errors_for_bad_configuration_and_unreachable_broker(tmp_path: Any
 @pytest.mark.parametrize("flag", ["--help"])
 def test_help(flag: str) -> None:
     assert "broker" in txmq(flag).stdout
+
+
+def test_options_work_before_and_after_the_subcommand(
+    broker_process: Callable[..., BrokerProcess],
+) -> None:
+    bp = broker_process().start()
+    with Producer(bp.address) as p:
+        p.send(Message("either-side", b"x"))
+    orders = [
+        ("admin", "topics", "--json", "--broker", bp.address),
+        ("admin", "--json", "topics", "--broker", bp.address),
+        ("admin", "--broker", bp.address, "--json", "topics"),
+        ("--log-level", "WARNING", "admin", "topics", "--broker", bp.address, "--json"),
+        ("admin", "topics", "--broker", bp.address, "--json", "--log-level", "WARNING"),
+    ]
+    for args in orders:
+        topics = {t["topic"] for t in json.loads(txmq(*args).stdout)}
+        assert "either-side" in topics, args
+    parked = json.loads(txmq("admin", "transactions", "--parked", "--broker", bp.address,
+                             "--json").stdout)  # fmt: skip
+    assert parked == []
+
+
+def test_first_contact_mistakes_get_one_line_each(
+    broker_process: Callable[..., BrokerProcess], tmp_path: Any
+) -> None:
+    bp = broker_process(store=tmp_path / "running").start()
+    port = bp.address.rsplit(":", 1)[1]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (("broker", "start", "--store", str(tmp_path / "s2"), "--port", port), "already in use"),
+        (("broker", "start", "--store", str(tmp_path / "running"), "--port", "0"), "in use by"),
+        (("broker", "start", "--store", str(a_file), "--port", "0"), "is a file"),
+        (("db", "upgrade", "--url", "mysql://app@127.0.0.1/orders"), "no database driver"),
+        (("quickstart", "--messages", "0"), "less than 1"),
+        (("quickstart", "--messages", "-3"), "less than 1"),
+    ]
+    for args, text in cases:
+        out = txmq(*args, check=False)
+        said = [line for line in out.stderr.splitlines() if " INFO " not in line]
+        errors = [line for line in said if "error:" in line]  # argparse adds a usage line
+        assert out.returncode in (1, 2) and len(said) <= 2, (args, said)
+        assert len(errors) == 1 and text in errors[0] and "Traceback" not in out.stderr, said
+    still = txmq("admin", "topics", "--broker", bp.address)  # the running broker is untouched
+    assert still.returncode == 0
+
+
+@pytest.mark.parametrize("count", [1, 7, 8])
+def test_quickstart_works_for_few_messages(count: int) -> None:
+    out = txmq("quickstart", "--messages", str(count))
+    assert "result:   OK" in out.stdout
