@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -42,6 +43,10 @@ def with_connection(url: str, fn: Callable[[Connection], R]) -> R:
         engine.dispose()
 
 
+#: SQLite's and PostgreSQL's words for a missing table of txmq's
+_TXMQ_TABLE_MISSING = re.compile(r'no such table: txmq_|relation "txmq_[a-z_]+" does not exist')
+
+
 def describe_db_error(exc: SQLAlchemyError, url: str | URL) -> str:
     """One line for a database error: the URL (password hidden) and the driver's message,
     not the SQL statement."""
@@ -56,5 +61,10 @@ def describe_db_error(exc: SQLAlchemyError, url: str | URL) -> str:
         detail = str(exc.orig).strip()
         if exc.connection_invalidated or "connect" in detail.lower():
             return f"cannot connect to {shown}: {detail}"
+        if _TXMQ_TABLE_MISSING.search(detail):
+            return (
+                f"{shown} has no txmq tables yet ({detail.splitlines()[0]}): create them with "
+                f"'txmq db upgrade --url {shown}'"
+            )
         return f"database error on {shown}: {detail}"
     return f"{shown}: {str(exc).splitlines()[0]}"

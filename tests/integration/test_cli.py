@@ -106,6 +106,7 @@ def test_first_contact_mistakes_get_one_line_each(
         (("broker", "start", "--store", str(tmp_path / "running"), "--port", "0"), "in use by"),
         (("broker", "start", "--store", str(a_file), "--port", "0"), "is a file"),
         (("db", "upgrade", "--url", "mysql://app@127.0.0.1/orders"), "no database driver"),
+        (("outbox", "stats", "--db", f"sqlite:///{tmp_path}/app.db"), "txmq db upgrade --url"),
         (("quickstart", "--messages", "0"), "less than 1"),
         (("quickstart", "--messages", "-3"), "less than 1"),
     ]
