@@ -4,7 +4,8 @@ a typed schema.
 
 A file that does not fit its schema never stops the broker: :func:`load_json` keeps every
 entry that still fits, moves the file aside (``<name>.bad-<epoch ms>``, for an operator to
-look at), logs one line saying what was dropped, and goes on.
+look at), saves what it kept in its place, logs one line saying what was dropped, and goes
+on.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def load_json(path: Path, schema: type[T]) -> T:
         value, dropped = schema(), -1
     aside = path.with_name(f"{path.name}.bad-{time.time_ns() // 1_000_000}")
     os.replace(path, aside)
+    # what was kept is saved at once: a broker killed before its next write keeps it too
+    write_json_atomic(path, msgspec.to_builtins(value))
     kept = "nothing could be kept" if dropped < 0 else f"{dropped} entries dropped, the rest kept"
     log.warning("%s is damaged: %s; %s; the file is kept as %s", path, _short(why), kept, aside)
     result: T = value
