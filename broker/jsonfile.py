@@ -28,10 +28,11 @@ T = TypeVar("T")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` (a schema struct, or plain JSON-able values) as the file's content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
+        json.dump(msgspec.to_builtins(data, str_keys=True), fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -64,7 +65,7 @@ def load_json(path: Path, schema: type[T]) -> T:
     aside = path.with_name(f"{path.name}.bad-{time.time_ns() // 1_000_000}")
     os.replace(path, aside)
     # what was kept is saved at once: a broker killed before its next write keeps it too
-    write_json_atomic(path, msgspec.to_builtins(value))
+    write_json_atomic(path, value)
     kept = "nothing could be kept" if dropped < 0 else f"{dropped} entries dropped, the rest kept"
     log.warning("%s is damaged: %s; %s; the file is kept as %s", path, _short(why), kept, aside)
     result: T = value

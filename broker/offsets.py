@@ -60,11 +60,8 @@ class ConsumerOffsetManager:
         with self._lock:
             if not (self._dirty or force):
                 return
-            data = {
-                "offsets": {
-                    g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
-                    for g, ts in self._offsets.items()
-                }
-            }
+            data = OffsetsFile(
+                {g: {t: dict(qs) for t, qs in ts.items()} for g, ts in self._offsets.items()}
+            )
             self._dirty = False
         write_json_atomic(self.path, data)

@@ -256,11 +256,11 @@ class ScheduleMessageService:
     def offsets(self) -> dict[int, int]:
         return dict(self._offsets)
 
-    def _snapshot(self, force: bool) -> dict[str, dict[str, int]] | None:
+    def _snapshot(self, force: bool) -> DelayOffsetsFile | None:
         if not (self._dirty or force):
             return None
         self._dirty = False
-        return {"offsets": {str(level): off for level, off in sorted(self._offsets.items())}}
+        return DelayOffsetsFile(dict(self._offsets))
 
     def persist(self, force: bool = False) -> None:
         """Save the levels' offsets now (the broker calls it at shutdown)."""

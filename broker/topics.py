@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -72,7 +72,8 @@ class TopicManager:
         its consumers rebalance at once instead of at their next periodic rebalance."""
 
     def _persist(self) -> None:
-        write_json_atomic(self.path, {"topics": {n: asdict(c) for n, c in self._topics.items()}})
+        entries = {n: TopicEntry(c.name, c.queue_nums, c.system) for n, c in self._topics.items()}
+        write_json_atomic(self.path, TopicsFile(entries))
 
     def all(self) -> list[TopicConfig]:
         return sorted(self._topics.values(), key=lambda c: c.name)

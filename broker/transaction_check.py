@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -29,7 +28,12 @@ import anyio.to_thread
 from txmq.broker.context import BrokerContext
 from txmq.broker.jsonfile import write_json_atomic
 from txmq.broker.store import CQ_TAG_PROPERTY
-from txmq.broker.transaction import PARKED, PendingHalf, TransactionService
+from txmq.broker.transaction import (
+    PARKED,
+    PendingHalf,
+    TransactionOffsetsFile,
+    TransactionService,
+)
 from txmq.codec import decode_record
 from txmq.errors import TxmqError
 from txmq.message import PARKED_TOPIC, Prop
@@ -41,7 +45,7 @@ __all__ = ["TransactionChecker"]
 log = logging.getLogger("txmq.broker.transaction")
 
 #: what to save: (file content, commit-log offset that must be flushed first)
-Snapshot = tuple[dict[str, Any], int]
+Snapshot = tuple[TransactionOffsetsFile, int]
 MAX_LIST = 1000
 
 
@@ -218,13 +222,11 @@ class TransactionChecker:
             return None
         svc.dirty = False
         check_offset, op_offset = svc.offsets()
-        data = {
-            "check_offset": check_offset,
-            "op_offset": op_offset,
-            "check_times": {
-                str(h.offset): h.check_times for h in svc.pending.values() if h.check_times
-            },
-        }
+        data = TransactionOffsetsFile(
+            check_offset=check_offset,
+            op_offset=op_offset,
+            check_times={h.offset: h.check_times for h in svc.pending.values() if h.check_times},
+        )
         return data, self.store.commit_log_max_offset
 
     def _write(self, snap: Snapshot, wait_flush: bool = True) -> None:

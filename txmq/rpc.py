@@ -45,9 +45,6 @@ class Router:
             raise ValueError(f"{kind.__name__} is routed twice")
         self._routes[kind] = handler
 
-    def routes(self) -> list[type[Request[Any]]]:
-        return list(self._routes)
-
     def handle(self, conn: Connection, frame: Frame) -> HandlerResult:
         kind = request_class(frame.code, frame.version)
         handler = self._routes.get(kind)
