@@ -86,6 +86,9 @@ def _damage(store: Path) -> None:
     topics["topics"]["zero"] = {"name": "zero", "queue_nums": 0}
     (config / "topics.json").write_text(json.dumps(topics))
     (config / "delay_offsets.json").write_text('{"offsets": {"3": 1, "x": 2')  # torn
+    (config / "transaction_offsets.json").write_text(
+        json.dumps({"check_offset": -1, "op_offset": None, "check_times": {"0": "many"}})
+    )
 
 
 def test_a_damaged_state_file_is_set_aside_and_what_fits_is_kept(
@@ -118,6 +121,9 @@ def test_a_damaged_state_file_is_set_aside_and_what_fits_is_kept(
         warnings = [line for line in broker.output().splitlines() if f"/{name} is damaged" in line]
         assert len(warnings) == 1 and f"{dropped} entries dropped" in warnings[0], warnings
     [delay_aside] = config.glob("delay_offsets.json.bad-*")
+    [tx_aside] = config.glob("transaction_offsets.json.bad-*")
+    assert '"many"' in tx_aside.read_text()
+    assert _config(store, "transaction_offsets.json")["check_offset"] >= 0
     assert delay_aside.read_text().endswith('"x": 2')
     assert "nothing could be kept" in broker.output()
     still_serving(broker.address)
