@@ -11,22 +11,24 @@ from txmq.codec import read_header
 from txmq.errors import MessageNotFound, TopicNotFound
 from txmq.rpc import Call
 from txmq.wire import (
+    BrokerData,
     DeleteTopic,
     Empty,
     GetAllConsumerOffsets,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
-    GetRouteInfo,
+    GetTopicRoute,
     GetTopicStats,
     GroupOffset,
     GroupOffsets,
     MessageCount,
     QueryMessageByKey,
+    QueueData,
     QueueStats,
-    RouteInfo,
     RuntimeInfo,
     TopicInfo,
     TopicList,
+    TopicRoute,
     TopicRow,
     TopicStats,
     UpdateAndCreateTopic,
@@ -50,7 +52,9 @@ class AdminService:
 
     # -- topics -----------------------------------------------------------------------------
 
-    def route_info(self, req: GetRouteInfo, call: Call) -> RouteInfo:
+    def route_info(self, req: GetTopicRoute, call: Call) -> TopicRoute:
+        """The topic's route as this broker alone holds it (name servers answer for a
+        cluster)."""
         if req.create:
             cfg = self.topics.for_send(req.topic)
         else:
@@ -58,7 +62,24 @@ class AdminService:
             if found is None:
                 raise TopicNotFound(f"topic {req.topic!r} does not exist")
             cfg = found
-        return RouteInfo(topic=cfg.name, queue_nums=cfg.queue_nums)
+        config = self.ctx.config
+        return TopicRoute(
+            topic=cfg.name,
+            queues=[
+                QueueData(
+                    broker_name=config.broker_name,
+                    read_queue_nums=cfg.queue_nums,
+                    write_queue_nums=cfg.queue_nums,
+                )
+            ],
+            brokers=[
+                BrokerData(
+                    cluster=config.cluster,
+                    broker_name=config.broker_name,
+                    addresses={config.broker_id: self._runtime_info().address},
+                )
+            ],
+        )
 
     def create_topic(self, req: UpdateAndCreateTopic, call: Call) -> TopicInfo:
         queue_nums = req.queue_nums

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from txmq.broker.store import FlushMode, StoreConfig
+from txmq.remoting import parse_namesrv
+from txmq.serving import ConnectionSettings
 from txmq.settings import SettingsError, load_settings
-from txmq.wire import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "BrokerConfig", "parse_delay_levels"]
 
@@ -46,20 +47,38 @@ def parse_delay_levels(text: str, *, setting: str = "message_delay_levels") -> t
 
 
 @dataclass(frozen=True)
-class BrokerConfig:
+class BrokerConfig(ConnectionSettings):
     store: Path = Path("./txmq-store")
     host: str = "127.0.0.1"
     port: int = 10911
+    #: name servers to register with, "h1:9876;h2:9876" (empty: the broker runs alone)
+    namesrv: str = ""
+    #: the cluster and the broker set this broker belongs to, and its id in the set
+    #: (0: the master; replicas later have ids above 0) — RocketMQ's brokerClusterName,
+    #: brokerName, brokerId
+    cluster: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    broker_id: int = 0
+    #: the address clients are told to use (default: host:port, the port actually bound)
+    advertised_address: str = ""
+    #: how often a broker registers with its name servers (RocketMQ: 30 s)
+    register_interval_s: float = 30.0
     flush: FlushMode = FlushMode.ASYNC
     auto_create_topic: bool = True
     default_queue_nums: int = 4
     max_message_size: int = 4 * 1024 * 1024
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     segment_size: int = 256 * 1024 * 1024
     cq_entries_per_file: int = 300_000
     flush_interval_ms: int = 500
     sync_flush_timeout_s: float = 5.0
     retention_hours: float = 72.0
+    #: refuse writes (answer DISK_FULL, retriable) while the disk holding the store is used
+    #: over this share, before it is full; take them again once it is at most that
+    #: (RocketMQ's diskSpaceWarningLevelRatio, 0.90).  1.0: only when a write fails for
+    #: want of space
+    disk_max_used_ratio: float = 0.90
+    #: how often the broker looks at the disk's usage
+    disk_check_interval_s: float = 1.0
     #: export each sealed commit-log segment as ``<store>/export/<segment>.parquet`` (in a
     #: child process, for the reconciliation jobs in ``spark/``); needs pyarrow
     export_segments: bool = True
@@ -80,6 +99,7 @@ class BrokerConfig:
     transaction_check_max: int = 15
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.store, str):  # BrokerConfig(store="/var/lib/txmq") in code
             object.__setattr__(self, "store", Path(self.store))
         if not isinstance(self.store, Path):
@@ -98,6 +118,17 @@ class BrokerConfig:
                 "(a record never spans two segments)"
             )
         _ = self.delay_levels  # parsed once here: a bad value fails at start
+        for name, value in (("cluster", self.cluster), ("broker_name", self.broker_name)):
+            if not value or len(value) > 255 or any(c in value for c in "/\\;:% \t\n"):
+                raise SettingsError(
+                    f"{name} {value!r} must be 1-255 characters without spaces, "
+                    "'/', ';', ':' or '%'"
+                )
+        if not 0 <= self.broker_id <= 1024:
+            raise SettingsError("broker_id must be between 0 (the master) and 1024")
+        if not self.register_interval_s > 0:
+            raise SettingsError("register_interval_s must be positive")
+        _ = self.namesrv_addresses  # a bad name-server list fails at start
         if not self.lock_expiry_s > 0:
             raise SettingsError("lock_expiry_s must be positive")
         if not self.consumer_channel_expiry_s > 0:
@@ -108,6 +139,23 @@ class BrokerConfig:
             raise SettingsError("transaction_timeout_s must not be negative")
         if self.transaction_check_max < 1:
             raise SettingsError("transaction_check_max must be at least 1")
+        if not self.idle_timeout_s > self.long_polling_max_s:
+            raise SettingsError("idle_timeout_s must be longer than long_polling_max_s")
+        if not 0 < self.disk_max_used_ratio <= 1:
+            raise SettingsError(
+                f"disk_max_used_ratio must be above 0 and at most 1 (0.9 is 90 %), "
+                f"not {self.disk_max_used_ratio}"
+            )
+        if not self.disk_check_interval_s > 0:
+            raise SettingsError("disk_check_interval_s must be positive")
+
+    @cached_property
+    def namesrv_addresses(self) -> tuple[str, ...]:
+        """The name servers of :attr:`namesrv`, checked (empty: the broker runs alone)."""
+        try:
+            return parse_namesrv(self.namesrv, setting="namesrv")
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
 
     @cached_property
     def delay_levels(self) -> tuple[int, ...]:
@@ -145,4 +193,5 @@ class BrokerConfig:
             retention_hours=self.retention_hours,
             max_message_size=self.max_message_size,
             export_segments=self.export_segments,
+            disk_max_used_ratio=self.disk_max_used_ratio,
         )

@@ -10,7 +10,7 @@ answer a write only once it is on disk).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
@@ -19,6 +19,7 @@ from txmq.broker.config import BrokerConfig
 from txmq.broker.consumers import ConsumerManager, ProducerManager
 from txmq.broker.locks import RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
+from txmq.broker.stats import Throughput
 from txmq.broker.store import MessageStore
 from txmq.broker.topics import TopicManager
 from txmq.errors import FlushDiskTimeout
@@ -108,3 +109,4 @@ class BrokerContext:
     locks: RebalanceLockManager
     arrivals: Arrivals
     acks: FlushAcks
+    throughput: Throughput = field(default_factory=Throughput)

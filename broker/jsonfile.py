@@ -28,13 +28,21 @@ T = TypeVar("T")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` (a schema struct, or plain JSON-able values) as the file's content."""
+    """Write ``data`` (a schema struct, or plain JSON-able values) as the file's content.
+
+    If that fails (a full disk: ENOSPC), the old file is left as it was and the error
+    raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as fh:
-        json.dump(msgspec.to_builtins(data, str_keys=True), fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
+    text = json.dumps(msgspec.to_builtins(data, str_keys=True), indent=1, sort_keys=True)
+    try:
+        with tmp.open("w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -64,4 +64,8 @@ class ConsumerOffsetManager:
                 {g: {t: dict(qs) for t, qs in ts.items()} for g, ts in self._offsets.items()}
             )
             self._dirty = False
-        write_json_atomic(self.path, data)
+        try:
+            write_json_atomic(self.path, data)
+        except BaseException:
+            self._dirty = True  # the file keeps the older offsets: write again next time
+            raise

@@ -27,7 +27,7 @@ from txmq.wire import (
     GetConsumerListByGroup,
     GetMaxOffset,
     GetMinOffset,
-    GetRouteInfo,
+    GetTopicRoute,
     GetTopicStats,
     GetTransactions,
     Heartbeat,
@@ -80,7 +80,7 @@ def request_router(s: Services) -> Router:
     r.route(LockBatchMq, s.locks.lock_batch)
     r.route(UnlockBatchMq, s.locks.unlock_batch)
     # topics and routes
-    r.route(GetRouteInfo, s.admin.route_info)
+    r.route(GetTopicRoute, s.admin.route_info)
     r.route(UpdateAndCreateTopic, s.admin.create_topic)
     r.route(DeleteTopic, s.admin.delete_topic)
     r.route(GetAllTopicConfig, s.admin.all_topics)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 import anyio
 
 from txmq.broker.context import BrokerContext
+from txmq.broker.stats import Throughput
 from txmq.broker.store import GetResult, GetStatus
 from txmq.broker.topics import check_queue_id
 from txmq.errors import BadRequest, TopicNotFound
@@ -61,7 +62,8 @@ def parse_subscription(expression: str | None) -> set[int] | None:
     return {tag_hash(t) for t in tags}
 
 
-def _answer(result: GetResult) -> Answer:
+def _answer(result: GetResult, throughput: Throughput) -> Answer:
+    throughput.got += len(result.records)
     pulled = Pulled(
         status=_PULL_STATUS[result.status],
         next_offset=result.next_begin_offset,
@@ -87,7 +89,7 @@ class PullService:
             # runs it as a task), and a message stored meanwhile must still wake it
             arrival = self.ctx.arrivals.event(topic, queue_id)
             return self._long_poll(req, max_msgs, tag_codes, arrival)
-        return _answer(result)
+        return _answer(result, self.ctx.throughput)
 
     async def _long_poll(
         self,
@@ -106,7 +108,7 @@ class PullService:
                     await arrival.wait()
             result = self.store.get_messages(topic, queue_id, offset, max_msgs, tag_codes=tag_codes)
             if result.status not in _WAITABLE or remaining <= 0:
-                return _answer(result)
+                return _answer(result, self.ctx.throughput)
             arrival = self.ctx.arrivals.event(topic, queue_id)  # same step as the empty read
 
     # -- offsets ----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from txmq.broker.store import MAX_PROPERTIES_SIZE, MessageStore, PutResult, PutStatus
-from txmq.errors import BadRequest, BrokerBusy
+from txmq.errors import BadRequest, BrokerBusy, DiskFull
 
 __all__ = ["check_put", "put_or_raise"]
 
@@ -16,6 +16,8 @@ def check_put(r: PutResult) -> PutResult:
         return r
     if r.status is PutStatus.PROPERTIES_SIZE_EXCEEDED:
         raise BadRequest(f"message properties are over {MAX_PROPERTIES_SIZE} bytes encoded")
+    if r.status is PutStatus.DISK_FULL:
+        raise DiskFull(r.detail or "the broker's disk is full; try another broker, or later")
     if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
         raise BrokerBusy("the broker's store is not available (starting or shutting down)")
     raise BadRequest(f"message refused by the store: {r.status.value}")

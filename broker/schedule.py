@@ -202,7 +202,8 @@ class ScheduleMessageService:
             self._dirty = True
 
     def _deliver(self, msg: MessageExt, level: int) -> bool:
-        """Store the real message; False if the store is not available (try again later)."""
+        """Store the real message; False if the store is not available or the disk is full
+        (try again later)."""
         props = msg.all_properties
         topic = props.get(Prop.REAL_TOPIC)
         try:
@@ -238,7 +239,7 @@ class ScheduleMessageService:
         except MessageTooLarge as exc:
             log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
             return True
-        if r.status is PutStatus.SERVICE_NOT_AVAILABLE:
+        if r.status in (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.DISK_FULL):
             return False
         if r.status is not PutStatus.PUT_OK:
             log.warning(
@@ -276,6 +277,7 @@ class ScheduleMessageService:
                 continue
             try:
                 await anyio.to_thread.run_sync(write_json_atomic, self.path, data)
-            except OSError:
+            except OSError as exc:
                 self._dirty = True
-                log.exception("persisting delay-level offsets failed")
+                if not self.store.disk.absorb(exc):  # a full disk is logged once, there
+                    log.exception("persisting delay-level offsets failed")

@@ -79,6 +79,7 @@ class SendService:
             self.ctx.arrivals.notify(topic, queue_id)
         else:
             self.schedule.stored(delayed[4], delayed[3])
+        self.ctx.throughput.put += 1
         return self.ctx.acks.after_flush(r.end_offset, sent(props, queue_id, r))
 
     def send_batch(
@@ -117,6 +118,7 @@ class SendService:
         if pos != len(body):
             raise BadRequest("batch entry sizes do not add up to the frame body")
         results = [check_put(r) for r in self.store.put_batch(items)]
+        self.ctx.throughput.put += len(results)
         if len(delays) < len(items):
             self.ctx.arrivals.notify(topic, queue_id)
         for level, due in delays:

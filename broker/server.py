@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from contextlib import AsyncExitStack
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -26,18 +24,22 @@ from txmq.broker.consumers import (
     run_expiry_scan,
 )
 from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
+from txmq.broker.identity import claim_store
 from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.processor import Services, request_router
 from txmq.broker.pulling import PullService
+from txmq.broker.registration import Registration
 from txmq.broker.retry import RetryService
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.sending import SendService
 from txmq.broker.store import MessageStore
+from txmq.broker.store.disk import is_disk_full
 from txmq.broker.topics import TopicManager
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
-from txmq.remoting import Connection
+from txmq.fmt import ms_time
+from txmq.serving import Acceptor, EmbeddedServer, Stoppable
 from txmq.wire import RuntimeInfo
 
 __all__ = ["Broker", "EmbeddedBroker"]
@@ -47,7 +49,8 @@ log = logging.getLogger("txmq.broker")
 VERSION = "0.1.0"
 
 
-class Broker:
+
+class Broker(Stoppable):
     """A txmq broker. ``await broker.serve()`` runs it until :meth:`request_stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -90,15 +93,23 @@ class Broker:
             admin=AdminService(ctx, self.runtime_info),
         )
         self.router = request_router(self.services)
-        self.connections: set[Connection] = set()
+        self.registration: Registration | None = None
+        if config.namesrv_addresses:
+            self.registration = Registration(config, self.topics, lambda: self.address)
+        self.acceptor = Acceptor(
+            self.router.handle,
+            max_frame_size=config.max_frame_size,
+            limits=config.connection_limits(),
+            log_to="txmq.broker",
+        )
+        self.connections = self.acceptor.connections
         self.port = config.port
         self.started_at = 0.0
-        self._stop: anyio.Event | None = None
-        self._stack: AsyncExitStack | None = None
 
     @property
     def address(self) -> str:
-        return f"{self.config.host}:{self.port}"
+        """Where clients reach this broker (advertised_address, else host:port)."""
+        return self.config.advertised_address or f"{self.config.host}:{self.port}"
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -108,6 +119,11 @@ class Broker:
         self._stop = anyio.Event()
         began = time.monotonic()
         self.store.start()
+        try:
+            claim_store(self.config)
+        except BaseException:
+            self.store.shutdown()
+            raise
         rec = self.store.last_recovery
         log.info(
             "store %s opened in %.0f ms (previous stop %s; re-dispatched %d records from offset %d,"
@@ -120,6 +136,7 @@ class Broker:
             rec.truncated_bytes,
         )
         try:
+            self.store.disk.check()  # a disk already full: refuse writes from the start
             self.transactions.recover()
             listener = await anyio.create_tcp_listener(
                 local_host=self.config.host, local_port=self.config.port, reuse_port=False
@@ -131,68 +148,66 @@ class Broker:
         self.started_at = time.time()
         try:
             async with listener, anyio.create_task_group() as tg:
-                tg.start_soon(listener.serve, self._serve_stream, tg)
+                self.acceptor.serve(listener, tg)
                 tg.start_soon(self._offset_persister)
+                tg.start_soon(self._sample_throughput)
+                tg.start_soon(self._disk_watch)
                 await tg.start(self.schedule.run)
                 await tg.start(self.transaction_checker.run)
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
+                if self.registration is not None:
+                    await tg.start(self.registration.run)
                 task_status.started(self)
                 await self._stop.wait()
+                if self.registration is not None:
+                    # clients stop routing here before the listener closes
+                    await self.registration.stop()
                 tg.cancel_scope.cancel()
         finally:
             self._shutdown()
 
     def _shutdown(self) -> None:
-        self.offsets.persist(force=True)
-        self.schedule.persist(force=True)
+        self._save("consumer offsets", lambda: self.offsets.persist(force=True))
+        self._save("delay-level offsets", lambda: self.schedule.persist(force=True))
         transactions = self.transaction_checker.snapshot(force=True)
         self.store.shutdown()
-        self.transaction_checker.write(transactions)
+        self._save("transaction offsets", lambda: self.transaction_checker.write(transactions))
         log.info("broker stopped; store flushed through offset %d", self.store.flushed_offset)
 
-    def request_stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-
-    async def __aenter__(self) -> Broker:
-        stack = AsyncExitStack()
-        tg = await stack.enter_async_context(anyio.create_task_group())
-        await tg.start(self.serve)
-        self._stack = stack
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.request_stop()
-        if self._stack is not None:
-            await self._stack.aclose()
-            self._stack = None
-
-    async def _serve_stream(self, stream: anyio.abc.SocketStream) -> None:
+    def _save(self, what: str, save: Callable[[], None]) -> None:
+        """At shutdown: ``save()``; on a full disk the older file stays (one line)."""
         try:
-            peer = stream.extra(SocketAttribute.remote_address)
-            name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        except Exception:
-            name = "?"
-        conn = Connection(
-            stream, self.router.handle, max_frame_size=self.config.max_frame_size, name=name
-        )
-        self.connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self.connections.discard(conn)
+            save()
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            log.warning("the disk is full: the %s could not be saved; the older ones stay", what)
+
+    async def _sample_throughput(self) -> None:
+        while True:
+            await anyio.sleep(5)
+            self.context.throughput.sample()
 
     async def _offset_persister(self) -> None:
         while True:
             await anyio.sleep(self.config.offset_persist_interval_s)
             try:
                 await anyio.to_thread.run_sync(self.offsets.persist)
-            except OSError:
-                log.exception("persisting consumer offsets failed")
+            except OSError as exc:
+                if not self.store.disk.absorb(exc):  # a full disk is logged once, there
+                    log.exception("persisting consumer offsets failed")
+
+    async def _disk_watch(self) -> None:
+        """Refuse writes while the store's disk is used over disk_max_used_ratio, take
+        them again below it (a write that fails for want of space refuses them at once)."""
+        while True:
+            await anyio.sleep(self.config.disk_check_interval_s)
+            await anyio.to_thread.run_sync(self.store.disk.check)
 
     def runtime_info(self) -> RuntimeInfo:
+        put_tps, get_tps = self.context.throughput.rates()
         return RuntimeInfo(
             version=VERSION,
             address=self.address,
@@ -206,66 +221,29 @@ class Broker:
             commit_log_max_offset=self.store.commit_log_max_offset,
             flushed_offset=self.store.flushed_offset,
             pending_transactions=len(self.transactions.pending),
+            put_tps=round(put_tps, 1),
+            get_tps=round(get_tps, 1),
+            put_total=self.context.throughput.put,
+            get_total=self.context.throughput.got,
+            cluster=self.config.cluster,
+            broker_name=self.config.broker_name,
+            broker_id=self.config.broker_id,
+            store_damage_count=self.store.damage.count,
+            store_damage=[
+                f"{ms_time(d.found_at)} {d.describe()}" for d in self.store.damage.entries()
+            ],
         )
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(EmbeddedServer[Broker]):
     """A broker running in a background thread with its own event loop."""
 
+    what = "broker"
+
     def __init__(self, config: BrokerConfig) -> None:
+        super().__init__(lambda: Broker(config))
         self.config = config
-        self.broker: Broker | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._portal_stop: Any = None
 
     @property
-    def address(self) -> str:
-        assert self.broker is not None, "broker not started"
-        return self.broker.address
-
-    def start(self, timeout: float = 60.0) -> EmbeddedBroker:
-        self._thread = threading.Thread(target=self._run, name="txmq-broker", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError("embedded broker did not start in time")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        async def main() -> None:
-            broker = Broker(self.config)
-            token = anyio.lowlevel.current_token()
-            self._portal_stop = lambda: anyio.from_thread.run_sync(broker.request_stop, token=token)
-            async with anyio.create_task_group() as tg:
-                await tg.start(broker.serve)
-                self.broker = broker
-                self._ready.set()
-
-        try:
-            anyio.run(main)
-        except BaseException as exc:
-            self._error = exc
-            if not self._ready.is_set():
-                self._ready.set()
-            else:
-                log.exception("embedded broker failed")
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self._thread is None:
-            return
-        if self._portal_stop is not None and self._thread.is_alive():
-            try:
-                self._portal_stop()
-            except RuntimeError:
-                pass
-        self._thread.join(timeout)
-        self._thread = None
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def broker(self) -> Broker | None:
+        return self.server

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Annotated
 import msgspec
 
 from txmq.broker.jsonfile import load_json, write_json_atomic
-from txmq.errors import BadRequest, InvalidTopic, NoPermission, TopicNotFound
+from txmq.errors import BadRequest, DiskFull, InvalidTopic, NoPermission, TopicNotFound
 from txmq.message import TOPIC_NAME_PATTERN, is_system_topic, validate_topic_name
 
 __all__ = [
@@ -69,11 +70,28 @@ class TopicManager:
         }
         self.on_change: list[Callable[[TopicConfig], None]] = []
         """Called (on the broker's loop) when a topic is created or its queue count changes:
-        its consumers rebalance at once instead of at their next periodic rebalance."""
+        its consumers rebalance at once instead of at their next periodic rebalance, and
+        the broker registers its topics with its name servers."""
+        self.on_delete: list[Callable[[str], None]] = []
+        """Called (on the broker's loop) with a topic's name when it is deleted."""
 
-    def _persist(self) -> None:
+    def _persist(self, name: str, before: TopicConfig | None) -> None:
+        """Save the table after topic ``name`` changed from ``before`` (None: it was not
+        there); if that fails, undo the change: the table stays what the file says."""
         entries = {n: TopicEntry(c.name, c.queue_nums, c.system) for n, c in self._topics.items()}
-        write_json_atomic(self.path, TopicsFile(entries))
+        try:
+            write_json_atomic(self.path, TopicsFile(entries))
+        except OSError as exc:
+            if before is None:
+                self._topics.pop(name, None)
+            else:
+                self._topics[name] = before
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(
+                    f"the broker's disk is full: topic {name!r} cannot be saved "
+                    f"({exc.strerror}); try again once space is freed"
+                ) from exc
+            raise
 
     def all(self) -> list[TopicConfig]:
         return sorted(self._topics.values(), key=lambda c: c.name)
@@ -98,10 +116,11 @@ class TopicManager:
             raise InvalidTopic(f"queue count must be between 1 and {MAX_QUEUE_NUMS}")
         with self._lock:
             cfg = TopicConfig(name, queue_nums, system)
-            changed = self._topics.get(name) != cfg
+            before = self._topics.get(name)
+            changed = before != cfg
             if changed:
                 self._topics[name] = cfg
-                self._persist()
+                self._persist(name, before)
         if changed:
             for hook in self.on_change:
                 hook(cfg)
@@ -109,10 +128,13 @@ class TopicManager:
 
     def delete(self, name: str) -> bool:
         with self._lock:
-            if self._topics.pop(name, None) is None:
+            before = self._topics.pop(name, None)
+            if before is None:
                 return False
-            self._persist()
-            return True
+            self._persist(name, before)
+        for hook in self.on_delete:
+            hook(name)
+        return True
 
     def for_send(
         self, name: str, *, create: bool = True, allow_system: bool = False

@@ -41,9 +41,9 @@ import msgspec
 from txmq.broker.context import BrokerContext
 from txmq.broker.jsonfile import load_json
 from txmq.broker.putting import put_or_raise
-from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult
+from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult, PutStatus
 from txmq.codec import decode_record
-from txmq.errors import BadRequest, BrokerBusy, TransactionNotFound
+from txmq.errors import BadRequest, BrokerBusy, DiskFull, TransactionNotFound
 from txmq.message import (
     HALF_TOPIC,
     OP_TOPIC,
@@ -318,7 +318,8 @@ class TransactionService:
             born_timestamp=_now_ms(),
         )
         if not r.ok:
-            log.error("writing the %s op record of %s failed: %s", resolution, half.msg_id, r)
+            if r.status is not PutStatus.DISK_FULL:  # that one is logged once, by the store
+                log.error("writing the %s op record of %s failed: %s", resolution, half.msg_id, r)
             if resolution == ROLLBACK:
                 return None
         self.pending.pop(half.offset, None)
@@ -442,6 +443,8 @@ class TransactionService:
             end = 0
             op = self.settle(half, ROLLBACK)
             if op is None:
+                if self.store.disk.full:
+                    raise DiskFull(self.store.disk.reason or "the broker's disk is full")
                 raise BrokerBusy("the broker could not store the rollback; try again")
         if op is not None:
             end = op.end_offset

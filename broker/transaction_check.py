@@ -27,7 +27,7 @@ import anyio.to_thread
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.jsonfile import write_json_atomic
-from txmq.broker.store import CQ_TAG_PROPERTY
+from txmq.broker.store import CQ_TAG_PROPERTY, PutStatus
 from txmq.broker.transaction import (
     PARKED,
     PendingHalf,
@@ -84,9 +84,10 @@ class TransactionChecker:
             if snap is not None:
                 try:
                     await anyio.to_thread.run_sync(self._write, snap)
-                except OSError:
+                except OSError as exc:
                     self.service.dirty = True
-                    log.exception("persisting transaction offsets failed")
+                    if not self.store.disk.absorb(exc):  # a full disk is logged once, there
+                        log.exception("persisting transaction offsets failed")
 
     def check_round(self) -> int:
         """Send the checks that are due; return how many were sent."""
@@ -159,7 +160,8 @@ class TransactionChecker:
             prepared_transaction_offset=half.offset,
         )
         if not r.ok:
-            log.error("parking %s failed: %s", half.msg_id, r.status.value)
+            if r.status is not PutStatus.DISK_FULL:  # that one is logged once, by the store
+                log.error("parking %s failed: %s", half.msg_id, r.status.value)
             return False
         self.service.settle(half, PARKED)
         log.warning(
@@ -170,7 +172,8 @@ class TransactionChecker:
             half.group,
             half.topic,
             half.check_times,
-                )
+            PARKED_TOPIC,
+        )
         return True
 
     # -- listing --------------------------------------------------------------------------

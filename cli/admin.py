@@ -1,42 +1,31 @@
 """``txmq admin``: topics, queue statistics, message lookups, offsets, the DLQ and
-undecided transactions of a running broker, as tables or JSON."""
+undecided transactions of a running broker — or of a whole cluster through its name servers
+(``--namesrv``) — as tables or JSON.
+
+Times: tables show local time with milliseconds (like the log lines). ``--json`` keeps
+each epoch-millisecond field (``store_timestamp``, ...) as the broker sent it, for scripts
+to compute with, and adds an ISO 8601 UTC string beside it (``store_time``), which reads
+the same on every machine."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 import anyio
-import msgspec
 
 from txmq.admin import AdminClient
-from txmq.cli.options import SubParsers, add_command, share
-from txmq.fmt import cell, format_table, ms_time, short_body
-from txmq.message import Prop
+from txmq.cli.admin_views import Rows, query
+from txmq.cli.options import SubParsers, add_command, add_endpoints, endpoints, share
+from txmq.fmt import cell, format_table, ms_time, with_times
 
 __all__ = ["add_parser"]
 
-Rows = tuple[list[dict[str, Any]], list[str] | None]
-
-MESSAGE_COLUMNS = [
-    "msg_id",
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "tags",
-    "keys",
-    "store_timestamp",
-    "body",
-]
+BROKER_NAME_HELP = "only the broker set with this name (with --namesrv)"
 
 
 def _shared(parser: argparse.ArgumentParser, default: object) -> None:
-    parser.add_argument(
-        "--broker",
-        default=default,
-        help="HOST:PORT (default $TXMQ_BROKER_ADDRESS or 127.0.0.1:10911)",
-    )
+    add_endpoints(parser, default)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -49,33 +38,85 @@ def add_parser(sub: SubParsers) -> None:
     a = add_command(
         sub,
         "admin",
-        help="inspect a broker",
+        help="inspect a broker or a cluster",
+        description=(
+            "Inspect one broker (--broker HOST:PORT) or a whole cluster through its name "
+            "servers (--namesrv 'H1:P1;H2:P2', or $TXMQ_NAMESRV_ADDR): through name servers "
+            "every command asks every broker and each row names its broker set."
+        ),
         examples="  txmq admin topics --broker 127.0.0.1:10911\n"
+        "  txmq admin cluster --namesrv '127.0.0.1:9876;127.0.0.1:9877'\n"
+        "  txmq admin topic-create orders --queues 8 --cluster C --namesrv 127.0.0.1:9876\n"
+        "  txmq admin route orders --namesrv 127.0.0.1:9876\n"
         "  txmq admin topic-stats orders --json\n"
         "  txmq admin message --key order-42\n"
         "  txmq admin dlq list --group billing\n"
         "  txmq admin transactions --parked",
     )
     asub = a.add_subparsers(dest="admin_cmd", required=True, metavar="COMMAND")
-    add_command(asub, "topics", help="list topics")
+    add_command(
+        asub,
+        "cluster",
+        help="the brokers of a cluster: address, role, version, uptime, load, lag",
+        examples="  txmq admin cluster --namesrv '127.0.0.1:9876;127.0.0.1:9877'\n"
+        "  txmq admin cluster --broker 127.0.0.1:10911 --json",
+    )
+    rt = add_command(
+        asub,
+        "route",
+        help="which broker sets hold a topic's queues, and where they are",
+        examples="  txmq admin route orders --namesrv 127.0.0.1:9876",
+    )
+    rt.add_argument("topic")
+    add_command(
+        asub,
+        "topics",
+        help="list topics (through name servers: queue counts summed over broker sets)",
+    )
     ts = add_command(asub, "topic-stats", help="per-queue offsets of a topic")
     ts.add_argument("topic")
-    tc = add_command(asub, "topic-create", help="create or update a topic")
+    tc = add_command(
+        asub,
+        "topic-create",
+        help="create or update a topic",
+        description=(
+            "Create a topic, or change its queue count. Through name servers: on every "
+            "master of --cluster C, or on the broker set --broker-name B (with neither, on "
+            "every master of the only cluster there is)."
+        ),
+        examples="  txmq admin topic-create orders --queues 8 --broker 127.0.0.1:10911\n"
+        "  txmq admin topic-create orders --queues 8 --cluster C --namesrv 127.0.0.1:9876\n"
+        "  txmq admin topic-create orders --broker-name broker-b --namesrv 127.0.0.1:9876",
+    )
     tc.add_argument("topic")
-    tc.add_argument("--queues", type=int, default=4)
+    tc.add_argument("--queues", type=int, default=4, help="queues on each broker set (4)")
+    where = tc.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="every master of this cluster (with --namesrv)")
+    where.add_argument("--broker-name", help="the broker set with this name (with --namesrv)")
     add_command(asub, "offsets", help="consumer-group offsets and lag")
-    add_command(asub, "broker-info", help="broker runtime information")
+    bi = add_command(asub, "broker-info", help="broker runtime information")
+    bi.add_argument("--broker-name", help=BROKER_NAME_HELP)
     m = add_command(asub, "message", help="look a message up by id or key")
     g = m.add_mutually_exclusive_group(required=True)
     g.add_argument("--id", help="message id (or offset message id)")
     g.add_argument("--key", help="message key")
     m.add_argument("--max", type=int, default=32, help="most messages to show for --key")
+    m.add_argument("--broker-name", help=BROKER_NAME_HELP)
     d = add_command(asub, "dlq", help="a consumer group's dead-letter queue")
     dsub = d.add_subparsers(dest="dlq_cmd", required=True, metavar="COMMAND")
-    dl = add_command(dsub, "list", help="list dead letters of a consumer group")
+    dl = add_command(
+        dsub,
+        "list",
+        help="list dead letters of a consumer group",
+        description=(
+            "List dead letters of a consumer group. Each broker set has a DLQ of its own: "
+            "through name servers --offset and --max apply to each."
+        ),
+    )
     dl.add_argument("--group", required=True, help="consumer group")
     dl.add_argument("--offset", type=int, default=0, help="first DLQ queue offset to show")
     dl.add_argument("--max", type=int, default=32, help="most messages to show")
+    dl.add_argument("--broker-name", help=BROKER_NAME_HELP)
     dr = add_command(
         dsub,
         "resend",
@@ -92,6 +133,7 @@ def add_parser(sub: SubParsers) -> None:
     which = dr.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", action="append", help="message id (repeat for several)")
     which.add_argument("--all", action="store_true", help="every dead letter of the group")
+    dr.add_argument("--broker-name", help=BROKER_NAME_HELP)
     tx = add_command(
         asub,
         "transactions",
@@ -107,20 +149,23 @@ def add_parser(sub: SubParsers) -> None:
     which_tx.add_argument("--parked", action="store_true", help="parked after the last check")
     tx.add_argument("--group", help="only this producer group")
     tx.add_argument("--max", type=int, default=100, help="most transactions to show")
+    tx.add_argument("--broker-name", help=BROKER_NAME_HELP)
     share(a, _shared)
     a.set_defaults(func=run_admin)
 
 
-def _dicts(items: list[Any]) -> list[dict[str, Any]]:
-    return [msgspec.structs.asdict(item) for item in items]
-
-
 def run_admin(args: argparse.Namespace) -> int:
+    where = endpoints(args)
+
     async def run() -> Rows:
-        async with AdminClient(args.broker) as admin:
-            return await _query(admin, args)
+        async with AdminClient(where["address"], namesrv=where["namesrv"]) as admin:
+            return await query(admin, args)
 
     rows, columns = anyio.run(run)
+    if args.json:
+        rows = [with_times(row) for row in rows]
+    else:
+        rows = [with_times(row, readable=ms_time, keep_ms=False) for row in rows]
     if args.admin_cmd == "dlq" and args.dlq_cmd == "resend" and not args.json:
         print(f"re-sent {rows[0]['resent']} message(s) to %RETRY%{args.group}")
     elif args.json:
@@ -133,77 +178,3 @@ def run_admin(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, columns))
     return 0
-
-
-async def _query(admin: AdminClient, args: argparse.Namespace) -> Rows:
-    cmd = args.admin_cmd
-    if cmd == "topics":
-        return _dicts(await admin.topics()), ["topic", "queue_nums", "messages", "system"]
-    if cmd == "topic-stats":
-        return _dicts(await admin.topic_stats(args.topic)), None
-    if cmd == "topic-create":
-        return _dicts([await admin.create_topic(args.topic, args.queues)]), None
-    if cmd == "offsets":
-        return _dicts(await admin.offsets()), None
-    if cmd == "broker-info":
-        info = msgspec.structs.asdict(await admin.runtime_info())
-        return [{"key": k, "value": v} for k, v in info.items()], None
-    if cmd == "dlq":
-        return await _dlq(admin, args)
-    if cmd == "transactions":
-        return await _transactions(admin, args)
-    if cmd == "message":
-        if args.id:
-            msgs = [await admin.message_by_id(args.id)]
-        else:
-            msgs = await admin.messages_by_key(args.key, args.max)
-        return [m.to_dict() for m in msgs], MESSAGE_COLUMNS
-    raise SystemExit(f"unknown admin command {cmd}")  # pragma: no cover - argparse rejects it
-
-
-async def _dlq(admin: AdminClient, args: argparse.Namespace) -> Rows:
-    if args.dlq_cmd == "resend":
-        resent = await admin.dlq_resend(args.group, None if args.all else args.id)
-        return [{"group": args.group, "resent": resent}], None
-    msgs = await admin.dlq_list(args.group, args.offset, args.max)
-    if args.json:
-        rows = []
-        for m in msgs:
-            row = m.to_dict(body_limit=None)
-            row["origin_topic"] = m.get_property(Prop.RETRY_TOPIC) or m.topic
-            row["origin_msg_id"] = m.get_property(Prop.ORIGIN_MESSAGE_ID)
-            rows.append(row)
-        return rows, None
-    table = [
-        {
-            "msg_id": m.msg_id,
-            "topic": m.get_property(Prop.RETRY_TOPIC) or m.topic,
-            "reconsume_times": m.reconsume_times,
-            "keys": m.keys,
-            "store_time": ms_time(m.store_timestamp),
-            "body": short_body(m.body),
-        }
-        for m in msgs
-    ]
-    return table, ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body"]
-
-
-async def _transactions(admin: AdminClient, args: argparse.Namespace) -> Rows:
-    state = "parked" if args.parked else "pending"
-    rows = await admin.transactions(state, args.max, group=args.group)
-    if args.json:
-        return _dicts(rows), None
-    table = [
-        {
-            "msg_id": r.msg_id,
-            "transaction_id": r.transaction_id,
-            "group": r.group,
-            "topic": f"{r.topic}/{r.queue_id}",
-            "offset": r.transaction_offset,
-            "born": ms_time(r.born_timestamp),
-            "age_s": r.age_s,
-            "checks": r.check_times,
-        }
-        for r in rows
-    ]
-    return table, list(table[0]) if table else None

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import errno
-import logging
-import signal
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.abc
-
 from txmq.cli.options import CommandError, SubParsers, add_command
+from txmq.cli.serve import run_server
 
 __all__ = ["add_parser"]
 
@@ -25,9 +20,13 @@ def add_parser(sub: SubParsers) -> None:
         "start",
         help="start a broker in the foreground",
         examples="  txmq broker start --store /var/lib/txmq\n"
-        "  txmq broker start --store ./store --port 0 --flush sync --config broker.toml",
+        "  txmq broker start --store ./store --port 0 --flush sync --config broker.toml\n"
+        "  txmq broker start --store ./a --port 10911 --namesrv 'ns1:9876;ns2:9876' \\\n"
+        "      --cluster C --broker-name broker-a --advertised-address 10.0.0.5:10911",
     )
-    start.add_argument("--store", type=Path, help="storage folder (created if missing)")
+    start.add_argument(
+        "--store", type=Path, help="storage folder, created if missing (default ./txmq-store)"
+    )
     start.add_argument("--host", help="address to bind (default 127.0.0.1)")
     start.add_argument("--port", type=int, help="port (default 10911; 0 picks a free one)")
     start.add_argument("--flush", choices=["sync", "async"], help="commit-log flush mode")
@@ -35,12 +34,33 @@ def add_parser(sub: SubParsers) -> None:
     start.add_argument("--segment-size", type=int, help="commit-log segment bytes")
     start.add_argument("--no-auto-create-topic", action="store_true")
     start.add_argument("--ready-file", help="write the bound address here once listening")
+    cluster = start.add_argument_group(
+        "cluster", "register with name servers (without --namesrv the broker runs alone)"
+    )
+    cluster.add_argument(
+        "--namesrv", metavar="'H:P;H:P'", help="name servers to register with, every 30 s"
+    )
+    cluster.add_argument("--cluster", help="the cluster's name (default DefaultCluster)")
+    cluster.add_argument(
+        "--broker-name", help="the broker set's name, unique in the cluster (default broker-a)"
+    )
+    cluster.add_argument(
+        "--broker-id", type=int, help="0: the broker set's master (default; replicas later)"
+    )
+    cluster.add_argument(
+        "--advertised-address",
+        metavar="HOST:PORT",
+        help="the address clients are told (default: --host and the bound port)",
+    )
     start.set_defaults(func=start_broker)
 
 
 def start_broker(args: argparse.Namespace) -> int:
     from txmq.broker.config import BrokerConfig
+    from txmq.broker.resources import prepare_process
     from txmq.broker.server import Broker
+    from txmq.broker.store import StoreError
+    from txmq.broker.store.disk import check_writable
 
     overrides: dict[str, Any] = {
         "store": args.store,
@@ -48,6 +68,11 @@ def start_broker(args: argparse.Namespace) -> int:
         "port": args.port,
         "flush": args.flush,
         "segment_size": args.segment_size,
+        "namesrv": args.namesrv,
+        "cluster": args.cluster,
+        "broker_name": args.broker_name,
+        "broker_id": args.broker_id,
+        "advertised_address": args.advertised_address,
     }
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False
@@ -56,50 +81,35 @@ def start_broker(args: argparse.Namespace) -> int:
         raise CommandError(
             f"--store {config.store} is a file; give a folder (it is created if missing)"
         )
-    broker = Broker(config)
-
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-
-            async def on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        logging.getLogger("txmq.broker").info(
-                            "received %s; shutting down", signal.Signals(signum).name
-                        )
-                        broker.request_stop()
-                        return
-
-            async def serve(*, task_status: anyio.abc.TaskStatus[Any]) -> None:
-                await broker.serve(task_status=task_status)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(on_signal)
-            await tg.start(serve)
-            if args.ready_file:
-                Path(args.ready_file).write_text(broker.address)  # noqa: ASYNC240
-            print(f"txmq broker listening on {broker.address}", flush=True)
-
-    try:
-        anyio.run(run)
-    except BaseExceptionGroup as group:  # the task group's: say the first cause in one line
-        raise _one_line(group, config.host, config.port) from None
-    return 0
-
-
-def _one_line(group: BaseExceptionGroup[BaseException], host: str, port: int) -> BaseException:
-    from txmq.broker.store import StoreError
-
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-        return CommandError(
-            f"{host}:{port} is already in use (another broker?): stop it, or choose "
-            "another --port (0 picks a free one)"
+    if config.store == BrokerConfig().store:  # nobody chose it: say where it is
+        print(
+            f"txmq broker: store {config.store.resolve()} (the default, ./txmq-store; "
+            "choose another with --store DIR)",
+            flush=True,
         )
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
-        return CommandError(f"cannot listen on {host}: no such address on this machine (--host)")
+    try:  # a read-only store says so in one line, before anything else is said
+        check_writable(config.store)
+    except StoreError as exc:
+        raise CommandError(str(exc)) from None
+    broker = Broker(config)
+    prepare_process()
+
+    return run_server(
+        broker,
+        name="broker",
+        what="broker",
+        host=config.host,
+        port=config.port,
+        ready_file=args.ready_file,
+        explain=lambda exc: _store_error(exc, config.store),
+    )
+
+
+def _store_error(exc: BaseException, store: Path) -> BaseException | None:
+    from txmq.broker.store import StoreError
+    from txmq.broker.store.disk import unwritable
+
     if isinstance(exc, StoreError):
         return CommandError(str(exc))
-    return exc
+    why = unwritable(store, exc)  # e.g. remounted read-only, or full, while starting
+    return CommandError(why) if why is not None else None

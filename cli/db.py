@@ -6,8 +6,9 @@ import argparse
 import sys
 from datetime import timedelta
 
-from txmq.cli.options import SubParsers, add_command
+from txmq.cli.options import SubParsers, add_command, non_negative_float
 from txmq.db import describe_db_error, with_connection
+from txmq.fmt import span
 
 # SQLAlchemy and alembic are imported when a db command runs, not with the CLI.
 
@@ -38,7 +39,7 @@ def add_parser(sub: SubParsers) -> None:
     clean = dsub.add_parser("cleanup", help="delete old rows of the transaction log")
     clean.add_argument(
         "--older-than-days",
-        type=float,
+        type=non_negative_float,
         default=7.0,
         help="delete rows older than this (default 7); keep them longer than the broker "
         "may still check a half message",
@@ -106,10 +107,10 @@ def _run(args: argparse.Namespace) -> int:
             deleted = with_connection(
                 url, lambda conn: cleanup_consumed_keys(conn, age, group=args.group)
             )
-            print(f"deleted {deleted} consumed key(s) older than {age}")
+            print(f"deleted {deleted} consumed key(s) older than {span(age)}")
             return 0
         deleted = with_connection(url, lambda conn: _cleanup_on(conn, age, 10_000))
-        print(f"deleted {deleted} transaction-log row(s) older than {age}")
+        print(f"deleted {deleted} transaction-log row(s) older than {span(age)}")
     else:  # pragma: no cover - argparse rejects it
         raise SystemExit(f"unknown db command {cmd}")
     return 0

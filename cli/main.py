@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from txmq.cli import admin, broker, db, outbox, quickstart, reconcile
+from txmq.cli import admin, broker, db, namesrv, outbox, quickstart, reconcile
 from txmq.cli.options import CommandError, share
 from txmq.errors import TxmqError
 from txmq.settings import SettingsError
@@ -17,6 +17,7 @@ __all__ = ["build_parser", "main"]
 EXAMPLES = """\
   txmq quickstart                                   # a broker in a temporary folder, round trip
   txmq broker start --store /var/lib/txmq --flush sync
+  txmq namesrv start --port 9876                    # a cluster's route table
   txmq admin topics --broker 127.0.0.1:10911
   txmq db upgrade --url postgresql+psycopg://app@db/orders
   txmq outbox relay --db sqlite:///app.db --broker 127.0.0.1:10911
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     broker.add_parser(sub)
+    namesrv.add_parser(sub)
     admin.add_parser(sub)
     db.add_parser(sub)
     outbox.add_parser(sub)

@@ -12,7 +12,10 @@ __all__ = [
     "Shared",
     "SubParsers",
     "add_command",
+    "add_endpoints",
+    "endpoints",
     "leaves",
+    "non_negative_float",
     "positive_int",
     "share",
 ]
@@ -71,6 +74,35 @@ def share(group: argparse.ArgumentParser, add: Shared) -> None:
         add(leaf, argparse.SUPPRESS)
 
 
+def add_endpoints(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--broker`` and ``--namesrv``: where a command's client connects (a :data:`Shared`)."""
+    parser.add_argument(
+        "--broker",
+        default=default,
+        metavar="HOST:PORT",
+        help="one broker alone (default $TXMQ_BROKER_ADDRESS or 127.0.0.1:10911)",
+    )
+    parser.add_argument(
+        "--namesrv",
+        default=default,
+        metavar="'H1:P1;H2:P2'",
+        help="name servers: the whole cluster instead of one broker (default $TXMQ_NAMESRV_ADDR)",
+    )
+
+
+def endpoints(args: argparse.Namespace) -> dict[str, str | None]:
+    """A client's ``address`` and ``namesrv`` from ``--broker`` / ``--namesrv`` (neither:
+    the client reads $TXMQ_NAMESRV_ADDR, else $TXMQ_BROKER_ADDRESS)."""
+    broker = getattr(args, "broker", None)
+    namesrv = getattr(args, "namesrv", None)
+    if broker and namesrv:
+        raise CommandError(
+            "give --broker or --namesrv, not both (--broker talks to that broker alone, "
+            "--namesrv to the whole cluster through its name servers)"
+        )
+    return {"address": broker, "namesrv": namesrv}
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     try:
@@ -79,4 +111,15 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number of at least 0 (an age, a span)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text} is less than 0")
     return value

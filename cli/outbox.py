@@ -13,9 +13,15 @@ from typing import Any
 
 import anyio
 
-from txmq.cli.options import SubParsers, add_command
+from txmq.cli.options import (
+    SubParsers,
+    add_command,
+    add_endpoints,
+    endpoints,
+    non_negative_float,
+)
 from txmq.db import describe_db_error, with_connection
-from txmq.fmt import format_table
+from txmq.fmt import format_table, span
 
 __all__ = ["add_parser", "run_outbox"]
 
@@ -27,6 +33,7 @@ def add_parser(sub: SubParsers) -> None:
         sub,
         "outbox",
         examples="  txmq outbox relay --db postgresql+psycopg://app@db/orders --broker HOST:PORT\n"
+        "  txmq outbox relay --db sqlite:///app.db --namesrv 'ns1:9876;ns2:9876'\n"
         "  txmq outbox stats --db sqlite:///app.db --json\n"
         "  txmq outbox requeue --db sqlite:///app.db --all",
         help="the transactional outbox: relay it to the broker, inspect it",
@@ -43,10 +50,10 @@ def add_parser(sub: SubParsers) -> None:
         description=(
             "Sends outbox rows at least once, in order per sharding key. Several relays may "
             "run at once (each key is worked on by one relay at a time); SQLite needs one. "
-            "Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite."
+            "Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite. Sends to one broker "
+            "(--broker) or over a cluster through its name servers (--namesrv)."
         ),
     )
-    r.add_argument("--broker", help="HOST:PORT (default $TXMQ_BROKER_ADDRESS or 127.0.0.1:10911)")
     r.add_argument("--batch-size", type=int, default=500, help="rows per cycle (default 500)")
     r.add_argument(
         "--max-attempts", type=int, default=10, help="failed sends before a row is parked"
@@ -58,7 +65,7 @@ def add_parser(sub: SubParsers) -> None:
     r.add_argument("--no-listen", action="store_true", help="poll only, even on PostgreSQL")
     r.add_argument(
         "--retention-hours",
-        type=float,
+        type=non_negative_float,
         default=24.0,
         help="delete sent rows this long after sending (default 24; 0 deletes them at once)",
     )
@@ -79,11 +86,20 @@ def add_parser(sub: SubParsers) -> None:
     which.add_argument("--id", type=int, action="append", help="row id (repeat for several)")
     which.add_argument("--all", action="store_true", help="every parked row")
     cl = osub.add_parser("cleanup", help="delete sent rows (the relay does it as well)")
-    cl.add_argument("--older-than-hours", type=float, default=24.0)
+    cl.add_argument(
+        "--older-than-hours",
+        type=non_negative_float,
+        default=24.0,
+        help="delete rows sent longer ago than this (default 24)",
+    )
     for p in (r, st, pk, rq, cl):
         p.add_argument("--db", "--url", dest="db", required=True, help="SQLAlchemy database URL")
     for p in (st, pk):
         p.add_argument("--json", action="store_true", help="print JSON")
+    # where the relay sends: accepted before or after 'relay' (the other commands only
+    # touch the database)
+    add_endpoints(o, None)
+    add_endpoints(r, argparse.SUPPRESS)
     o.set_defaults(func=run_outbox)
 
 
@@ -127,7 +143,7 @@ def _table_command(args: argparse.Namespace) -> int:
     elif cmd == "cleanup":
         age = timedelta(hours=args.older_than_hours)
         n = with_connection(args.db, lambda conn: outbox.cleanup(conn, age))
-        print(f"deleted {n} sent outbox row(s) older than {age}")
+        print(f"deleted {n} sent outbox row(s) older than {span(age)}")
     else:  # pragma: no cover - argparse rejects it
         raise SystemExit(f"unknown outbox command {cmd}")
     return 0
@@ -135,10 +151,16 @@ def _table_command(args: argparse.Namespace) -> int:
 
 def _relay(args: argparse.Namespace) -> int:
     from txmq.outbox.relay import OutboxRelay
+    from txmq.producer import Producer
 
+    where = endpoints(args)
+    # through name servers the relay is given its producer (OutboxRelay takes an address)
+    producer = (
+        Producer(namesrv=where["namesrv"], group="txmq-outbox-relay") if where["namesrv"] else None
+    )
     relay = OutboxRelay(
         args.db,
-        args.broker,
+        producer or where["address"],
         batch_size=args.batch_size,
         max_attempts=args.max_attempts,
         backoff=args.backoff,
@@ -149,12 +171,21 @@ def _relay(args: argparse.Namespace) -> int:
     )
 
     async def run() -> None:
+        if producer is not None:
+            await producer.start()
+        try:
+            await relay_until_stopped()
+        finally:
+            if producer is not None:
+                await producer.stop()
+
+    async def relay_until_stopped() -> None:
         async with relay, anyio.create_task_group() as tg:
             how = "LISTEN/NOTIFY" if relay.listen else f"polling every {relay.poll_interval:g} s"
-            print(
-                f"txmq outbox relay: {relay.shown_url} -> {relay.producer.address} ({how})",
-                flush=True,
-            )
+            target = relay.producer.address
+            if relay.producer.direct is None:
+                target = f"name servers {target}"
+            print(f"txmq outbox relay: {relay.shown_url} -> {target} ({how})", flush=True)
             if args.stats_interval > 0:
                 tg.start_soon(_print_stats, relay, args.stats_interval)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

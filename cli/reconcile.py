@@ -18,13 +18,16 @@ def add_parser(sub: SubParsers) -> None:
         "reconcile",
         help="find lost, phantom, unconsumed, duplicate, parked and dead-lettered messages",
         description=(
-            "A PySpark job over the broker's store and txmq's tables in each database; "
+            "A PySpark job over the broker's store (one per broker set of a cluster) and "
+            "txmq's tables in each database; "
             "writes a Parquet table per anomaly class and exits 1 if any needs attention."
         ),
         examples="  txmq reconcile --store /var/lib/txmq --db sqlite:///orders.db "
         "--db sqlite:///inventory.db --sla 10m\n"
         "  txmq reconcile --store /var/lib/txmq --db postgresql+psycopg://app@db/orders "
-        "--since -1h --expect billing=orders",
+        "--since -1h --expect billing=orders\n"
+        "  txmq reconcile --store broker-a=/mnt/a/txmq --store broker-b=/mnt/b/txmq "
+        "--db postgresql+psycopg://app@db/orders   # a cluster: a store per broker set",
     )
     add_arguments(r)
     r.set_defaults(func=run_reconcile)

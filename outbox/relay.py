@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Self
@@ -50,12 +50,14 @@ from txmq.errors import (
     BrokerUnavailable,
     FlushDiskTimeout,
     RequestTimeout,
+    TopicNotFound,
     TxmqError,
 )
 from txmq.message import Message, Prop, stable_hash
 from txmq.outbox.claim import Outcome, Row, claim, mark
 from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
-from txmq.producer import Producer
+from txmq.producer import Producer, QueueOptions
+from txmq.route import MessageQueue, Route
 from txmq.sqla.tables import outbox as outbox_table
 
 __all__ = ["OUTAGE_ERRORS", "OutboxNotReady", "OutboxRelay", "async_url"]
@@ -125,7 +127,8 @@ class OutboxRelay:
 
     ``db``: a database URL, an :class:`AsyncEngine` or an :class:`Engine` (its URL is used
     with the async driver). ``broker``: a broker address (the relay runs its own
-    producer) or a started :class:`txmq.Producer`.
+    producer) or a started :class:`txmq.Producer`; or ``namesrv``: name servers, for a
+    cluster (a sharding key's rows go to the key's queue of the whole route, in order).
 
     ``batch_size`` rows per cycle; ``max_attempts`` failed sends before a row is parked;
     ``backoff`` / ``max_backoff`` seconds between a failed row's attempts (doubling);
@@ -154,6 +157,7 @@ class OutboxRelay:
         send_concurrency: int = 16,
         producer_group: str = "txmq-outbox-relay",
         claim_lease: float = 30.0,
+        namesrv: str | Sequence[str] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -176,9 +180,12 @@ class OutboxRelay:
         if self.dialect not in ("postgresql", "sqlite"):
             raise ValueError(f"the outbox relay supports postgresql and sqlite, not {self.dialect}")
         if isinstance(broker, Producer):
+            if namesrv:
+                raise ValueError("give a started producer or name servers, not both")
             self.producer, self._own_producer = broker, False
         else:
-            self.producer, self._own_producer = Producer(broker, producer_group), True
+            producer = Producer(broker, producer_group, namesrv=namesrv)
+            self.producer, self._own_producer = producer, True
         self.batch_size = batch_size
         self.max_attempts = max_attempts
         self.backoff = backoff
@@ -387,34 +394,42 @@ class OutboxRelay:
         """Send the cycle's rows: one batch per (topic, queue) — a key's rows all go to its
         queue, in order — the groups concurrently. A key stops at its first failure."""
         outcome = Outcome()
-        groups: dict[tuple[str, int | None], list[Row]] = {}
-        nums: dict[str, int | Exception] = {}
+        groups: dict[tuple[str, MessageQueue | None], list[Row]] = {}
+        routes: dict[str, Route | Exception] = {}
         stopped: set[str | None] = set()
         for row in rows:
-            queue: int | None = None
+            queue: MessageQueue | None = None
             if row.sharding_key is not None:
                 if row.sharding_key in stopped:
                     continue
-                if row.topic not in nums:
+                if row.topic not in routes:
                     try:
-                        nums[row.topic] = await self.producer.queue_nums(row.topic, create=True)
+                        routes[row.topic] = await self.producer.route(row.topic, create=True)
                     except OUTAGE_ERRORS as exc:
                         outcome.outage = exc
                         return outcome
                     except Exception as exc:  # e.g. the broker refuses the topic
-                        nums[row.topic] = exc
-                n = nums[row.topic]
-                if isinstance(n, Exception):
-                    self._failed(row, n, stopped, outcome)
+                        routes[row.topic] = exc
+                route = routes[row.topic]
+                if isinstance(route, Exception):
+                    self._failed(row, route, stopped, outcome)
                     continue
-                queue = stable_hash(row.sharding_key) % n
+                queues = route.write_queues
+                if not queues:
+                    no_queue = TopicNotFound(f"topic {row.topic!r} has no writable queue")
+                    self._failed(row, no_queue, stopped, outcome)
+                    continue
+                # the producer's own rule for a sharding key: one queue of the whole route
+                queue = queues[stable_hash(row.sharding_key) % len(queues)]
             groups.setdefault((row.topic, queue), []).append(row)
         async with anyio.create_task_group() as tg:
             for (_, queue), group in groups.items():
                 tg.start_soon(self._send_group, queue, group, outcome)
         return outcome
 
-    async def _send_group(self, queue: int | None, rows: list[Row], outcome: Outcome) -> None:
+    async def _send_group(
+        self, queue: MessageQueue | None, rows: list[Row], outcome: Outcome
+    ) -> None:
         stopped: set[str | None] = set()  # keys that failed: their later rows wait
         async with self._limiter:
             for run in _runs(rows):
@@ -425,9 +440,9 @@ class OutboxRelay:
                     continue
                 try:
                     if len(run) == 1:
-                        await self.producer.send(_message(run[0]), queue_id=queue)
+                        await self.producer.send(_message(run[0]), **_to(queue))
                     else:
-                        await self.producer.send_batch([_message(r) for r in run], queue_id=queue)
+                        await self.producer.send_batch([_message(r) for r in run], **_to(queue))
                 except OUTAGE_ERRORS as exc:
                     outcome.outage = exc
                     return
@@ -440,14 +455,18 @@ class OutboxRelay:
                 outcome.sent.extend(r.id for r in run)
 
     async def _one_by_one(
-        self, run: list[Row], queue: int | None, stopped: set[str | None], outcome: Outcome
+        self,
+        run: list[Row],
+        queue: MessageQueue | None,
+        stopped: set[str | None],
+        outcome: Outcome,
     ) -> None:
         """A batch failed: send its rows singly, to find the one(s) that fail."""
         for row in run:
             if row.sharding_key is not None and row.sharding_key in stopped:
                 continue
             try:
-                await self.producer.send(_message(row), queue_id=queue)
+                await self.producer.send(_message(row), **_to(queue))
             except OUTAGE_ERRORS as exc:
                 outcome.outage = exc
                 return
@@ -482,7 +501,12 @@ class OutboxRelay:
         delay = 0.5
         while True:
             try:
-                aconn = await psycopg.AsyncConnection.connect(*cargs, **cparams, autocommit=True)
+                # shielded: a connection made as the relay stops is still closed below
+                # (cancelled inside connect(), psycopg would leave it open)
+                with anyio.CancelScope(shield=True), anyio.fail_after(30):
+                    aconn = await psycopg.AsyncConnection.connect(
+                        *cargs, **cparams, autocommit=True
+                    )
                 async with aconn:
                     await aconn.execute(f"LISTEN {CHANNEL}")
                     self.listening, delay = True, 0.5
@@ -507,6 +531,13 @@ class OutboxRelay:
             except SQLAlchemyError as exc:
                 log.warning("outbox cleanup failed: %s", self._short(exc))
             await anyio.sleep(self.cleanup_interval)
+
+
+def _to(queue: MessageQueue | None) -> QueueOptions:
+    """Send options for a sharding key's queue (None: the producer picks one)."""
+    if queue is None:
+        return {}
+    return {"queue_id": queue.queue_id, "broker_name": queue.broker_name}
 
 
 def _runs(rows: list[Row]) -> Iterator[list[Row]]:

@@ -26,14 +26,17 @@ if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; the
     for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 
-echo "== setting up .venv"
+echo "== setting up .venv (the first run installs the dev, bench and spark extras: 1-2 min)"
 scripts/setup.sh dev
 
 echo "== ruff"
-.venv/bin/ruff check txmq broker outbox migrations cli examples spark tests bench
+.venv/bin/ruff check txmq broker outbox migrations cli examples spark tests bench namesrv
 echo "== mypy"
 .venv/bin/mypy
-echo "== pytest"
+workers="${TXMQ_TEST_WORKERS:-4}"
+echo "== pytest on $workers workers (the whole suite takes several minutes; [done/total] at each line's end)"
 # in parallel (pytest-xdist): every test has its own ports (0), stores (tmp_path) and
-# PostgreSQL schemas; the Spark tests share one worker (tests/conftest.py, SparkTogether)
-exec .venv/bin/pytest -q -p no:cacheprovider -n "${TXMQ_TEST_WORKERS:-4}" "$@"
+# PostgreSQL schemas; the Spark tests share one worker (tests/conftest.py, SparkTogether).
+# The header says how many tests there are ("4 workers [N items]"); -ra ends with a line
+# for every test that did not pass, with the reason a test was skipped.
+exec .venv/bin/pytest -p no:cacheprovider -n "$workers" -ra -o console_output_style=count "$@"

@@ -1,6 +1,8 @@
 """Joining the three views and classifying every transaction and message.
 
-Inputs (see :mod:`spark.sources`): ``store`` rows from the broker, and ``log`` /
+Inputs (see :mod:`spark.sources`): ``store`` rows from the broker stores (a ``broker``
+column names the broker set of each: a cluster has a store per broker set, and a half is
+named by its broker set and commit-log offset, a message by its id), and ``log`` /
 ``outbox`` / ``consumed`` rows from the databases (each with a ``db`` column).  A
 transaction is named by its transaction id (a transactional send, checked against the
 local-transaction log) or by its message id (an outbox row).  A message is matched to a
@@ -10,15 +12,15 @@ consumer group's consumed keys by its message id or any of its keys, as
 The anomaly classes (:data:`CLASSES`), each a DataFrame of :data:`COLUMNS`:
 
 ``lost``
-    committed locally, the message never committed: the broker rolled the half back, never
-    got it, or still holds it undecided after the SLA; or an outbox row older than the SLA
-    whose message the broker does not have.
+    committed locally, the message never committed: the broker rolled the half back, or
+    after the SLA still holds it undecided or never got it (each half of a transaction on
+    its own); or an outbox row older than the SLA whose message the broker does not have.
 ``phantom``
     the broker committed a transactional message whose local transaction did not commit
     (rolled back by a check, or no row at all) — for the producer groups the databases know.
 ``unconsumed``
     a committed message of a topic that consumer group G is expected to consume, older than
-    the SLA, with no ``done`` consumed key of G (and not dead-lettered: that is below).
+    the SLA, with no ``done`` consumed key of G (and not dead-lettered by G: that is below).
 ``duplicate``
     one event (a message's first key, else its id) applied by G under more than one
     consumed key — e.g. once by message id and once by key after the key function changed,
@@ -26,12 +28,14 @@ The anomaly classes (:data:`CLASSES`), each a DataFrame of :data:`COLUMNS`:
 ``parked``
     a half message parked after the maximum checks; ``local_state`` says what to decide.
 ``dead_lettered``
-    a message in ``%DLQ%<group>`` that no expected consumer group has consumed since.
+    a message in ``%DLQ%<G>`` that G has not consumed since (whatever other groups did):
+    one row per group that gave up on the message.
 
 Group G is expected to consume topic T when told so (``expect``), or else when G has
 consumed at least one message of T (which costs a pass of its own).  A row belongs to the
 run when its anchor time (local commit, outbox insert, broker store time, dead-letter time)
-is inside the window.
+is inside the window.  Every view is as of one time (``run.now``: the caller reads them so),
+and a transaction younger than the SLA is in flight, not lost.
 
 How it stays fast: each side is one shuffle with numeric aggregate buffers
 (:mod:`spark.transactions`, :mod:`spark.messages`); the consumed keys are broadcast, not
@@ -113,7 +117,7 @@ def classify(
     keys = messages.consumed_hashes(consumed, _groups(spark, names, bit), broadcast)
     db_index = mapped(F.col("db"), {d.name: i for i, d in enumerate(dbs)}, 0)
     with run.step("messages"):
-        flagged = messages.flags(run, store, outbox, keys, need, db_index)
+        flagged = messages.flags(run, store, outbox, keys, need, db_index, bit, names)
     with run.step("details"):
         found = anomalies(
             run, store, txc, flagged, dbs=dbs, bits=bit, groups=names, max_rows=max_rows

@@ -1,8 +1,11 @@
 """The anomaly rows (:data:`COLUMNS`), with the strings of the few transactions and
 messages the passes flagged (the passes carry hashes and offsets).
 
-The broker's strings come from one scan of the store that keeps only the wanted rows (three
-broadcast lookups: by half offset, message id hash and event hash); the databases' strings
+The broker's strings come from one scan of the stores that keeps only the wanted rows (three
+broadcast lookups: by half (broker set and offset), message id hash and event hash); the
+``broker`` column of a row about stored messages names the broker sets that hold them
+(comma-separated: a message a retried send stored on two broker sets is one message); the
+databases' strings
 from their primary keys, a query per chunk of keys (:meth:`spark.sources.Database.fetch`).
 What is left is small, so it is collected (as Arrow) and put together here, on the driver,
 with pandas: a Spark job per small join would cost more than the joins.
@@ -38,6 +41,7 @@ COLUMNS = (
     "detail",
     "at",
     "db",
+    "broker",
 )
 #: an anomaly table's Arrow schema (every column a string, but ``at``)
 SCHEMA = pa.schema(
@@ -107,18 +111,21 @@ def _wanted(run: Run, store: DataFrame, txc: DataFrame, flagged: DataFrame) -> p
     """The store rows the anomalies need the strings of: the halves (and op records) of the
     transaction candidates, the messages and dead letters flagged, the messages of the
     events applied twice."""
-    half = txc.where(F.col("rank").isNotNull()).select("half_offset").distinct()
-    msg = flagged.where((F.col("part") == 0) & (F.col("late") | F.col("dead")))
+    half = txc.where(F.col("rank").isNotNull()).select("broker", "half_offset").distinct()
+    msg = flagged.where(F.col("late") | F.col("dead"))
     event = flagged.where(F.col("part") == 1)
     rows = store.where(F.col("kind").isin("half", "op", "message", "dlq")).select(
-        "*", F.xxhash64("msg_id").alias("mh"), F.xxhash64("key").alias("kh")
+        "*",
+        F.xxhash64("msg_id").alias("mh"),
+        F.xxhash64("key").alias("kh"),
+        F.hash("group").alias("gh"),
     )
-    for col, wanted, flag in (
-        ("half_offset", half, "wh"),
-        ("mh", msg.select(F.col("k").alias("mh")).distinct(), "wm"),
-        ("kh", event.select(F.col("k").alias("kh")).distinct(), "wk"),
+    for on, wanted, flag in (
+        (["broker", "half_offset"], half, "wh"),
+        (["mh"], msg.select(F.col("k").alias("mh")).distinct(), "wm"),
+        (["kh"], event.select(F.col("k").alias("kh")).distinct(), "wk"),
     ):
-        rows = rows.join(F.broadcast(wanted.withColumn(flag, F.lit(True))), col, "left")
+        rows = rows.join(F.broadcast(wanted.withColumn(flag, F.lit(True))), on, "left")
     found = _pandas(rows.where(F.col("wh") | F.col("wm") | F.col("wk")))
     for flag in ("wh", "wm", "wk"):
         found[flag] = found[flag].fillna(False).astype(bool)
@@ -131,8 +138,10 @@ def _transactions(
     halves = found[found["kind"].isin(["half", "op"]) & found["wh"]]
     halves = (
         halves.assign(is_op=halves["kind"] == "op")
-        .sort_values(["half_offset", "is_op"])
-        .drop_duplicates("half_offset")[["half_offset", "group", "msg_id", "topic", "key"]]
+        .sort_values(["broker", "half_offset", "is_op"])
+        .drop_duplicates(["broker", "half_offset"])[
+            ["broker", "half_offset", "group", "msg_id", "topic", "key"]
+        ]
         .rename(columns={"group": "pgroup"})
     )
     logged = _fetched(dbs, "log", {"transaction_id": txc["transaction_id"].tolist()})
@@ -141,7 +150,7 @@ def _transactions(
         .drop_duplicates("transaction_id")[["transaction_id", "producer_group", "state", "db"]]
         .rename(columns={"producer_group": "lgroup", "state": "local_state"})
     )
-    txa = txc.merge(halves, on="half_offset", how="left").merge(
+    txa = txc.merge(halves, on=["broker", "half_offset"], how="left").merge(
         logged, on="transaction_id", how="left"
     )
     rank = txa["rank"]
@@ -155,15 +164,21 @@ def _transactions(
         "broker_state": rank.map({v: k for k, v in RANK.items()}).fillna("MISSING").astype(object),
         "at": _ts(txa["at"]),
         "db": txa["db"],
+        "broker": txa["broker"],
     }
+    # a half of a transaction another half of which the broker committed
+    beside = ((txa["ranks"] & (1 << RANK["COMMITTED"])) != 0).fillna(False).to_numpy(bool)
     detail = {
-        "lost": np.select(
-            [
-                rank.isna().to_numpy(bool),
-                (rank == RANK["ROLLED_BACK"]).fillna(False).to_numpy(bool),
-            ],
-            ["the broker never got the half message", "the broker rolled the message back"],
-            "the half message is still undecided after the SLA",
+        "lost": np.char.add(
+            np.select(
+                [
+                    rank.isna().to_numpy(bool),
+                    (rank == RANK["ROLLED_BACK"]).fillna(False).to_numpy(bool),
+                ],
+                ["the broker never got the half message", "the broker rolled the message back"],
+                "the half message is still undecided after the SLA",
+            ),
+            np.where(beside, " (another of the transaction committed)", ""),
         ),
         "phantom": np.where(
             txa["local_state"].isna(),
@@ -290,34 +305,43 @@ def anomalies(
         or [pd.DataFrame(columns=["k", "at", "group"])]
     ).rename(columns={"k": "mh"})
     messages = found[(found["kind"] == "message") & found["wm"]]
-    messages = messages.sort_values("msg_id").drop_duplicates("mh")[
-        ["mh", "msg_id", "topic", "key"]
-    ]
+    messages = (
+        messages.sort_values("msg_id")
+        .groupby("mh", as_index=False, sort=False)
+        .agg(
+            msg_id=("msg_id", "first"),
+            topic=("topic", "first"),
+            key=("key", "first"),
+            broker=("broker", _brokers),
+        )
+    )
     late = late.merge(messages, on="mh")
     out["unconsumed"] = _about_messages(
-        late, "unconsumed", broker_state="COMMITTED", detail="no consumed key after the SLA"
+        late,
+        "unconsumed",
+        broker_state="COMMITTED",
+        detail="no consumed key after the SLA",
+        broker=late["broker"],
     )
     out["duplicate"] = _duplicates(run, flags, found, dbs, groups)
 
-    # -- dead letters nobody expected has consumed since -------------------------------------
-    dead = set(flags.loc[flags["dead"].fillna(False), "k"].tolist())
-    letters = found[
-        (found["kind"] == "dlq")
-        & found["wm"]
-        & found["mh"].isin(dead)
-        & _in_window(run, found["store_ts"])
-    ]
+    # -- dead letters their group has not consumed since ---------------------------------------
+    dead = flags.loc[flags["dead"].fillna(False), ["k", "g"]].rename(columns={"k": "mh", "g": "gh"})
+    letters = found[(found["kind"] == "dlq") & found["wm"] & _in_window(run, found["store_ts"])]
+    letters = letters.merge(dead, on=["mh", "gh"])
     letters = letters.groupby(["group", "msg_id"], as_index=False).agg(
         topic=("topic", "first"),
         key=("key", "first"),
         times=("reconsume_times", "max"),
         at=("store_ts", "max"),
+        broker=("broker", _brokers),
     )
     out["dead_lettered"] = _about_messages(
         letters,
         "dead_lettered",
         broker_state="DLQ",
         detail="dead-lettered after " + letters["times"].astype(str) + " deliveries",
+        broker=letters["broker"],
     )
     # a class's count: its rows, or when there are more than max_rows, the candidates
     # Spark counted (the rows of a class are confirmed on strings only up to max_rows)
@@ -356,7 +380,7 @@ def _duplicates(
             list(dict.fromkeys([m, *(keys.split(" ") if isinstance(keys, str) else [])]))
             for m, keys in zip(msgs["msg_id"], msgs["keys"], strict=True)
         ]
-    ).explode("token")[["kh", "msg_id", "topic", "key", "store_ts", "token"]]
+    ).explode("token")[["kh", "msg_id", "topic", "key", "store_ts", "token", "broker"]]
     done = _fetched(
         dbs,
         "consumed",
@@ -371,6 +395,7 @@ def _duplicates(
         topic=("topic", "first"),
         at=("store_ts", "min"),
         db=("db", "first"),
+        broker=("broker", _brokers),
     )
     applied = applied[applied["n"] > 1]  # not two keys that share a hash
     return _about_messages(
@@ -379,4 +404,10 @@ def _duplicates(
         broker_state="COMMITTED",
         detail="applied " + applied["n"].astype(str) + " times, as " + applied["tokens"],
         db=applied["db"],
+        broker=applied["broker"],
     )
+
+
+def _brokers(names: pd.Series) -> str:
+    """The broker sets that hold a message (or its copies), comma-separated."""
+    return ", ".join(sorted(set(names.dropna())))

@@ -5,8 +5,10 @@
     txmq reconcile --store /var/lib/txmq --db postgresql+psycopg://app@db/orders \\
         --db postgresql+psycopg://app@db/inventory --sla 10m --out reconcile-out
 
-reads the broker's store and txmq's tables in every ``--db`` (a database may hold a
-transaction log, an outbox and consumed keys, or any of them), classifies (see
+reads the broker's store (in a cluster, ``--store`` once per broker set:
+``--store broker-a=/mnt/a/store --store broker-b=/mnt/b/store``) and txmq's tables in every
+``--db`` (a database may hold a transaction log, an outbox and consumed keys, or any of
+them), classifies (see
 :mod:`spark.classify`), writes one Parquet table per anomaly class under ``--out``, prints a
 summary (also in ``summary.json``) and exits 0 when nothing needs attention, 1 when
 something does, 2 on bad input (unreadable store or database, bad option).
@@ -29,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BROKER_FILE",
     "JDBC_JAR",
     "BadOption",
     "Options",
     "add_arguments",
+    "broker_stores",
     "default_driver_memory",
     "execute",
     "main",
@@ -56,9 +60,59 @@ class BadOption(ValueError):
     """An option, or what it asks of the data, the job cannot do: exit code 2."""
 
 
+#: where a store may record its broker set's name: ``{"broker_name": "broker-a", ...}``
+BROKER_FILE = Path("config") / "broker.json"
+#: a broker name as the broker accepts one (broker/config.py)
+_BROKER_NAME = re.compile(r"^[^/\\;:%\s=]{1,255}$")
+
+
+def broker_stores(items: Sequence[str]) -> list[tuple[str, str]]:
+    """(broker name, store folder) of each ``--store``: ``NAME=PATH`` names the broker set,
+    else the name the store records (``<store>/config/broker.json``), else the folder's
+    name.  A name given and a name recorded that differ, or two stores of one name, are a
+    :class:`BadOption`: offsets repeat across stores, so each needs its own name."""
+    out: list[tuple[str, str]] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not _BROKER_NAME.match(name) or Path(item).is_dir():
+            name, path = "", item
+        recorded = _recorded_name(Path(path))
+        if name and recorded and name != recorded:
+            raise BadOption(
+                f"--store {item}: that store records broker set {recorded!r} "
+                f"({Path(path) / BROKER_FILE}), not {name!r}"
+            )
+        name = name or recorded or Path(path).resolve().name
+        out.append((name, path))
+    folders = [Path(p).resolve() for _, p in out]
+    again = next((p for i, p in enumerate(folders) if p in folders[:i]), None)
+    if again is not None:
+        raise BadOption(f"store {again} is named twice: give each broker set's store once")
+    names = [n for n, _ in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise BadOption(
+            f"two stores named {twice[0]!r}: name each broker set's store, "
+            "--store NAME=PATH (one store per broker set)"
+        )
+    return out
+
+
+def _recorded_name(store: Path) -> str | None:
+    """The broker name ``store`` records, if it does."""
+    try:
+        data = json.loads((store / BROKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    name = data.get("broker_name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and _BROKER_NAME.match(name) else None
+
+
 @dataclass(frozen=True)
 class Options:
-    store: str
+    #: the broker stores, one per broker set: ``PATH`` or ``NAME=PATH`` (see
+    #: :func:`broker_stores`); a single string is one store
+    store: tuple[str, ...] | str
     dbs: tuple[str, ...]
     out: str
     sla: timedelta = timedelta(minutes=10)
@@ -77,6 +131,16 @@ class Options:
     max_rows: int = MAX_ROWS
     #: Spark settings for the session the job makes (e.g. spark.driver.memory)
     conf: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.store, str):  # Options(store="/var/lib/txmq"): one store
+            object.__setattr__(self, "store", (self.store,))
+        if not self.store:
+            raise BadOption("name at least one broker store with --store")
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,) if isinstance(self.store, str) else tuple(self.store)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -103,7 +167,14 @@ def instant(text: str) -> datetime:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", required=True, help="the broker's store folder")
+    p.add_argument(
+        "--store",
+        action="append",
+        required=True,
+        metavar="[NAME=]PATH",
+        help="a broker's store folder; in a cluster, repeat it for each broker set, named "
+        "NAME= (default: the name the store records, else the folder's name)",
+    )
     p.add_argument(
         "--db",
         action="append",
@@ -115,7 +186,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sla", default="10m", help="how long delivery and consumption may take")
     p.add_argument("--since", help="only transactions from this time (ISO 8601, or -1h)")
     p.add_argument("--until", help="only transactions before this time")
-    p.add_argument("--now", help="judge the SLA as of this time (default: now)")
+    p.add_argument("--now", help="read every view as of this time (default: now)")
     p.add_argument(
         "--expect",
         action="append",
@@ -183,7 +254,7 @@ def options_from(args: argparse.Namespace) -> Options:
     if args.broadcast_keys is not None and args.broadcast_keys < 0:
         raise BadOption("--broadcast-keys must be 0 or more")
     return Options(
-        store=args.store,
+        store=tuple(args.store),
         dbs=tuple(args.db),
         out=args.out,
         sla=duration(args.sla),
@@ -286,8 +357,15 @@ class Result:
             "expected consumers: "
             + (", ".join(f"{g} <- {t}" for g, t in f["expected"]) or "(none)"),
             f"messages waiting in retry topics: {f['retrying']}",
-            "",
         ]
+        stores = f.get("stores", {})
+        if len(stores) > 1:
+            lines += [
+                "broker stores: " + ", ".join(f"{n} ({p})" for n, p in stores.items()),
+                "messages stored on more than one broker set (a send retried on another: one "
+                f"message, and no anomaly of itself): {f.get('multi_stored', 0)}",
+            ]
+        lines.append("")
         from txmq.spark.classify import CLASSES, COLUMNS
 
         lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
@@ -340,11 +418,13 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
     from txmq.spark.classify import CLASSES, classify
     from txmq.spark.common import Run, ms
-    from txmq.spark.sources import Database, read_store
+    from txmq.spark.sources import Database, read_stores
     from txmq.spark.store_source import segments
 
     started = time.perf_counter()
-    segments(opts.store)  # clear errors before any Spark work
+    stores = broker_stores(opts.stores)
+    for _, path in stores:
+        segments(path)  # clear errors before any Spark work
     dbs = [Database(url) for url in opts.dbs]
     pg = [db for db in dbs if db.pg]
     if pg and spark is None and not Path(opts.jdbc_jar).is_file():
@@ -352,10 +432,12 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             f"no PostgreSQL JDBC driver at {opts.jdbc_jar} (for {pg[0].name}): install Debian's "
             "libpostgresql-jdbc-java, or name the jar with --jdbc-jar / TXMQ_JDBC_JAR"
         )
+    # one cut: every view is read up to the same "as of" time, so a row that came after
+    # it (a transaction still committing while the job reads) is left for the next run
     now = opts.now or datetime.now(UTC)
     margin = opts.sla
     since_read = opts.since - margin if opts.since else None
-    until_read = opts.until + margin if opts.until else None
+    until_read = min(opts.until + margin, now) if opts.until else now
     try:
         # the small queries first: an unreachable database is named before Spark starts
         producer_groups = set(opts.producer_groups).union(
@@ -372,11 +454,11 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             limit = int(heap) // BROADCAST_BYTES
         since_ms = ms(since_read) if since_read else 0
         with run.step("store"):  # the segments without an export are decoded (and cached)
-            store = read_store(spark, opts.store, since_ms, cached=run.cached)
+            store = read_stores(spark, stores, since_ms, ms(now), cached=run.cached)
         tables = {}
         for kind in ("log", "outbox", "consumed"):
-            # a message of the window may be consumed any time later: no upper bound there
-            until = None if kind == "consumed" else until_read
+            # a message of the window may be consumed any time later (up to "as of")
+            until = now if kind == "consumed" else until_read
             frames = [
                 db.read(spark, kind, since=since_read, until=until, partitions=opts.partitions)
                 for db in dbs
@@ -410,6 +492,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             "sla": str(opts.sla),
             "now": now.isoformat(timespec="seconds"),
             "master": spark.sparkContext.master,
+            "stores": dict(stores),
             "consumed_keys": f"about {keys:,}, {'broadcast' if keys <= limit else 'shuffled'}",
             "seconds": run.seconds,
             # the classes with more rows than --max-rows: their tables hold the first ones

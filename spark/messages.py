@@ -8,8 +8,12 @@ broadcast once (when they fit in the driver's memory); every message probes them
 id, its first key and any further keys, without a shuffle.  Then one shuffle groups two
 kinds of rows at once:
 
-* per message (``part`` 0, by the id's hash): stored? dead-lettered? waiting in a retry
-  topic? its outbox row? which expected groups consumed it?
+* per message (``part`` 0, by the id's hash): stored? dead-lettered by which expected
+  groups? waiting in a retry topic? its outbox row? which expected groups consumed it?
+  Message ids are unique in a cluster: the copies of one message on several broker sets
+  (a send retried on another) are one message, consumed when any copy is.
+* per dead letter (``part`` 2, by the id's hash and the group's): has the group that gave
+  up on the message consumed it since?
 * per event and group (``part`` 1, by the first key's hash): the smallest and largest
   consumed token, so an event applied under two keys shows as two different tokens.  Only
   messages that can take part in a duplicate add these rows: those consumed by their id
@@ -21,14 +25,14 @@ Every aggregate buffer is numeric, so Spark keeps to hash aggregation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from txmq.spark.common import Run, mapped
 
-__all__ = ["MAX_GROUPS", "consumed_hashes", "flags", "pairs"]
+__all__ = ["MAX_GROUPS", "broker_group", "consumed_hashes", "flags", "pairs"]
 
 #: expected consumer groups are bits of a long
 MAX_GROUPS = 62
@@ -79,6 +83,8 @@ def _probed(
     main = rows.select(
         "kind",
         "topic",
+        "group",
+        "broker",
         "store_ts",
         "msg_id",
         "key",
@@ -90,6 +96,7 @@ def _probed(
     extra = rows.where(multi).select(
         "kind",
         "topic",
+        "group",
         "store_ts",
         F.xxhash64("msg_id").alias("mh"),
         F.xxhash64("key").alias("kh"),
@@ -110,8 +117,15 @@ def pairs(store: DataFrame, keys: DataFrame) -> DataFrame:
     )
 
 
+def broker_group(group: str) -> str:
+    """The broker's consumer group whose consumed keys ``group`` names: ``group`` up to its
+    first ``/`` (a broker group's name has none): ``billing`` for ``billing``, and for the
+    ``inventory-service/order-created`` of the orders example, ``inventory-service``."""
+    return group.split("/", 1)[0]
+
+
 #: a message's facts, OR-ed together by the grouping
-_STORED, _HIT, _DLQ, _DLQ_WIN, _RETRY = 1, 2, 4, 8, 16
+_STORED, _HIT, _RETRY = 1, 2, 4
 
 
 def flags(
@@ -121,91 +135,140 @@ def flags(
     keys: DataFrame,
     need: Mapping[str, int],
     db_index: Column,
+    bits: Mapping[str, int],
+    groups: Sequence[str],
 ) -> DataFrame:
     """The messages and events with something wrong, in one pass (see the module docstring).
 
     ``need``: topic -> the bits of the groups expected to consume it.  ``db_index``: the
-    outbox row's database as a small int (``oref`` is ``db_index << 48 | id``).
+    outbox row's database as a small int (``oref`` is ``db_index << 48 | id``).  ``bits``:
+    expected group -> its bit; ``groups``: the consumer groups by index (``gi``).  A dead
+    letter of broker group B is matched to the consumed keys of the groups that name B
+    (:func:`broker_group`).
 
     Rows of ``part`` 0 (``k`` the message id's hash) say ``late`` (unconsumed: ``missing``
-    bits), ``never_sent`` (an outbox row the broker does not have: ``oref``) or ``dead``
-    (dead-lettered, consumed by no expected group since), or ``retrying`` (waiting in a retry
-    topic, consumed by nobody); rows of ``part`` 1 (``k`` the event's hash, ``g`` the group's
-    index) are events a group applied under two tokens or more."""
+    bits, without the groups that dead-lettered it), ``never_sent`` (an outbox row the broker
+    does not have: ``oref``), or ``retrying`` (waiting in a retry topic, consumed by nobody);
+    rows of ``part`` 1 (``k`` the event's hash, ``g`` the group's index) are events a group
+    applied under two tokens or more; rows of ``part`` 2 (``k`` the message id's hash, ``g``
+    the hash of a group's name) say ``dead``: the group dead-lettered the message and has not
+    consumed it since."""
     null_long = F.lit(None).cast("long")
+    null_int = F.lit(None).cast("int")
     zero = F.lit(0)
     main, extra = _probed(store, keys, ("message", "dlq", "retry"))
     kind = F.col("kind")
     is_msg = kind == "message"
+    is_dlq = kind == "dlq"
     in_window = run.window(F.col("store_ts"))
+    # a dead letter's ``group`` is the consumer group that gave up on it: the bits of the
+    # expected groups that are its consumed keys', and whether a consumed key is its
+    gave_up_bits: dict[str, int] = {}
+    for g, b in bits.items():
+        gave_up_bits[broker_group(g)] = gave_up_bits.get(broker_group(g), 0) | b
+    gave_up = F.when(is_dlq, mapped(F.col("group"), gave_up_bits, 0)).otherwise(0).cast("long")
+    owners = {i: broker_group(g) for i, g in enumerate(groups)}
 
-    def facts(got: Column, hit: Column, own: bool) -> list[Column]:
+    def its_own(gi: Column) -> Column:
+        """The consumed key's group (index ``gi``) is the dead letter's group's."""
+        return mapped(gi, owners) == F.col("group")
+
+    def facts(got: Column, hit: Column, own: bool) -> dict[str, Column]:
         """The columns every row adds to its message (``own``: a row of the message itself,
         else only what a further key matched)."""
         f = F.when(hit, _HIT).otherwise(0)
         if own:
-            f = (
-                f.bitwiseOR(F.when(is_msg, _STORED).otherwise(0))
-                .bitwiseOR(F.when(kind == "dlq", _DLQ).otherwise(0))
-                .bitwiseOR(F.when((kind == "dlq") & in_window, _DLQ_WIN).otherwise(0))
-                .bitwiseOR(F.when(kind == "retry", _RETRY).otherwise(0))
+            f = f.bitwiseOR(F.when(is_msg, _STORED).otherwise(0)).bitwiseOR(
+                F.when(kind == "retry", _RETRY).otherwise(0)
             )
-        return [
-            f.alias("flags"),
-            (F.when(is_msg, F.col("store_ts")) if own else null_long).alias("at"),
-            (
-                F.when(is_msg | (kind == "dlq"), mapped(F.col("topic"), need, 0)).otherwise(0)
-                if own
-                else zero
-            )
-            .cast("long")
-            .alias("need"),
-            got.alias("got"),
-            null_long.alias("outbox_at"),
-            null_long.alias("oref"),
-        ]
+        return {
+            "flags": f,
+            "at": F.when(is_msg, F.col("store_ts")) if own else null_long,
+            # the broker set that stored the message (a hash): two of them, two sets
+            "bh": F.when(is_msg, F.hash("broker")) if own else null_int,
+            "need": (
+                F.when(is_msg, mapped(F.col("topic"), need, 0)).otherwise(0) if own else zero
+            ).cast("long"),
+            "got": got,
+            "gave_up": gave_up if own else zero.cast("long"),
+            "outbox_at": null_long,
+            "oref": null_long,
+        }
 
-    # a row of the message itself (pos 0), and for the messages that may take part in a
-    # duplicate, a token row for its id (1) and its first key (2)
+    def dead_letter(hit: Column) -> dict[str, Column]:
+        """The columns of a dead letter's row (``part`` 2): ``hit``, its group consumed it."""
+        return {
+            "flags": F.when(hit, _HIT).otherwise(0),
+            "at": F.col("store_ts"),
+            "bh": null_int,
+            "need": zero.cast("long"),
+            "got": zero.cast("long"),
+            "gave_up": zero.cast("long"),
+            "outbox_at": null_long,
+            "oref": null_long,
+        }
+
+    def either(letter: Column, cols: dict[str, Column], other: dict[str, Column]) -> list[Column]:
+        """``cols`` where ``letter`` holds, else ``other``, by name."""
+        return [F.when(letter, c).otherwise(other[n]).alias(n) for n, c in cols.items()]
+
+    # a row of the message itself (pos 0); for the messages that may take part in a
+    # duplicate, a token row for its id (1) and its first key (2); for a dead letter of the
+    # window, a row of it and its group (3)
     dup_source = (
         is_msg
         & in_window
         & ((F.col("gm").isNotNull() & F.col("keyed")) | (F.col("multi") & F.col("gk").isNotNull()))
     )
     pos = F.col("pos")
+    own = facts(
+        F.col("bm").bitwiseOR(F.col("bk")),
+        F.col("gm").isNotNull() | F.col("gk").isNotNull(),
+        own=True,
+    )
+    consumed_by_its_group = F.coalesce(its_own(F.col("gm")) | its_own(F.col("gk")), F.lit(False))
     message_rows = (
         main.select(
             "*",
-            F.posexplode(
-                F.when(dup_source, F.array(*map(F.lit, (0, 1, 2)))).otherwise(F.array(F.lit(0)))
-            ).alias("pos", "_"),
+            F.explode(
+                F.when(dup_source, F.array(*map(F.lit, (0, 1, 2))))
+                .when(is_dlq & in_window, F.array(F.lit(0), F.lit(3)))
+                .otherwise(F.array(F.lit(0)))
+            ).alias("pos"),
         )
         .select(
-            F.when(pos == 0, 0).otherwise(1).alias("part"),
-            F.when(pos == 0, F.col("mh")).otherwise(F.col("kh")).alias("k"),
-            F.when(pos == 0, -1).when(pos == 1, F.col("gm")).otherwise(F.col("gk")).alias("g"),
+            F.when(pos == 0, 0).when(pos == 3, 2).otherwise(1).alias("part"),
+            F.when(pos.isin(1, 2), F.col("kh")).otherwise(F.col("mh")).alias("k"),
+            F.when(pos == 0, -1)
+            .when(pos == 1, F.col("gm"))
+            .when(pos == 2, F.col("gk"))
+            .otherwise(F.hash("group"))
+            .alias("g"),
             F.when(pos == 1, F.col("mh")).when(pos == 2, F.col("kh")).alias("tok"),
-            *facts(
-                F.col("bm").bitwiseOR(F.col("bk")),
-                F.col("gm").isNotNull() | F.col("gk").isNotNull(),
-                own=True,
-            ),
+            *either(pos == 3, dead_letter(consumed_by_its_group), own),
         )
         .where((F.col("part") == 0) | F.col("g").isNotNull())
     )
+    # a further key: what it matched (pos 0); a token row for a message that may take part
+    # in a duplicate (1); for a dead letter of the window its group consumed by this key, a
+    # row of it and its group (2)
     extra_rows = extra.select(
-        F.posexplode(
-            F.when(
-                is_msg & in_window & F.col("gx").isNotNull(), F.array(F.lit(0), F.lit(1))
-            ).otherwise(F.array(F.lit(0)))
-        ).alias("pos", "_"),
+        F.explode(
+            F.when(is_msg & in_window & F.col("gx").isNotNull(), F.array(F.lit(0), F.lit(1)))
+            .when(is_dlq & in_window & its_own(F.col("gx")), F.array(F.lit(0), F.lit(2)))
+            .otherwise(F.array(F.lit(0)))
+        ).alias("pos"),
         "*",
     ).select(
-        F.when(pos == 0, 0).otherwise(1).alias("part"),
-        F.when(pos == 0, F.col("mh")).otherwise(F.col("kh")).alias("k"),
-        F.when(pos == 0, -1).otherwise(F.col("gx")).alias("g"),
+        F.when(pos == 0, 0).when(pos == 2, 2).otherwise(1).alias("part"),
+        F.when(pos == 1, F.col("kh")).otherwise(F.col("mh")).alias("k"),
+        F.when(pos == 0, -1).when(pos == 1, F.col("gx")).otherwise(F.hash("group")).alias("g"),
         F.when(pos == 1, F.col("xh")).alias("tok"),
-        *facts(F.col("bx"), F.col("gx").isNotNull(), own=False),
+        *either(
+            pos == 2,
+            dead_letter(F.lit(True)),
+            facts(F.col("bx"), F.col("gx").isNotNull(), own=False),
+        ),
     )
     outbox_rows = outbox.select(
         F.lit(0).alias("part"),
@@ -214,8 +277,10 @@ def flags(
         null_long.alias("tok"),
         zero.alias("flags"),
         null_long.alias("at"),
+        null_int.alias("bh"),
         zero.cast("long").alias("need"),
         zero.cast("long").alias("got"),
+        zero.cast("long").alias("gave_up"),
         F.col("created_ms").alias("outbox_at"),
         F.shiftleft(db_index.cast("long"), 48).bitwiseOR(F.col("id")).alias("oref"),
     )
@@ -229,8 +294,11 @@ def flags(
         .agg(
             F.bit_or("flags").alias("flags"),
             F.min("at").alias("at"),
+            F.min("bh").alias("blo"),
+            F.max("bh").alias("bhi"),
             F.bit_or("need").alias("need"),
             F.bit_or("got").alias("got"),
+            F.bit_or("gave_up").alias("gave_up"),
             F.min("outbox_at").alias("outbox_at"),
             F.min("oref").alias("oref"),
             F.min("tok").alias("lo"),
@@ -244,8 +312,12 @@ def flags(
     own_row = F.col("part") == 0
     stored_in_window = own_row & has(_STORED) & run.window(F.col("at"))
     grouped = run.counted(grouped, "messages", stored_in_window)
-    missing = F.col("need").bitwiseAND(F.bitwise_not("got"))
-    late = stored_in_window & (F.col("at") < run.cutoff) & ~has(_DLQ) & (missing != 0)
+    grouped = run.counted(
+        grouped, "multi_stored", stored_in_window & (F.col("blo") != F.col("bhi"))
+    )
+    # the expected groups that neither consumed the message nor dead-lettered it
+    missing = F.col("need").bitwiseAND(F.bitwise_not(F.col("got").bitwiseOR(F.col("gave_up"))))
+    late = stored_in_window & (F.col("at") < run.cutoff) & (missing != 0)
     never_sent = (
         own_row
         & ~has(_STORED)
@@ -253,7 +325,7 @@ def flags(
         & run.window(F.col("outbox_at"))
         & (F.col("outbox_at") < run.cutoff)
     )
-    dead = own_row & has(_DLQ_WIN) & (F.col("got").bitwiseAND(F.col("need")) == 0)
+    dead = (F.col("part") == 2) & ~has(_HIT)
     retrying = own_row & has(_RETRY) & ~has(_HIT)
     twice = (F.col("part") == 1) & (F.col("lo") != F.col("hi"))
     return run.keep(

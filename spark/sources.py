@@ -10,6 +10,7 @@ their SQLAlchemy URLs, as everywhere else in txmq.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "Table",
     "jdbc_url",
     "read_store",
+    "read_stores",
 ]
 
 
@@ -294,13 +296,19 @@ def _sqlite_row(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
 
 
 def read_store(
-    spark: SparkSession, store: str, since_ms: int = 0, cached: list[DataFrame] | None = None
+    spark: SparkSession,
+    store: str,
+    since_ms: int = 0,
+    until_ms: int | None = None,
+    cached: list[DataFrame] | None = None,
 ) -> DataFrame:
     """The broker store's transaction records (see :mod:`broker.store.export`): the Parquet
     exports of sealed segments where the broker has written them, the other segments
-    decoded by the ``txmq-store`` data source.  With ``cached``, the decoded rows are
-    cached and computed now (and added to it: the caller unpersists them), as the job reads
-    the rows more than once and decoding is the expensive part."""
+    decoded by the ``txmq-store`` data source.  With ``until_ms``, the store as it was then:
+    the records stored before it (a half's op record stored later is left out too).  With
+    ``cached``, the decoded rows are cached and computed now (and added to it: the caller
+    unpersists them), as the job reads the rows more than once and decoding is the
+    expensive part."""
     from pyspark.sql import functions as F
 
     spark.dataSource.register(StoreDataSource)
@@ -317,9 +325,40 @@ def read_store(
         cached.append(decoded.cache())
         decoded.count()
     files = [str(e) for e in exports.values() if e is not None]
-    if not files:
-        return decoded
-    exported = spark.read.schema(SCHEMA).parquet(*files)
-    if since_ms:
-        exported = exported.where(F.col("store_ts") >= since_ms)
-    return exported.unionByName(decoded)
+    rows = decoded
+    if files:
+        exported = spark.read.schema(SCHEMA).parquet(*files)
+        if since_ms:
+            exported = exported.where(F.col("store_ts") >= since_ms)
+        rows = exported.unionByName(decoded)
+    if until_ms is None:
+        return rows
+    # the export folds a half's first op record into the half's row: one stored after the
+    # cut is not there yet
+    later = F.col("op_ts") >= until_ms
+    return rows.where(F.col("store_ts") < until_ms).select(
+        *(
+            F.when(later, None).otherwise(F.col(c)).alias(c) if c in ("op_ts", "resolution") else c
+            for c in rows.columns
+        )
+    )
+
+
+def read_stores(
+    spark: SparkSession,
+    stores: Sequence[tuple[str, str]],
+    since_ms: int = 0,
+    until_ms: int | None = None,
+    cached: list[DataFrame] | None = None,
+) -> DataFrame:
+    """The rows of several broker stores (``stores``: (broker name, folder), one per broker
+    set of a cluster), each read by :func:`read_store`, with a ``broker`` column naming the
+    broker set it came from: commit-log offsets (``half_offset``) repeat across stores, so a
+    half is named by (``broker``, ``half_offset``); message ids are unique in the cluster."""
+    from pyspark.sql import functions as F
+
+    frames = [
+        read_store(spark, path, since_ms, until_ms, cached).withColumn("broker", F.lit(name))
+        for name, path in stores
+    ]
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)

@@ -2,15 +2,19 @@
 reduced to the few transactions that need a person (lost, phantom, parked).
 
 One shuffle, by transaction id: the log rows, the halves and the op records (the broker's
-export folds a half's first op record into the half's row) are grouped per half (the last
-op record wins: ``max(store_ts * 8 + the rank it leads to)``), then per
-transaction on the same partitioning (the best half wins: its rank and commit-log offset are
-packed in one long).  Every aggregate buffer is numeric, so Spark keeps to hash aggregation.
+export folds a half's first op record into the half's row) are grouped per half, named by
+its broker set and commit-log offset (offsets repeat across the stores of a cluster; a
+half's op records are in its own broker set's store) (the last
+op record wins: ``max(store_ts * 8 + the rank it leads to)``), then per transaction on the
+same partitioning (the local state, and a bit for each broker state its halves are in).
+Every aggregate buffer is numeric, so Spark keeps to hash aggregation.  The halves of the
+few transactions with something wrong are then looked up again and classified one by one:
+a half rolled back beside a committed one of the same transaction is not hidden by it.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from txmq.spark.common import Run, mapped
@@ -21,19 +25,23 @@ RANK = {"ROLLED_BACK": 1, "PENDING": 2, "PARKED": 3, "COMMITTED": 4}
 #: an op record's resolution as the rank of the broker state it leads to
 _OP_CODE = {"ROLLBACK": RANK["ROLLED_BACK"], "PARKED": RANK["PARKED"], "COMMIT": RANK["COMMITTED"]}
 LOCAL_COMMITTED, _LOCAL_OTHER = 2, 1
-#: a half's rank and commit-log offset packed in one long, so max() picks the best half
-_OFFSET_BITS = 59
-_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+#: a broker state's bit in a transaction's ``ranks``
+_BIT = {r: 1 << r for r in RANK.values()}
 
 
 def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) -> DataFrame:
-    """One row per transaction with something wrong, inside the window: ``transaction_id``,
-    ``local`` (LOCAL_COMMITTED, another value, or null: no log row), ``at`` (ms), ``rank``
-    (a RANK value, null: no half), ``half_offset`` (the best half's) and ``class``.
-    ``groups``: the producer groups whose halves are checked (those the logs know)."""
+    """One row per half message with something wrong (or per transaction, when the broker
+    has none of its halves), inside the window: ``transaction_id``, ``local``
+    (LOCAL_COMMITTED, another value, or null: no log row), ``at`` (ms: the local commit, else
+    the first half), ``broker`` and ``half_offset`` (the half's broker set and commit-log
+    offset), ``rank`` (the half's RANK value; null: no half),
+    ``ranks`` (a bit ``1 << rank`` for each state the transaction's halves are in) and
+    ``class``.  ``groups``: the producer groups whose halves are checked (those the logs
+    know)."""
     null_long = F.lit(None).cast("long")
     local_rows = log.select(
         "transaction_id",
+        F.lit(None).cast("string").alias("broker"),
         null_long.alias("half_offset"),
         F.when(F.col("state") == "COMMITTED", LOCAL_COMMITTED)
         .otherwise(_LOCAL_OTHER)
@@ -47,6 +55,7 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         F.col("kind").isin("half", "op") & F.col("group").isin(groups)
     ).select(
         "transaction_id",
+        "broker",
         "half_offset",
         F.lit(None).cast("int").alias("local"),
         null_long.alias("local_at"),
@@ -66,49 +75,91 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
     per_half = (
         local_rows.unionByName(broker_rows)
         .repartition("transaction_id")  # the two groupings below share this one shuffle
-        .groupBy("transaction_id", "half_offset")
+        .groupBy("transaction_id", "broker", "half_offset")
         .agg(*firsts, F.max("v").alias("v"))
         .select(
             "transaction_id",
+            "broker",
+            "half_offset",
             "local",
             "local_at",
             "half_at",
-            (
-                F.when(F.col("v").isNotNull(), F.col("v") % 8).when(
-                    F.col("half_at").isNotNull(), RANK["PENDING"]
-                )
-                * (1 << _OFFSET_BITS)
-                + F.col("half_offset")
-            ).alias("best"),
+            _rank().alias("rank"),
         )
     )
+    # per transaction: the local state, and the broker states its halves are in (a bit each)
     tx = (
         per_half.groupBy("transaction_id")
-        .agg(*firsts, F.max("best").alias("best"))
+        .agg(*firsts, F.bit_or(mapped(F.col("rank"), _BIT)).alias("ranks"))
         .select(
             "transaction_id",
             "local",
             F.coalesce("local_at", "half_at").alias("at"),
-            F.shiftright("best", _OFFSET_BITS).cast("int").alias("rank"),
-            F.col("best").bitwiseAND(F.lit(_OFFSET_MASK)).alias("half_offset"),
+            F.coalesce("ranks", F.lit(0)).alias("ranks"),
         )
     )
     tx = run.counted(tx, "transactions", run.window(F.col("at")))
     committed_locally = F.col("local") == LOCAL_COMMITTED
+    not_committed = ~F.coalesce(committed_locally, F.lit(False))
+    settled = F.col("at") < run.cutoff  # had the whole SLA to reach the broker
+
+    def has(state: str) -> Column:
+        return F.col("ranks").bitwiseAND(1 << RANK[state]) != 0
+
+    no_half = F.col("ranks") == 0
+    late = no_half | has("PENDING")  # no half yet, or one undecided: lost after the SLA
+    suspect = run.window(F.col("at")) & (
+        (committed_locally & (has("ROLLED_BACK") | (late & settled)))
+        | (has("COMMITTED") & not_committed)
+        | has("PARKED")
+    )
+    suspects = run.keep(tx.where(suspect))
+    # each half of the few suspect transactions, classified on its own: a committed
+    # transaction's rolled-back half is lost even when another half of it committed.  Their
+    # halves are looked up again (a join with the few, which Spark broadcasts), rather than
+    # kept from the grouping above: that holds every half of the run
     rank = F.col("rank")
     kind = (
         F.when(
             committed_locally
-            & (
-                rank.isNull()
-                | (rank == RANK["ROLLED_BACK"])
-                | ((rank == RANK["PENDING"]) & (F.col("at") < run.cutoff))
-            ),
+            & ((rank == RANK["ROLLED_BACK"]) | ((rank == RANK["PENDING"]) & settled)),
             "lost",
         )
-        .when((rank == RANK["COMMITTED"]) & ~F.coalesce(committed_locally, F.lit(False)), "phantom")
+        .when((rank == RANK["COMMITTED"]) & not_committed, "phantom")
         .when(rank == RANK["PARKED"], "parked")
     )
-    return run.keep(
-        tx.withColumn("class", kind).where(F.col("class").isNotNull() & run.window(F.col("at")))
+    halves = (
+        broker_rows.select("transaction_id", "broker", "half_offset", "v", "half_at")
+        .join(suspects.where(~no_half), "transaction_id")
+        .groupBy("transaction_id", "broker", "half_offset", "local", "at", "ranks")
+        .agg(F.min("half_at").alias("half_at"), F.max("v").alias("v"))
+        .select(
+            "transaction_id",
+            "broker",
+            "half_offset",
+            "local",
+            "at",
+            "ranks",
+            _rank().alias("rank"),
+        )
+        .withColumn("class", kind)
+        .where(F.col("class").isNotNull())
+    )
+    missing = suspects.where(no_half).select(
+        "*",
+        F.lit(None).cast("string").alias("broker"),
+        F.lit(None).cast("long").alias("half_offset"),
+        F.lit(None).cast("int").alias("rank"),
+        F.lit("lost").alias("class"),
+    )
+    return run.keep(halves.unionByName(missing))
+
+
+def _rank() -> Column:
+    """A half's broker state (a RANK value) from its group's ``v`` (the last op record's) and
+    ``half_at`` (the half itself): null for the local transaction's row."""
+    return (
+        F.when(F.col("v").isNotNull(), F.col("v") % 8)
+        .when(F.col("half_at").isNotNull(), RANK["PENDING"])
+        .cast("int")
     )

@@ -8,10 +8,11 @@ import importlib.util
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,9 @@ import pytest
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
 from txmq.client import BrokerClient
-from txmq.wire import Frame
+from txmq.remoting import RemotingClient
+from txmq.wire import Frame, Request
+from txmq.wire.base import R
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,53 +106,48 @@ def embedded_broker(tmp_path: Path) -> Iterator[Callable[..., EmbeddedBroker]]:
         broker.stop()
 
 
-@dataclass
-class BrokerProcess:
-    store: Path
-    args: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    address: str = ""
-    logs: list[str] = field(default_factory=list)
+class ServerProcess:
+    """A ``txmq ... start`` command in a process of its own, ready once it has written its
+    address to a ready file."""
 
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
-        ready = self.store.parent / f"{self.store.name}.ready"
+    proc: subprocess.Popen[bytes] | None
+    address: str
+    env: dict[str, str]
+    log_path: Path
+
+    def _launch(
+        self,
+        command: list[str],
+        ready: Path,
+        what: str,
+        timeout: float,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         ready.unlink(missing_ok=True)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "txmq.cli",
-                "broker",
-                "start",
-                "--store",
-                str(self.store),
-                "--port",
-                "0",
-                "--ready-file",
-                str(ready),
-                *self.args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        log.close()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "txmq.cli", *command, "--ready-file", str(ready)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                preexec_fn=preexec_fn,
+            )
         proc = self.proc
 
         def is_ready() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"broker exited with {proc.returncode}:\n{self.output()}")
+                raise AssertionError(f"{what} exited with {proc.returncode}:\n{self.output()}")
             return ready.exists() and bool(ready.read_text())
 
         wait_for(is_ready, timeout)
         self.address = ready.read_text()
-        return self
 
     def output(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -160,6 +158,50 @@ class BrokerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+
+def _reap(procs: Sequence[ServerProcess]) -> None:
+    """Kill what a test left running (by PID)."""
+    for proc in procs:
+        if proc.alive():
+            proc.kill()
+
+
+@dataclass
+class BrokerProcess(ServerProcess):
+    """``txmq broker start`` in a process of its own."""
+
+    store: Path
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    address: str = ""
+    logs: list[str] = field(default_factory=list)
+    #: extra environment (TXMQ_BROKER_* settings)
+    env: dict[str, str] = field(default_factory=dict)
+    #: the process's limit on open files (soft and hard: it cannot raise it)
+    max_files: int | None = None
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        command = ["broker", "start", "--store", str(self.store), "--port", "0", *self.args]
+        ready = self.store.parent / f"{self.store.name}.ready"
+        limit = self._limit_files if self.max_files else None
+        self._launch(command, ready, "broker", timeout, limit)
+        return self
+
+    def _limit_files(self) -> None:
+        import resource
+
+        assert self.max_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_files, self.max_files))
+
+    def rss_mib(self) -> float:
+        """The broker process's resident memory (VmRSS), in MiB."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS in /proc/<pid>/status")
 
 
 @pytest.fixture
@@ -173,10 +215,7 @@ def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
         return bp
 
     yield make
-    for bp in procs:
-        if bp.proc is not None and bp.proc.poll() is None:
-            bp.proc.kill()
-            bp.proc.wait(10)
+    _reap(procs)
 
 
 @pytest.fixture
@@ -241,3 +280,86 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -
             if line.startswith(prefix):
                 return line.strip()
 
+
+
+# -- clusters: name servers and brokers that register with them ------------------------------
+
+
+def ask(address: str, request: Request[R], timeout: float = 5.0) -> R:
+    """Send one typed request to ``address`` (a broker or a name server) on a connection of
+    its own; its typed answer (error answers raise)."""
+
+    async def go() -> R:
+        async with RemotingClient(address, connect_timeout=timeout) as client:
+            return (await client.call(request, timeout=timeout)).header
+
+    return anyio.run(go)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a server that must come up later on a known
+    port; others start on port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NamesrvProcess(ServerProcess):
+    """``txmq namesrv start`` in a process of its own."""
+
+    workdir: Path
+    name: str = "namesrv"
+    port: int = 0
+    args: list[str] = field(default_factory=list)
+    #: extra environment (TXMQ_NAMESRV_* settings)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    address: str = ""
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def start(self, timeout: float = 30.0) -> NamesrvProcess:
+        command = ["namesrv", "start", "--port", str(self.port), *self.args]
+        self._launch(command, self.workdir / f"{self.name}.ready", "name server", timeout)
+        return self
+
+
+@pytest.fixture
+def namesrv_process(tmp_path: Path) -> Iterator[Callable[..., NamesrvProcess]]:
+    """Factory: ``namesrv_process(name="ns1", port=0, env={...})``, not started yet."""
+    procs: list[NamesrvProcess] = []
+
+    def make(name: str = "", *, port: int = 0, env: dict[str, str] | None = None) -> NamesrvProcess:
+        ns = NamesrvProcess(tmp_path, name or f"namesrv{len(procs)}", port, env=dict(env or {}))
+        procs.append(ns)
+        return ns
+
+    yield make
+    _reap(procs)
+
+
+@pytest.fixture
+def cluster_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Factory: ``cluster_broker("broker-a", [ns1.address, ...], *cli_args, cluster="C",
+    env={...})``: a broker process (not started yet) with its own store and log
+    (``<tmp>/<name>.log``) that registers with those name servers."""
+    procs: list[BrokerProcess] = []
+
+    def make(
+        name: str,
+        namesrv: list[str],
+        *args: str,
+        cluster: str = "C",
+        env: dict[str, str] | None = None,
+    ) -> BrokerProcess:
+        cli = ["--namesrv", ";".join(namesrv), "--cluster", cluster, "--broker-name", name]
+        bp = BrokerProcess(tmp_path / f"store-{name}", [*cli, *args], tmp_path / f"{name}.log")
+        bp.env.update(env or {})
+        procs.append(bp)
+        return bp
+
+    yield make
+    _reap(procs)

@@ -1,18 +1,36 @@
 """Operator queries: topics, queue statistics, message lookups, group offsets, the DLQ,
-undecided transactions."""
+undecided transactions — of one broker, or of a whole cluster.
+
+An :class:`AdminClient` given a broker's address asks that broker alone.  Given name
+servers (``namesrv="h1:9876;h2:9876"``) it asks every master the name servers know
+(``GetClusterInfo``) and merges the answers; rows name the broker set they come from
+(``broker_name``; empty from a broker asked directly).  Both are one code path
+(:mod:`txmq.fanout`).
+
+In a cluster, a broker that does not answer is logged and left out of a listing (its rows
+are missing, the others are shown); when none answers, the error is raised.  A change
+(:meth:`~AdminClient.create_topic`, :meth:`~AdminClient.dlq_resend`) that fails on one
+broker raises, saying where it was done and where not.
+"""
 
 from __future__ import annotations
 
-from txmq.client import BrokerClient
+import anyio
+import msgspec
+
 from txmq.codec import decode_record, decode_records
+from txmq.errors import MessageNotFound, TopicNotFound, TxmqError
+from txmq.fanout import BrokerAddress, ClusterClient, is_offset_id, merged
 from txmq.message import MessageExt
 from txmq.wire import (
+    MASTER_ID,
     DeleteTopic,
     DlqList,
     DlqResend,
     GetAllConsumerOffsets,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
+    GetTopicRoute,
     GetTopicStats,
     GetTransactions,
     GroupOffset,
@@ -26,50 +44,296 @@ from txmq.wire import (
     ViewMessageById,
 )
 
-__all__ = ["AdminClient"]
+__all__ = ["AdminClient", "BrokerAddress", "BrokerRow", "BrokerTransactionRow"]
 
 
-class AdminClient(BrokerClient):
+class BrokerRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One broker of a cluster (:meth:`AdminClient.cluster`)."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    #: MASTER (broker id 0) or SLAVE
+    role: str
+    address: str
+    version: str = ""
+    uptime_s: float = 0.0
+    topics: int = 0
+    connections: int = 0
+    commit_log_max_offset: int = 0
+    #: messages stored in its queues of user topics (not system ones)
+    messages: int = 0
+    #: messages its consumer groups have not consumed yet, over every group and queue
+    lag: int = 0
+    #: messages stored by sends / pulled by consumers per second (the last minute)
+    put_tps: float = 0.0
+    get_tps: float = 0.0
+    pending_transactions: int = 0
+    #: why the broker did not answer ("" when it did)
+    error: str = ""
+
+
+class BrokerTransactionRow(TransactionRow, frozen=True, kw_only=True, omit_defaults=True):
+    """A :class:`TransactionRow` and the broker set that holds the half message."""
+
+    broker_name: str = ""
+
+
+class AdminClient(ClusterClient):
+    """Operator queries of the broker given by ``address``, or of every broker of a
+    cluster through its name servers (``namesrv=``).  Methods that take ``broker``
+    (a broker set's name) ask only that broker set of the cluster."""
+
+    # -- topics -----------------------------------------------------------------------------
+
     async def topics(self) -> list[TopicRow]:
-        return (await self.call(GetAllTopicConfig())).topics
+        """Every topic of every broker, one row each.  In a cluster ``queue_nums``,
+        ``messages`` and ``max_offset_total`` are summed over the broker sets holding the
+        topic, and ``brokers`` gives each one's queue count."""
+        answers = await self._each(
+            await self.brokers(), lambda t: self._ask(t, GetAllTopicConfig())
+        )
+        merged: dict[str, TopicRow] = {}
+        for target, answer in answers:
+            for row in answer.topics:
+                if target.broker_name:
+                    row = msgspec.structs.replace(row, brokers={target.broker_name: row.queue_nums})
+                seen = merged.get(row.topic)
+                if seen is not None:
+                    row = msgspec.structs.replace(
+                        seen,
+                        queue_nums=seen.queue_nums + row.queue_nums,
+                        system=seen.system or row.system,
+                        messages=seen.messages + row.messages,
+                        max_offset_total=seen.max_offset_total + row.max_offset_total,
+                        brokers={**seen.brokers, **row.brokers},
+                    )
+                merged[row.topic] = row
+        return list(merged.values())
 
     async def topic_stats(self, topic: str) -> list[QueueStats]:
-        return (await self.call(GetTopicStats(topic=topic))).queues
+        """Each queue's offsets, over every broker set of the topic's route (ordered by
+        broker name, then queue id)."""
+        answers = await self._each(
+            await self._topic_brokers(topic),
+            lambda t: self._ask(t, GetTopicStats(topic=topic)),
+            nothing=(TopicNotFound,),
+        )
+        return [
+            msgspec.structs.replace(q, broker_name=t.broker_name) if t.broker_name else q
+            for t, answer in answers
+            for q in answer.queues
+        ]
 
-    async def create_topic(self, topic: str, queue_nums: int) -> TopicInfo:
-        return await self.call(UpdateAndCreateTopic(topic=topic, queue_nums=queue_nums))
+    async def create_topic(
+        self,
+        topic: str,
+        queue_nums: int | None = None,
+        *,
+        cluster: str | None = None,
+        broker: str | None = None,
+    ) -> TopicInfo:
+        """Create ``topic`` (or change its queue count) with ``queue_nums`` queues on each
+        broker set (None: each broker's default).  Through name servers: on every master
+        of ``cluster``, or on the broker set ``broker``; with neither, on every master of
+        the only cluster there is.  ``queue_nums`` of the answer is the sum over the broker
+        sets, ``brokers`` each one's count.  Raises if any broker refused (saying which
+        did it)."""
+        if self.direct is None and cluster is None and broker is None:
+            clusters = sorted((await self.cluster_info()).clusters)
+            if len(clusters) != 1:
+                raise ValueError(
+                    f"which cluster? the name servers know {', '.join(clusters) or 'none'}: "
+                    "name a cluster or a broker set"
+                )
+            cluster = clusters[0]
+        targets = await self.brokers(cluster=cluster, broker=broker)
+        request = UpdateAndCreateTopic(topic=topic, queue_nums=queue_nums)
+        results = await self._all_or_raise(targets, lambda t: self._ask(t, request), "created")
+        if len(results) == 1 and not targets[0].broker_name:
+            return results[0][1]
+        counts = {t.broker_name: info.queue_nums for t, info in results}
+        return TopicInfo(topic=topic, queue_nums=sum(counts.values()), brokers=counts)
 
-    async def delete_topic(self, topic: str) -> None:
-        await self.call(DeleteTopic(topic=topic))
+    async def delete_topic(self, topic: str, *, broker: str | None = None) -> None:
+        """Delete ``topic`` from every broker holding it (or from the broker set
+        ``broker``)."""
+        targets = await self.brokers(broker=broker) if broker else await self._topic_brokers(topic)
+        request = DeleteTopic(topic=topic)
+        await self._all_or_raise(targets, lambda t: self._ask(t, request), "deleted")
 
-    async def message_by_id(self, msg_id: str) -> MessageExt:
-        answer = await self.call_with_body(ViewMessageById(msg_id=msg_id))
-        return decode_record(answer.body, verify=True)
+    # -- messages ---------------------------------------------------------------------------
 
-    async def messages_by_key(self, key: str, max_num: int = 32) -> list[MessageExt]:
-        answer = await self.call_with_body(QueryMessageByKey(key=key, max_num=max_num))
-        return decode_records(answer.body)
+    async def message_by_id(self, msg_id: str, *, broker: str | None = None) -> MessageExt:
+        """The message with this id (or offset message id), from whichever broker has it.
+        An offset message id is a commit-log offset: in a cluster, several brokers may
+        have a message there — name the broker set then (``broker``)."""
+
+        async def view(target: BrokerAddress) -> MessageExt:
+            answer = await self._ask_with_body(target, ViewMessageById(msg_id=msg_id))
+            msg = decode_record(answer.body, verify=True)
+            msg.broker_name = target.broker_name
+            return msg
+
+        found = await self._each(
+            await self.brokers(broker=broker), view, nothing=(MessageNotFound,)
+        )
+        if len(found) > 1 and is_offset_id(msg_id):
+            where = ", ".join(m.broker_name for _, m in found)
+            raise ValueError(
+                f"offset message id {msg_id} is a message on each of {where}: name the broker"
+            )
+        return found[0][1]
+
+    async def messages_by_key(
+        self, key: str, max_num: int = 32, *, broker: str | None = None
+    ) -> list[MessageExt]:
+        """Up to ``max_num`` messages with key ``key``, over every broker (merged by store
+        time)."""
+
+        async def query(target: BrokerAddress) -> list[MessageExt]:
+            answer = await self._ask_with_body(target, QueryMessageByKey(key=key, max_num=max_num))
+            msgs = decode_records(answer.body)
+            for m in msgs:
+                m.broker_name = target.broker_name
+            return msgs
+
+        found = await self._each(
+            await self.brokers(broker=broker), query, nothing=(MessageNotFound,)
+        )
+        return merged([msgs for _, msgs in found], lambda m: m.store_timestamp, max_num)
+
+    # -- offsets and the brokers ------------------------------------------------------------
 
     async def offsets(self) -> list[GroupOffset]:
-        return (await self.call(GetAllConsumerOffsets())).offsets
+        """Every consumer group's committed offset and lag, per queue, over every broker
+        (ordered by group, topic, broker name and queue id)."""
+        answers = await self._each(
+            await self.brokers(), lambda t: self._ask(t, GetAllConsumerOffsets())
+        )
+        rows = [
+            msgspec.structs.replace(o, broker_name=t.broker_name) if t.broker_name else o
+            for t, answer in answers
+            for o in answer.offsets
+        ]
+        return sorted(rows, key=lambda o: (o.group, o.topic, o.broker_name, o.queue_id))
 
-    async def runtime_info(self) -> RuntimeInfo:
-        return await self.call(GetBrokerRuntimeInfo())
+    async def runtime_info(self, *, broker: str | None = None) -> RuntimeInfo:
+        """One broker's runtime information: the broker given directly, or the master of
+        the broker set ``broker`` (needed when the cluster has more than one)."""
+        targets = await self.brokers(broker=broker)
+        if len(targets) > 1:
+            names = ", ".join(t.broker_name for t in targets)
+            raise ValueError(f"which broker? ({names}); runtime_infos() answers for each")
+        return await self._runtime_info(targets[0])
 
-    async def dlq_list(self, group: str, offset: int = 0, max: int = 32) -> list[MessageExt]:
+    async def runtime_infos(self) -> list[RuntimeInfo]:
+        """The runtime information of every broker of this client (each naming its
+        cluster and broker set)."""
+        return [info for _, info in await self._each(await self.brokers(), self._runtime_info)]
+
+    async def _runtime_info(self, target: BrokerAddress) -> RuntimeInfo:
+        info = await self._ask(target, GetBrokerRuntimeInfo())
+        if not target.broker_name:
+            return info
+        return msgspec.structs.replace(
+            info, cluster=target.cluster, broker_name=target.broker_name, broker_id=target.broker_id
+        )
+
+    async def cluster(self) -> list[BrokerRow]:
+        """Every broker of the cluster — masters and slaves, by cluster and broker name —
+        with its address, role, version, uptime, topics, connections, commit-log max
+        offset, stored messages and consumer lag.  A broker that does not answer has a
+        row with ``error`` set.  A broker given directly: itself."""
+        if self.direct is not None:
+            targets = [await self._identify(self.direct)]
+        else:
+            info = await self.cluster_info()
+            targets = [
+                BrokerAddress(b.cluster, b.broker_name, broker_id, address)
+                for b in info.brokers
+                for broker_id, address in b.addresses.items()
+            ]
+            targets.sort(key=lambda t: (t.cluster, t.broker_name, t.broker_id))
+        rows: list[BrokerRow] = [_row(t, error="?") for t in targets]
+
+        async def one(i: int, target: BrokerAddress) -> None:
+            try:
+                rows[i] = await self._broker_row(target)
+            except TxmqError as exc:
+                rows[i] = _row(target, error=str(exc))
+
+        async with anyio.create_task_group() as tg:
+            for i, target in enumerate(targets):
+                tg.start_soon(one, i, target)
+        return rows
+
+    async def _broker_row(self, target: BrokerAddress) -> BrokerRow:
+        info = await self._ask(target, GetBrokerRuntimeInfo())
+        topics = (await self._ask(target, GetAllTopicConfig())).topics
+        offsets = (await self._ask(target, GetAllConsumerOffsets())).offsets
+        return msgspec.structs.replace(
+            _row(target),
+            version=info.version,
+            uptime_s=info.uptime_s,
+            topics=info.topics,
+            connections=info.connections,
+            commit_log_max_offset=info.commit_log_max_offset,
+            messages=sum(t.messages for t in topics if not t.system),
+            lag=sum(o.lag for o in offsets),
+            put_tps=info.put_tps,
+            get_tps=info.get_tps,
+            pending_transactions=info.pending_transactions,
+        )
+
+    async def _identify(self, address: str) -> BrokerAddress:
+        """A broker given directly, named as it names itself in its routes (it has no
+        name to give when it holds no topic)."""
+        target = BrokerAddress("", "", MASTER_ID, address)
+        try:
+            topics = (await self._ask(target, GetAllTopicConfig())).topics
+            if not topics:
+                return target
+            route = await self._ask(target, GetTopicRoute(topic=topics[0].topic))
+        except TxmqError:
+            return target  # the row says why it did not answer
+        for b in route.brokers:
+            for broker_id in b.addresses:
+                return BrokerAddress(b.cluster, b.broker_name, broker_id, address)
+        return target
+
+    # -- the dead-letter queue ----------------------------------------------------------------
+
+    async def dlq_list(
+        self, group: str, offset: int = 0, max: int = 32, *, broker: str | None = None
+    ) -> list[MessageExt]:
         """Up to ``max`` dead letters of consumer group ``group`` from queue offset ``offset``.
 
         Each message's topic is ``%DLQ%<group>``; its RETRY_TOPIC property names the topic
-        it was first sent to.  An empty list if the group has no dead letters.
+        it was first sent to.  An empty list if the group has no dead letters.  In a
+        cluster each broker set has a DLQ of its own: ``offset`` and ``max`` apply to each
+        (page one with ``broker``), and each message names its ``broker_name``.
         """
-        answer = await self.call_with_body(DlqList(group=group, offset=offset, max=max))
-        return decode_records(answer.body) if answer.body else []
 
-    async def dlq_resend(self, group: str, msg_ids: list[str] | None = None) -> int:
+        async def page(target: BrokerAddress) -> list[MessageExt]:
+            answer = await self._ask_with_body(target, DlqList(group=group, offset=offset, max=max))
+            msgs = decode_records(answer.body) if answer.body else []
+            for m in msgs:
+                m.broker_name = target.broker_name
+            return msgs
+
+        found = await self._each(await self.brokers(broker=broker), page)
+        return [m for _, msgs in found for m in msgs]
+
+    async def dlq_resend(
+        self, group: str, msg_ids: list[str] | None = None, *, broker: str | None = None
+    ) -> int:
         """Store dead letters again in ``%RETRY%<group>`` (no delay, reconsume times 0).
 
         ``msg_ids=None`` re-sends every dead letter of the group.  The DLQ keeps its copy:
-        re-sending a message twice delivers it twice.  Returns how many were re-sent.
+        re-sending a message twice delivers it twice.  Returns how many were re-sent.  In a
+        cluster every broker set re-sends the ones it holds; offset message ids (a
+        commit-log offset, one broker's) need ``broker``.
         """
         if msg_ids is not None and not msg_ids:
             return 0
@@ -77,17 +341,55 @@ class AdminClient(BrokerClient):
             request = DlqResend(group=group, all=True)
         else:
             request = DlqResend(group=group, msg_ids=list(msg_ids))
-        return (await self.call(request)).resent
+        targets = await self.brokers(broker=broker)
+        if len(targets) > 1 and msg_ids and any(is_offset_id(i) for i in msg_ids):
+            raise ValueError(
+                "offset message ids name a message on one broker: name the broker set, or "
+                "give the messages' unique ids (msg_id)"
+            )
+        results = await self._all_or_raise(targets, lambda t: self._ask(t, request), "re-sent")
+        return sum(answer.resent for _, answer in results)
+
+    # -- transactions -----------------------------------------------------------------------
 
     async def transactions(
-        self, state: str = "pending", max: int = 100, *, group: str | None = None
-    ) -> list[TransactionRow]:
+        self,
+        state: str = "pending",
+        max: int = 100,
+        *,
+        group: str | None = None,
+        broker: str | None = None,
+    ) -> list[BrokerTransactionRow]:
         """Half messages still undecided (``"pending"``) or parked after the last check
-        (``"parked"``), oldest first (parked ones with their ``parked_timestamp``)."""
+        (``"parked"``), oldest first (parked ones with their ``parked_timestamp``), over
+        every broker (each row naming its ``broker_name``; at most ``max`` in all)."""
         if state == "pending":
             request = GetTransactions(state="pending", max=max, group=group)
         elif state == "parked":
             request = GetTransactions(state="parked", max=max, group=group)
         else:
             raise ValueError("state must be 'pending' or 'parked'")
-        return (await self.call(request)).transactions
+
+        async def rows(target: BrokerAddress) -> list[BrokerTransactionRow]:
+            answer = await self._ask(target, request)
+            return [
+                BrokerTransactionRow(**msgspec.structs.asdict(r), broker_name=target.broker_name)
+                for r in answer.transactions
+            ]
+
+        found = await self._each(await self.brokers(broker=broker), rows)
+        max = max if max > 0 else 1  # as a broker takes it
+        if state == "parked":
+            return merged([r for _, r in found], lambda r: r.parked_timestamp or 0, max)
+        return merged([r for _, r in found], lambda r: r.born_timestamp, max)
+
+
+def _row(target: BrokerAddress, *, error: str = "") -> BrokerRow:
+    return BrokerRow(
+        cluster=target.cluster,
+        broker_name=target.broker_name,
+        broker_id=target.broker_id,
+        role="MASTER" if target.broker_id == MASTER_ID else "SLAVE",
+        address=target.address,
+        error=error,
+    )

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["AllocateStrategy", "MessageQueue", "allocate_averagely", "allocate_by_circle"]
+from txmq.route import MessageQueue
 
-MessageQueue = tuple[str, int]
-"""(topic, queue id)."""
+__all__ = ["AllocateStrategy", "MessageQueue", "allocate_averagely", "allocate_by_circle"]
 
 AllocateStrategy = Callable[[str, str, Sequence[MessageQueue], Sequence[str]], list[MessageQueue]]
 """``strategy(group, client_id, queues, client_ids) -> the queues of client_id``.

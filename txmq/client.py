@@ -1,21 +1,26 @@
-"""The base of every txmq client: broker connection, lifecycle and the topic-route cache."""
+"""The base of every txmq client: lifecycle, broker connections and routes.
+
+A client is given one broker's address or a list of name servers (never both); either way
+its requests are routed by the same core (:mod:`txmq.route`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import time
-from typing import Self
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Self
 
 import anyio
 
 from txmq.errors import BrokerUnavailable, TxmqError
-from txmq.remoting import Connection, Handler, RemotingClient
-from txmq.wire import DEFAULT_MAX_FRAME_SIZE, GetRouteInfo, Heartbeat, Request, WithBody
+from txmq.remoting import Connection, Handler, RemotingClient, parse_address, parse_namesrv
+from txmq.route import MessageQueue, Route, RouteTable
+from txmq.wire import DEFAULT_MAX_FRAME_SIZE, Heartbeat, Request, WithBody
 from txmq.wire.base import R
 
-__all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address"]
+__all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address", "endpoints"]
 
 DEFAULT_ADDRESS = "127.0.0.1:10911"
 
@@ -25,6 +30,36 @@ log = logging.getLogger("txmq.client")
 def default_address() -> str:
     """``$TXMQ_BROKER_ADDRESS`` or 127.0.0.1:10911."""
     return os.environ.get("TXMQ_BROKER_ADDRESS", DEFAULT_ADDRESS)
+
+
+def endpoints(
+    address: str | None, namesrv: str | Sequence[str] | None
+) -> tuple[str | None, tuple[str, ...]]:
+    """(broker address, name servers): exactly one of them.  Without either,
+    ``$TXMQ_NAMESRV_ADDR`` names name servers, else ``$TXMQ_BROKER_ADDRESS`` (or
+    127.0.0.1:10911) a broker.  ValueError for both, or for a malformed address."""
+    if address and namesrv:
+        raise ValueError(
+            "give a broker address or a name-server list, not both (a broker address "
+            "talks to that broker alone; name servers route over the whole cluster)"
+        )
+    if namesrv:
+        text = namesrv if isinstance(namesrv, str) else ";".join(namesrv)
+        servers = parse_namesrv(text)
+        if not servers:
+            raise ValueError("the name-server list is empty")
+        return None, servers
+    if not address:
+        env_ns = os.environ.get("TXMQ_NAMESRV_ADDR", "")
+        if env_ns:
+            if os.environ.get("TXMQ_BROKER_ADDRESS"):
+                raise ValueError(
+                    "both $TXMQ_NAMESRV_ADDR and $TXMQ_BROKER_ADDRESS are set: unset one"
+                )
+            return None, parse_namesrv(env_ns, setting="$TXMQ_NAMESRV_ADDR")
+        address = default_address()
+    parse_address(address)
+    return address, ()
 
 
 class BrokerClient:
@@ -37,25 +72,34 @@ class BrokerClient:
         self,
         address: str | None = None,
         *,
+        namesrv: str | Sequence[str] | None = None,
         request_timeout: float = 3.0,
         connect_timeout: float = 3.0,
         route_ttl: float = 30.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         handler: Handler | None = None,
     ) -> None:
-        self.address = address or default_address()
+        direct, servers = endpoints(address, namesrv)
+        #: the broker this client talks to alone (None: it routes through name servers)
+        self.direct = direct
+        self.namesrv = servers
+        self.address = direct or ";".join(servers)
         self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.max_frame_size = max_frame_size
         self.route_ttl = route_ttl
-        self.remoting = RemotingClient(
-            self.address,
-            handler,
-            connect_timeout=connect_timeout,
-            max_frame_size=max_frame_size,
+        self._handler = handler
+        #: run on every new connection to any broker (shared by all of them)
+        self.on_connect: list[Callable[[Connection], Awaitable[None]]] = [self._announce]
+        self.routes = RouteTable(
+            broker=direct,
+            namesrv=servers,
+            connect=self._remote,
+            ttl=route_ttl,
+            request_timeout=request_timeout,
         )
-        self._routes: dict[str, tuple[int, float]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.heartbeat_interval = 30.0
-        self.remoting.on_connect.append(self._announce)
         self._stop_event: anyio.Event | None = None
         self._lifetime: asyncio.Task[None] | None = None
 
@@ -72,10 +116,14 @@ class BrokerClient:
 
         async def lifetime() -> None:
             try:
-                async with self.remoting, anyio.create_task_group() as tg:
+                async with anyio.create_task_group() as tg:
                     self._tg = tg
+                    for remote in self.routes.remotes():
+                        remote.attach(tg)
                     started.set()
                     await stop.wait()
+                    for remote in self.routes.remotes():
+                        remote.detach()
                     tg.cancel_scope.cancel()
             finally:
                 self._tg = None
@@ -96,7 +144,47 @@ class BrokerClient:
 
     async def _on_start(self) -> None:
         """Connect eagerly so that a wrong address fails at start, not at first use."""
-        await self.remoting.connection()
+        await self.connect()
+
+    async def connect(self) -> None:
+        """Reach the broker (or the first name server that answers)."""
+        if self.direct is not None:
+            await self.routes.remote(self.direct).connection()
+            return
+        errors = []
+        for address in self.namesrv:
+            try:
+                await self.routes.remote(address).connection()
+                return
+            except BrokerUnavailable as exc:
+                errors.append(str(exc))
+        raise BrokerUnavailable("no name server is reachable: " + "; ".join(errors))
+
+    def _remote(self, address: str) -> RemotingClient:
+        remote = RemotingClient(
+            address,
+            self._handler,
+            connect_timeout=self.connect_timeout,
+            max_frame_size=self.max_frame_size,
+        )
+        remote.on_connect = self.on_connect
+        if self._tg is not None:
+            remote.attach(self._tg)
+        return remote
+
+    @property
+    def remoting(self) -> RemotingClient:
+        """The connection to the broker this client was given (clients of name servers
+        have one per broker: :meth:`remote`)."""
+        if self.direct is None:
+            raise BrokerUnavailable(
+                "this client routes through name servers: name the broker (remote())"
+            )
+        return self.routes.remote(self.direct)
+
+    def remote(self, broker_name: str | None = None) -> RemotingClient:
+        """The connection to a broker set's master (None: the broker given directly)."""
+        return self.routes.remote(self.routes.address_of(broker_name))
 
     async def _on_stop(self) -> None:
         return None
@@ -132,9 +220,31 @@ class BrokerClient:
             conn.send_oneway(heartbeat)
 
     async def _heartbeat(self) -> None:
+        """Heartbeat the broker (every broker this client talks to, through name servers:
+        a broker checks a transaction back with a producer that heartbeats it)."""
         heartbeat = self._heartbeat_request()
-        if heartbeat is not None:
+        if heartbeat is None:
+            return
+        if self.direct is not None:
             await self.call(heartbeat)
+            return
+        for remote in self.broker_remotes():
+            try:
+                await remote.call(heartbeat, timeout=self.request_timeout)
+            except TxmqError as exc:
+                log.warning("heartbeat to broker %s failed: %s", remote.address, exc)
+
+    def broker_remotes(self) -> list[RemotingClient]:
+        """The connections to brokers (not to name servers) this client has made."""
+        return [r for r in self.routes.remotes() if r.address not in self.namesrv]
+
+    async def _unregister(self, request: Request[Any]) -> None:
+        """Tell every broker this client leaves (best effort: it is stopping)."""
+        for remote in self.broker_remotes():
+            try:
+                await remote.call(request, timeout=self.request_timeout)
+            except TxmqError:
+                pass
 
     async def _heartbeat_loop(self) -> None:
         """Heartbeat every ``heartbeat_interval`` seconds (started by subclasses that need it)."""
@@ -151,29 +261,45 @@ class BrokerClient:
         return self._tg
 
     async def call(
-        self, request: Request[R], body: bytes = b"", *, timeout: float | None = None
+        self,
+        request: Request[R],
+        body: bytes = b"",
+        *,
+        timeout: float | None = None,
+        broker: str | None = None,
     ) -> R:
-        """Send a typed request; its typed answer (error answers raise)."""
-        return (await self.call_with_body(request, body, timeout=timeout)).header
+        """Send a typed request to a broker set's master (``broker``: its name; None: the
+        broker given directly); its typed answer (error answers raise)."""
+        return (await self.call_with_body(request, body, timeout=timeout, broker=broker)).header
 
     async def call_with_body(
-        self, request: Request[R], body: bytes = b"", *, timeout: float | None = None
+        self,
+        request: Request[R],
+        body: bytes = b"",
+        *,
+        timeout: float | None = None,
+        broker: str | None = None,
     ) -> WithBody[R]:
         """Send a typed request; its typed answer and the answer's body (records)."""
         self._task_group()
-        return await self.remoting.call(
+        return await self.remote(broker).call(
             request, body, timeout=self.request_timeout if timeout is None else timeout
         )
 
+    async def route(self, topic: str, *, create: bool = False, refresh: bool = False) -> Route:
+        """The topic's route (cached for ``route_ttl`` seconds)."""
+        self._task_group()
+        return await self.routes.route(topic, create=create, refresh=refresh)
+
     async def queue_nums(self, topic: str, *, create: bool = False, refresh: bool = False) -> int:
-        """How many queues ``topic`` has (cached for ``route_ttl`` seconds)."""
-        cached = self._routes.get(topic)
-        now = time.monotonic()
-        if cached is not None and not refresh and now - cached[1] < self.route_ttl:
-            return cached[0]
-        nums = (await self.call(GetRouteInfo(topic=topic, create=create))).queue_nums
-        self._routes[topic] = (nums, now)
-        return nums
+        """How many queues ``topic`` may be sent to, over all broker sets."""
+        return len((await self.route(topic, create=create, refresh=refresh)).write_queues)
 
     async def queues(self, topic: str) -> list[int]:
-        return list(range(await self.queue_nums(topic)))
+        """The queue ids of a topic on the broker given directly."""
+        route = await self.route(topic)
+        return [mq.queue_id for mq in route.read_queues]
+
+    async def message_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """Every queue of ``topic`` that may be consumed, over all broker sets."""
+        return list((await self.route(topic, refresh=refresh)).read_queues)

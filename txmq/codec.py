@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -218,15 +219,33 @@ def decode_record(buf: bytes | memoryview, pos: int = 0, *, verify: bool = False
     )
 
 
-def decode_records(buf: bytes | memoryview, *, verify: bool = True) -> list[MessageExt]:
-    """Decode records laid end to end (a pull answer's body)."""
+def decode_records(
+    buf: bytes | memoryview,
+    *,
+    verify: bool = True,
+    on_corrupt: Callable[[int, CorruptRecord], None] | None = None,
+) -> list[MessageExt]:
+    """Decode records laid end to end (a pull answer's body).
+
+    A record that does not check out raises :class:`CorruptRecord`, unless ``on_corrupt``
+    is given: then it is told ``(position, error)`` and the record is skipped (or, when
+    its size cannot be trusted either, everything after it).
+    """
     out: list[MessageExt] = []
     pos = 0
     n = len(buf)
     while pos < n:
-        if n - pos < PREFIX.size:
-            raise CorruptRecord("truncated record")
-        total = PREFIX.unpack_from(buf, pos)[0]
-        out.append(decode_record(buf, pos, verify=verify))
+        total = 0
+        try:
+            if n - pos < PREFIX.size:
+                raise CorruptRecord("truncated record")
+            total = PREFIX.unpack_from(buf, pos)[0]
+            out.append(decode_record(buf, pos, verify=verify))
+        except CorruptRecord as exc:
+            if on_corrupt is None:
+                raise
+            on_corrupt(pos, exc)
+            if total < MIN_RECORD_SIZE or pos + total > n:
+                break
         pos += total
     return out

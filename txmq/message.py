@@ -115,7 +115,7 @@ def dlq_topic(group: str) -> str:
 _TOPIC_MAX_LEN = 127
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%|.")
 #: the rule of :func:`validate_topic_name` as a regular expression
-TOPIC_NAME_PATTERN = rf"\A[A-Za-z0-9_%|.\-]{{1,{_TOPIC_MAX_LEN}}}\Z"
+TOPIC_NAME_PATTERN = rf"\A(?!\.\.?\Z)[A-Za-z0-9_%|.\-]{{1,{_TOPIC_MAX_LEN}}}\Z"
 
 
 def is_system_topic(topic: str) -> bool:
@@ -131,6 +131,8 @@ def validate_topic_name(topic: str) -> str | None:
     bad = set(topic) - _TOPIC_CHARS
     if bad:
         return f"topic name {topic!r} has characters outside [A-Za-z0-9_.|%-]: {sorted(bad)!r}"
+    if topic in (".", ".."):  # a topic's consume queues live in a folder of its name
+        return f"topic name {topic!r} is not allowed (it names a folder)"
     return None
 
 
@@ -217,6 +219,8 @@ class MessageExt:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
     all_properties: dict[str, str] = field(default_factory=dict)
+    #: the broker set it was pulled from (a consumer sends it back there to retry it)
+    broker_name: str = ""
 
     @property
     def msg_id(self) -> str:

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from txmq.allocate import MessageQueue
 from txmq.pull import PullConsumer
+from txmq.route import MessageQueue
 
 __all__ = ["LocalFileOffsetStore", "OffsetStore", "RemoteOffsetStore"]
 
@@ -42,22 +42,32 @@ class RemoteOffsetStore(_Table):
         self.client = client
 
     async def read(self, mq: MessageQueue) -> int:
-        offset = await self.client.fetch_offset(*mq)
+        offset = await self.client.fetch_offset(
+            mq.topic, mq.queue_id, broker_name=mq.broker_name
+        )
         if offset >= 0:
             self.table[mq] = offset
         return offset
 
     async def persist(self, mqs: set[MessageQueue]) -> None:
+        """Commit each queue's offset on the queue's own broker."""
         for mq in mqs:
             offset = self.table.get(mq)
             if offset is not None:
-                await self.client.commit_offset(*mq, offset)
+                await self.client.commit_offset(
+                    mq.topic, mq.queue_id, offset, broker_name=mq.broker_name
+                )
 
 
 class LocalFileOffsetStore(_Table):
+    """Offsets in a JSON file, keyed ``topic@broker@queue`` (a file written before broker
+    sets, keyed ``topic@queue``, is read as the offsets of whichever broker set has the
+    queue)."""
+
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
+        self._legacy: dict[tuple[str, int], int] = {}
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
@@ -65,15 +75,29 @@ class LocalFileOffsetStore(_Table):
         except (OSError, ValueError) as exc:
             raise ValueError(f"offset file {path} is unreadable: {exc}") from None
         for key, offset in raw.get("offsets", {}).items():
-            topic, _, qid = key.rpartition("@")
-            self.table[(topic, int(qid))] = int(offset)
+            rest, _, qid = key.rpartition("@")
+            topic, at, broker = rest.rpartition("@")
+            if at:
+                self.table[MessageQueue(topic, broker, int(qid))] = int(offset)
+            else:
+                self._legacy[(rest, int(qid))] = int(offset)
 
     async def read(self, mq: MessageQueue) -> int:
-        return self.table.get(mq, -1)
+        offset = self.table.get(mq)
+        if offset is None:
+            offset = self._legacy.pop((mq.topic, mq.queue_id), -1)
+            if offset >= 0:
+                self.table[mq] = offset
+        return offset
 
     async def persist(self, mqs: set[MessageQueue]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"offsets": {f"{t}@{q}": o for (t, q), o in sorted(self.table.items())}}
+        data = {
+            "offsets": {
+                f"{mq.topic}@{mq.broker_name}@{mq.queue_id}": o
+                for mq, o in sorted(self.table.items())
+            }
+        }
         tmp = self.path.with_name(self.path.name + ".tmp")
         with tmp.open("w") as fh:
             json.dump(data, fh, indent=1)

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from txmq.client import BrokerClient
-from txmq.errors import InvalidTopic, MessageTooLarge, TxmqError
+from txmq.errors import BrokerUnavailable, InvalidTopic, MessageTooLarge, TxmqError
 from txmq.message import Message, Prop, is_system_topic, new_message_id, stable_hash
 from txmq.message import validate_topic_name as _why_bad_topic
+from txmq.route import MessageQueue
 from txmq.wire import BatchEntry, SendBatchMessage, SendMessage, Sent
 
 __all__ = [
@@ -30,7 +31,8 @@ __all__ = [
 log = logging.getLogger("txmq.producer")
 
 MessageQueueSelector = Callable[[int, Message, Any], int]
-"""``selector(queue_count, message, arg) -> queue id``."""
+"""``selector(queue_count, message, arg) -> index``: of the topic's write queues over every
+broker set (broker name, then queue id), as a broker alone: its queue id."""
 
 SendCallback = Callable[["SendResult | None", "BaseException | None"], None]
 
@@ -39,16 +41,19 @@ class QueueOptions(TypedDict, total=False):
     """Where a message goes and how long its send may take (keyword arguments of every
     send: ``producer.send(msg, sharding_key="42")``).
 
-    The queue: ``queue_id`` if given; else ``stable_hash(sharding_key) % queues`` (the
-    same in every process: messages with one key stay in order); else
-    ``selector(queues, msg, arg)``; else round robin (and a failed send may move to the
-    next queue).  ``timeout``: seconds to wait for the broker's answer (default: the
-    producer's ``send_timeout``).
+    The queue: ``queue_id`` (of broker set ``broker_name``; needed on a cluster of several)
+    if given; else ``stable_hash(sharding_key) % queues`` over every write queue of the
+    topic (the same in every process: messages with one key stay in order while the route
+    does not change); else ``selector(queues, msg, arg)``; else round robin, steering
+    around broker sets that failed or were slow (and a failed send moves to another broker
+    set).  ``timeout``: seconds to wait for the broker's answer (default: the producer's
+    ``send_timeout``).
     """
 
     sharding_key: str | None
     selector: MessageQueueSelector | None
     queue_id: int | None
+    broker_name: str | None
     timeout: float | None
 
 
@@ -77,9 +82,11 @@ class SendResult:
     msg_ids: list[str] = field(default_factory=list)
     #: commit-log offset of a half message (transactional send), else -1
     transaction_offset: int = -1
+    #: the broker set that stored it
+    broker_name: str = ""
 
 
-def send_result(topic: str, sent: Sent) -> SendResult:
+def send_result(topic: str, sent: Sent, broker_name: str = "") -> SendResult:
     """The result of a send from the broker's answer."""
     return SendResult(
         "SEND_OK",
@@ -90,6 +97,7 @@ def send_result(topic: str, sent: Sent) -> SendResult:
         sent.queue_offset,
         sent.store_timestamp,
         transaction_offset=sent.transaction_offset,
+        broker_name=broker_name,
     )
 
 
@@ -115,8 +123,21 @@ class Producer(BrokerClient):
     """Sends messages to a broker.
 
     ``send`` waits for the broker's acknowledgement and, when the queue was picked round
-    robin, retries a retriable failure on the next queue (``retry_times`` more attempts).
-    A send with a sharding key or a selector always goes to that queue and is not moved.
+    robin, retries a retriable failure on another broker set (``retry_times`` more
+    attempts).  A send with a selector always goes to that queue and is not moved.
+
+    A sharding key hashes over the topic's write queues; ``sharding`` says which, and
+    what happens when the key's broker set is down:
+
+    - ``"route"`` (default, RocketMQ's): the queues of the current route.  While the
+      key's broker set is down but still routed, its sends fail; once the route drops it
+      (the name server notices, the producer refreshes) the key hashes over the queues
+      left — it moves — and moves back when the set returns.
+    - ``"strict"``: every queue this producer has seen for the topic: a key never moves
+      off a lost broker set; its sends fail until the set is back (order over
+      availability; a broker set added still moves keys).
+    - ``"available"``: like ``"route"``, but a key whose broker set is left out or fails
+      moves at once to the next available queue (availability over order).
     """
 
     def __init__(
@@ -127,12 +148,16 @@ class Producer(BrokerClient):
         send_timeout: float = 3.0,
         retry_times: int = 2,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        sharding: str = "route",
         **kwargs: Any,
     ) -> None:
         super().__init__(address, request_timeout=send_timeout, **kwargs)
         self.group = group
         self.retry_times = retry_times
         self.max_message_size = max_message_size
+        if sharding not in ("route", "strict", "available"):
+            raise ValueError(f"sharding must be 'route', 'strict' or 'available', not {sharding!r}")
+        self.sharding = sharding
         self._round_robin = itertools.count()
 
     # -- validation ------------------------------------------------------------------------
@@ -140,22 +165,49 @@ class Producer(BrokerClient):
     def _check(self, msg: Message) -> None:
         check_message(msg, self.max_message_size)
 
-    async def _pick(self, msg: Message, options: QueueOptions) -> tuple[int, bool]:
-        """(queue id, may move to another queue on failure)."""
+    async def _pick(
+        self, msg: Message, options: QueueOptions
+    ) -> tuple[MessageQueue, int | None]:
+        """(queue, where a retry starts looking for another queue: None, it may not move)."""
+        route = await self.route(msg.topic, create=True)
         queue_id = options.get("queue_id")
         if queue_id is not None:
-            return queue_id, False
-        nums = await self.queue_nums(msg.topic, create=True)
+            broker = options.get("broker_name")
+            if broker is None:
+                brokers = sorted({mq.broker_name for mq in route.write_queues})
+                if len(brokers) > 1:
+                    raise ValueError(
+                        f"queue_id={queue_id} of which broker set? {msg.topic} is on "
+                        f"{', '.join(brokers)}: give broker_name too"
+                    )
+                broker = brokers[0] if brokers else ""
+            return MessageQueue(msg.topic, broker, queue_id), None
+        queues = route.write_queues
         sharding_key = options.get("sharding_key")
-        if sharding_key is not None:
-            return select_by_hash(nums, msg, sharding_key), False
+        if sharding_key is not None and queues:
+            if self.sharding == "strict":
+                every = self.routes.seen_queues(route)
+                mq = every[select_by_hash(len(every), msg, sharding_key)]
+                if mq.broker_name not in route.masters:
+                    raise BrokerUnavailable(
+                        f"the queue of sharding key {sharding_key!r} is {mq}, on broker set "
+                        f"{mq.broker_name}, which the route has lost; strict key order: the "
+                        "send is not moved (sharding='route' or 'available' would move it)"
+                    )
+                return mq, None
+            index = select_by_hash(len(queues), msg, sharding_key)
+            if self.sharding == "route":
+                return queues[index], None
+            return self.routes.pick(route, index), index
         selector = options.get("selector")
-        if selector is not None:
+        if selector is not None and queues:
+            nums = len(queues)
             chosen = selector(nums, msg, options.get("arg"))
             if not isinstance(chosen, int) or not 0 <= chosen < nums:
                 raise ValueError(f"selector returned {chosen!r}; expected 0..{nums - 1}")
-            return chosen, False
-        return next(self._round_robin) % nums, True
+            return queues[chosen], None
+        index = next(self._round_robin)
+        return self.routes.pick(route, index), index
 
     def _wire_properties(self, msg: Message, sharding_key: str | None) -> dict[str, str]:
         """Validate ``msg`` and give the properties it is stored with (a fresh message id)."""
@@ -182,25 +234,41 @@ class Producer(BrokerClient):
         """Send ``msg`` and wait for the broker's acknowledgement (see :class:`SendOptions`)."""
         props = self._wire_properties(msg, options.get("sharding_key"))
         body = bytes(msg.body)
-        qid, movable = await self._pick(msg, options)
-        attempts = 1 + (self.retry_times if movable else 0)
+        mq, index = await self._pick(msg, options)
+        attempts = 1 + (self.retry_times if index is not None else 0)
         born = int(time.time() * 1000)
         timeout = options.get("timeout")
         for attempt in range(attempts):
-            request = self._send_request(msg.topic, qid, props, born)
+            request = self._send_request(msg.topic, mq.queue_id, props, born)
             try:
-                sent = await self.call(request, body, timeout=timeout)
+                sent = await self._send_to(mq, request, body, timeout)
             except TxmqError as exc:
                 if not exc.retriable or attempt + 1 >= attempts:
                     raise
-                log.warning(
-                    "send to %s/%d failed (%s); retrying on the next queue", msg.topic, qid, exc
-                )
-                nums = await self.queue_nums(msg.topic, create=True)
-                qid = next(self._round_robin) % nums
+                log.warning("send to %s failed (%s); retrying on another queue", mq, exc)
+                route = await self.route(msg.topic, create=True, refresh=True)
+                if options.get("sharding_key") is None:
+                    index = next(self._round_robin)
+                mq = self.routes.pick(route, index or 0, avoid=mq.broker_name)
                 continue
-            return send_result(msg.topic, sent)
+            return send_result(msg.topic, sent, mq.broker_name)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send_to(
+        self, mq: MessageQueue, request: SendMessage, body: bytes, timeout: float | None
+    ) -> Sent:
+        """Send to the master of the queue's broker set, recording how long it took (or
+        that it failed) for fault avoidance."""
+        began = time.monotonic()
+        try:
+            sent = await self.call(request, body, timeout=timeout, broker=mq.broker_name)
+        except TxmqError as exc:
+            if exc.retriable:
+                took = (time.monotonic() - began) * 1000
+                self.routes.faults.update(mq.broker_name, took, failed=True)
+            raise
+        self.routes.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
+        return sent
 
     def send_async(
         self,
@@ -228,9 +296,9 @@ class Producer(BrokerClient):
     async def send_oneway(self, msg: Message, **options: Unpack[SendOptions]) -> None:
         """Send without waiting for an answer (no acknowledgement, no retry, no timeout)."""
         props = self._wire_properties(msg, options.get("sharding_key"))
-        qid, _ = await self._pick(msg, options)
-        request = self._send_request(msg.topic, qid, props)
-        await self.remoting.send_oneway(request, bytes(msg.body))
+        mq, _ = await self._pick(msg, options)
+        request = self._send_request(msg.topic, mq.queue_id, props)
+        await self.remote(mq.broker_name).send_oneway(request, bytes(msg.body))
 
     async def send_batch(
         self, msgs: Sequence[Message], **options: Unpack[SendOptions]
@@ -256,13 +324,17 @@ class Producer(BrokerClient):
             entries.append(BatchEntry(properties=props, size=len(m.body), born_timestamp=born))
             bodies.append(bytes(m.body))
         body = b"".join(bodies)
-        if len(body) + 65536 > self.remoting.max_frame_size:
+        if len(body) + 65536 > self.max_frame_size:
             raise MessageTooLarge(
                 f"batch of {len(body)} bytes is over the frame limit; split it into smaller batches"
             )
-        qid, _ = await self._pick(msgs[0], options)
-        request = SendBatchMessage(topic=topic, queue_id=qid, messages=entries, group=self.group)
-        sent = await self.call(request, body, timeout=options.get("timeout"))
+        mq, _ = await self._pick(msgs[0], options)
+        request = SendBatchMessage(
+            topic=topic, queue_id=mq.queue_id, messages=entries, group=self.group
+        )
+        sent = await self.call(
+            request, body, timeout=options.get("timeout"), broker=mq.broker_name
+        )
         return SendResult(
             "SEND_OK",
             sent.msg_ids[0],
@@ -272,4 +344,5 @@ class Producer(BrokerClient):
             sent.queue_offset,
             sent.store_timestamp,
             list(sent.msg_ids),
+            broker_name=mq.broker_name,
         )

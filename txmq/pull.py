@@ -7,11 +7,13 @@ queues, only how to fetch a batch and how to commit and query a group's offsets.
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from txmq.client import BrokerClient
-from txmq.codec import decode_records
+from txmq.codec import CorruptRecord, decode_records
 from txmq.message import MessageExt, tag_hash
 from txmq.wire import (
     GetMaxOffset,
@@ -22,6 +24,8 @@ from txmq.wire import (
 )
 
 __all__ = ["PullConsumer", "PullResult", "PullStatus", "subscription_tags"]
+
+log = logging.getLogger("txmq.pull")
 
 
 class PullStatus(enum.StrEnum):
@@ -65,8 +69,10 @@ class PullConsumer(BrokerClient):
         max_msgs: int = 32,
         subscription: str = "*",
         long_poll: float = 15.0,
+        broker_name: str | None = None,
     ) -> PullResult:
-        """Fetch up to ``max_msgs`` messages from ``offset``.
+        """Fetch up to ``max_msgs`` messages from ``offset`` (of the queue of broker set
+        ``broker_name``: see :meth:`message_queues`; None: the broker given directly).
 
         With nothing to read, the broker holds the request up to ``long_poll`` seconds and
         answers as soon as a message arrives (0 answers at once).  Tags are filtered on the
@@ -82,9 +88,12 @@ class PullConsumer(BrokerClient):
             subscription=subscription,
         )
         pulled, body = await self.call_with_body(
-            request, timeout=long_poll + self.request_timeout
+            request, timeout=long_poll + self.request_timeout, broker=broker_name
         )
-        messages = decode_records(body) if body else []
+        messages = decode_records(body, on_corrupt=self._corrupt(topic, queue_id)) if body else []
+        if broker_name:
+            for m in messages:
+                m.broker_name = broker_name
         tags = subscription_tags(subscription)
         if tags is not None:
             codes = {tag_hash(t) for t in tags}
@@ -96,18 +105,33 @@ class PullConsumer(BrokerClient):
             status, pulled.next_offset, pulled.min_offset, pulled.max_offset, messages
         )
 
-    async def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
-        await self.call(
-            UpdateConsumerOffset(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
-        )
+    @staticmethod
+    def _corrupt(topic: str, queue_id: int) -> Callable[[int, CorruptRecord], None]:
+        def skip(pos: int, exc: CorruptRecord) -> None:
+            # the broker checks each record it serves: this one changed on its way here
+            log.warning("pull %s/%d: skipped a damaged record (%s)", topic, queue_id, exc)
 
-    async def fetch_offset(self, topic: str, queue_id: int) -> int:
+        return skip
+
+    async def commit_offset(
+        self, topic: str, queue_id: int, offset: int, *, broker_name: str | None = None
+    ) -> None:
+        request = UpdateConsumerOffset(
+            group=self.group, topic=topic, queue_id=queue_id, offset=offset
+        )
+        await self.call(request, broker=broker_name)
+
+    async def fetch_offset(
+        self, topic: str, queue_id: int, *, broker_name: str | None = None
+    ) -> int:
         """The group's committed offset, or -1 if it never committed one."""
         request = QueryConsumerOffset(group=self.group, topic=topic, queue_id=queue_id)
-        return (await self.call(request)).offset
+        return (await self.call(request, broker=broker_name)).offset
 
-    async def max_offset(self, topic: str, queue_id: int) -> int:
-        return (await self.call(GetMaxOffset(topic=topic, queue_id=queue_id))).offset
+    async def max_offset(self, topic: str, queue_id: int, *, broker_name: str | None = None) -> int:
+        request = GetMaxOffset(topic=topic, queue_id=queue_id)
+        return (await self.call(request, broker=broker_name)).offset
 
-    async def min_offset(self, topic: str, queue_id: int) -> int:
-        return (await self.call(GetMinOffset(topic=topic, queue_id=queue_id))).offset
+    async def min_offset(self, topic: str, queue_id: int, *, broker_name: str | None = None) -> int:
+        request = GetMinOffset(topic=topic, queue_id=queue_id)
+        return (await self.call(request, broker=broker_name)).offset

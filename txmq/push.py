@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,14 @@ Listener = Callable[
 ]
 """``listener(message)``: return SUCCESS (or None / True), or RECONSUME_LATER (or False);
 raising counts as RECONSUME_LATER. Sync listeners run in worker threads."""
+
+
+def _by_broker(mqs: Iterable[MessageQueue]) -> dict[str, list[tuple[str, int]]]:
+    """(topic, queue id) of each queue, by broker name (a lock request per broker)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for mq in sorted(mqs):
+        out.setdefault(mq.broker_name, []).append((mq.topic, mq.queue_id))
+    return out
 
 
 def _client_id(instance_name: str) -> str:
@@ -178,7 +186,7 @@ class PushConsumer(PullConsumer):
         if not self.subscriptions:
             raise ValueError("subscribe to at least one topic before starting the consumer")
         self._stopping = False
-        await self.remoting.connection()
+        await self.connect()
         await self._heartbeat()
         tg = self._task_group()
         tg.start_soon(self._heartbeat_loop)
@@ -204,12 +212,9 @@ class PushConsumer(PullConsumer):
                 log.warning("persisting offsets at shutdown failed: %s", exc)
             if self.orderly and self.message_model is MessageModel.CLUSTERING and held:
                 await self._unlock(held)
-            try:
-                await self.call(
-                    UnregisterClient(client_id=self.client_id, consumer_groups=[self.group])
-                )
-            except TxmqError:
-                pass
+            await self._unregister(
+                UnregisterClient(client_id=self.client_id, consumer_groups=[self.group])
+            )
 
     def _on_notify(self, request: NotifyConsumerIdsChanged, call: Call) -> Empty:
         self._rebalance_now.set()
@@ -246,8 +251,11 @@ class PushConsumer(PullConsumer):
             except (TxmqError, OSError) as exc:
                 log.warning("persisting offsets failed: %s", exc)
 
-    async def consumer_ids(self) -> list[str]:
-        return sorted((await self.call(GetConsumerListByGroup(group=self.group))).client_ids)
+    async def consumer_ids(self, broker_name: str | None = None) -> list[str]:
+        """The group's members, as a broker of the group's topics knows them (every member
+        heartbeats every broker of its subscriptions)."""
+        request = GetConsumerListByGroup(group=self.group)
+        return sorted((await self.call(request, broker=broker_name)).client_ids)
 
     async def rebalance(self) -> None:
         """Recompute which queues this member consumes, and start or stop their pulls."""
@@ -256,20 +264,44 @@ class PushConsumer(PullConsumer):
                 return
             for topic in self._all_subscriptions():
                 try:
-                    nums = await self.queue_nums(topic, refresh=True)
+                    route = await self.route(topic, refresh=True)
                 except TopicNotFound:
                     log.debug("topic %s does not exist yet", topic)
                     continue
-                mqs = [(topic, q) for q in range(nums)]
+                mqs = sorted(route.read_queues)
+                await self._reach(route.masters.values())
                 if self.message_model is MessageModel.BROADCASTING:
                     mine = set(mqs)
+                elif not mqs:
+                    mine = set()
                 else:
-                    cids = await self.consumer_ids()
+                    cids = await self._members(sorted({mq.broker_name for mq in mqs}))
                     mine = set(self.allocate(self.group, self.client_id, mqs, cids))
                 await self._update_queues(topic, mine)
 
+    async def _members(self, brokers: list[str]) -> list[str]:
+        """The group's members as the first broker of the topic that answers knows them
+        (a broker set that is down does not stop the others' rebalance)."""
+        error: TxmqError | None = None
+        for broker in brokers:
+            try:
+                return await self.consumer_ids(broker)
+            except TxmqError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def _reach(self, addresses: Iterable[str]) -> None:
+        """Connect to each broker (a new connection starts with this member's heartbeat,
+        so that every broker of a subscription knows the group's members)."""
+        for address in addresses:
+            try:
+                await self.routes.remote(address).connection()
+            except TxmqError as exc:
+                log.warning("broker %s is unreachable: %s", address, exc)
+
     async def _update_queues(self, topic: str, mine: set[MessageQueue]) -> None:
-        gone = {mq for mq in self.queues_held if mq[0] == topic and mq not in mine}
+        gone = {mq for mq in self.queues_held if mq.topic == topic and mq not in mine}
         for mq in gone:
             self._drop(mq)
         if gone:
@@ -309,23 +341,34 @@ class PushConsumer(PullConsumer):
         offset = await self.offsets.read(mq)
         if offset >= 0:
             return offset
-        if self.consume_from is ConsumeFrom.FIRST_OFFSET or mq[0].startswith("%RETRY%"):
-            return await self.min_offset(*mq)
-        return await self.max_offset(*mq)
+        if self.consume_from is ConsumeFrom.FIRST_OFFSET or mq.topic.startswith("%RETRY%"):
+            return await self.min_offset(mq.topic, mq.queue_id, broker_name=mq.broker_name)
+        return await self.max_offset(mq.topic, mq.queue_id, broker_name=mq.broker_name)
 
     # -- queue locks (orderly) -------------------------------------------------------------
 
     async def _lock(self, mqs: set[MessageQueue]) -> set[MessageQueue]:
-        request = LockBatchMq(group=self.group, client_id=self.client_id, queues=sorted(mqs))
-        return set((await self.call(request)).locked)
+        """Lock (or renew) queues, each on its own broker; the ones now held."""
+        held: set[MessageQueue] = set()
+        for broker, refs in _by_broker(mqs).items():
+            request = LockBatchMq(group=self.group, client_id=self.client_id, queues=refs)
+            try:
+                locked = (await self.call(request, broker=broker)).locked
+            except TxmqError as exc:
+                if len(_by_broker(mqs)) == 1:
+                    raise
+                log.warning("locking queues on broker %s failed: %s", broker, exc)
+                continue
+            held |= {MessageQueue(t, broker, q) for t, q in locked}
+        return held
 
     async def _unlock(self, mqs: set[MessageQueue]) -> None:
-        try:
-            await self.call(
-                UnlockBatchMq(group=self.group, client_id=self.client_id, queues=sorted(mqs))
-            )
-        except TxmqError as exc:
-            log.warning("unlocking queues failed: %s", exc)
+        for broker, refs in _by_broker(mqs).items():
+            request = UnlockBatchMq(group=self.group, client_id=self.client_id, queues=refs)
+            try:
+                await self.call(request, broker=broker)
+            except TxmqError as exc:
+                log.warning("unlocking queues on broker %s failed: %s", broker, exc)
 
     async def _lock_loop(self) -> None:
         while True:
@@ -363,7 +406,7 @@ class PushConsumer(PullConsumer):
     async def _pull_loop(
         self, mq: MessageQueue, pq: ProcessQueue, offset: int, tg: anyio.abc.TaskGroup
     ) -> None:
-        topic, queue_id = mq
+        topic, broker, queue_id = mq
         expression = self._all_subscriptions().get(topic, "*")
         while not pq.dropped:
             if self._flow_blocked(pq):
@@ -377,9 +420,10 @@ class PushConsumer(PullConsumer):
                     max_msgs=self.pull_batch_size,
                     subscription=expression,
                     long_poll=self.long_poll,
+                    broker_name=broker,
                 )
             except TxmqError as exc:
-                log.warning("pull %s/%d failed: %s", topic, queue_id, exc)
+                log.warning("pull %s failed: %s", mq, exc)
                 await anyio.sleep(self.pull_delay_on_error)
                 continue
             pq.last_pull_time = time.monotonic()
@@ -395,11 +439,7 @@ class PushConsumer(PullConsumer):
                         self._work.put_nowait((mq, pq, m))
             elif res.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning(
-                    "offset %d of %s/%d is illegal; moving to %d",
-                    offset,
-                    topic,
-                    queue_id,
-                    res.next_offset,
+                    "offset %d of %s is illegal; moving to %d", offset, mq, res.next_offset
                 )
                 self.offsets.update(mq, res.next_offset)
             elif not pq.msgs and not pq.consuming:
@@ -468,7 +508,8 @@ class PushConsumer(PullConsumer):
                     delay_level=delay_level,
                     max_reconsume_times=self.max_reconsume_times,
                     origin_msg_id=msg.msg_id,
-                )
+                ),
+                broker=msg.broker_name or None,  # the broker it came from holds its record
             )
         except TxmqError as exc:
             log.warning("sending %s back failed: %s", msg.msg_id, exc)

@@ -12,7 +12,9 @@ import asyncio
 import inspect
 import itertools
 import logging
+import time
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -28,17 +30,21 @@ from txmq.errors import (
     TxmqError,
     error_for_code,
 )
+from txmq.flow import FRAME_ALLOWANCE, ConnectionLimits, FrameBudget, stop_eager_reading
 from txmq.wire.base import ErrorAnswer, R, Request, Response, WithBody, decode, encode
 from txmq.wire.errors import clip
 from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameKind, encode_frame
 
 __all__ = [
     "Connection",
+    "ConnectionLimits",
+    "FrameBudget",
     "Handler",
     "HandlerResult",
     "RemotingClient",
     "Reply",
     "parse_address",
+    "parse_namesrv",
 ]
 
 log = logging.getLogger("txmq.remoting")
@@ -51,9 +57,27 @@ Handler = Callable[["Connection", Frame], HandlerResult]
 
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"broker address {address!r} is not of the form HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def parse_namesrv(text: str, *, setting: str = "namesrv") -> tuple[str, ...]:
+    """The addresses of a name-server list, ``"h1:9876;h2:9876"`` (RocketMQ's form; commas
+    and spaces also separate); empty for an empty list.  ValueError names a bad entry."""
+    out: list[str] = []
+    for part in text.replace(",", ";").replace(" ", ";").split(";"):
+        if not part:
+            continue
+        try:
+            parse_address(part)
+        except ValueError:
+            raise ValueError(
+                f"{setting}: {part!r} is not HOST:PORT (a list is 'h1:9876;h2:9876')"
+            ) from None
+        if part not in out:
+            out.append(part)
+    return tuple(out)
 
 
 def _expire(fut: asyncio.Future[Frame | None]) -> None:
@@ -71,6 +95,8 @@ class Connection:
         *,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         name: str = "",
+        limits: ConnectionLimits | None = None,
+        budget: FrameBudget | None = None,
     ) -> None:
         self.stream = stream
         self.handler = handler
@@ -89,14 +115,32 @@ class Connection:
         self._tg: anyio.abc.TaskGroup | None = None
         self._close_after_flush = False
         self.on_close: list[Callable[[Connection], None]] = []
+        # limits (servers): bytes queued to write, requests not answered, activity times
+        self.limits = limits
+        self._out_bytes = 0
+        self._inflight = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._last_active = time.monotonic()
+        self._partial_since = 0.0
+        self._writing_since = 0.0
+        self._paused = False
+        self._budget = budget
+        self._reserved = 0
+        #: why the connection was closed by its limits (None: it was not)
+        self.closed_for: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.limits is not None:
+            stop_eager_reading(self.stream)
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._writer)
+                if self.limits is not None:
+                    tg.start_soon(self._watchdog, self.limits)
                 await self._reader()
                 if self._close_after_flush:
                     # the writer cancels the group once the queued answers are written
@@ -105,6 +149,12 @@ class Connection:
                 tg.cancel_scope.cancel()
         finally:
             self._mark_closed()
+            # what it held goes now, not when the garbage collector finds the connection
+            self._decoder.clear()
+            self._out.clear()
+            if self._reserved and self._budget is not None:
+                self._budget.release(self._reserved)
+                self._reserved = 0
             for task in list(self._replies):
                 task.cancel()
             with anyio.CancelScope(shield=True):
@@ -133,6 +183,7 @@ class Connection:
     # -- io loops -------------------------------------------------------------------------
 
     async def _reader(self) -> None:
+        limits = self.limits
         while True:
             try:
                 data = await self.stream.receive(256 * 1024)
@@ -149,14 +200,96 @@ class Connection:
                 self._enqueue(_error_frame(request_id, exc.code, str(exc)))
                 self.close()
                 return
-            for frame in frames:
-                if frame.kind == FrameKind.RESPONSE:
-                    fut = self._pending.pop(frame.request_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(frame)
-                else:
-                    self._dispatch(frame)
+            if limits is None:
+                for frame in frames:
+                    self._received(frame)
+            else:
+                await self._limited(limits, frames)
             if self._close_after_flush:
+                return
+
+    async def _limited(self, limits: ConnectionLimits, frames: list[Frame]) -> None:
+        """Take what was read under the limits: dispatch while the peer's unread answers
+        and unanswered requests fit, reserve memory for a big frame before reading on."""
+        now = self._last_active = time.monotonic()
+        buffered = self._decoder.buffered
+        if frames or not buffered:
+            self._partial_since = now if buffered else 0.0
+            if self._reserved and self._budget is not None:  # its frame is complete
+                self._budget.release(self._reserved)
+                self._reserved = 0
+        elif not self._partial_since:
+            self._partial_since = now
+        queue = deque(frames)
+        while queue:
+            if self._out_bytes > limits.write_buffer or self._inflight >= limits.max_inflight:
+                # a peer that does not read its answers (or floods requests) is not read
+                # either, until what it is owed drains to half the limit
+                self._room.clear()
+                await self._paused_until(self._room.wait())
+            self._received(queue.popleft())
+        if self._budget is not None and not self._reserved and buffered > FRAME_ALLOWANCE:
+            size = self._decoder.next_frame_size or 0
+            await self._paused_until(self._budget.acquire(size))
+            self._reserved = size
+
+    async def _paused_until(self, event: Awaitable[Any]) -> None:
+        self._paused = True
+        try:
+            await event
+        finally:
+            self._paused = False
+        if self._partial_since:  # a frame's time runs from when it is read again
+            self._partial_since = time.monotonic()
+
+    def _received(self, frame: Frame) -> None:
+        if frame.kind == FrameKind.RESPONSE:
+            fut = self._pending.pop(frame.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(frame)
+        else:
+            self._dispatch(frame)
+
+    def _check_room(self) -> None:
+        limits = self.limits
+        if (
+            limits is not None
+            and not self._room.is_set()
+            and self._out_bytes <= limits.write_buffer // 2
+            and self._inflight <= limits.max_inflight // 2
+        ):
+            self._room.set()
+
+    async def _watchdog(self, limits: ConnectionLimits) -> None:
+        """Close the connection when a limit's time is up."""
+        while True:
+            await anyio.sleep(limits.check_interval)
+            now = time.monotonic()
+            reason = None
+            if limits.frame_timeout and self._partial_since and not self._paused:
+                if now - self._partial_since > limits.frame_timeout:
+                    reason = (
+                        f"a frame ({self._decoder.buffered} bytes so far) was not completed "
+                        f"within {limits.frame_timeout:g} s"
+                    )
+            if reason is None and limits.idle_timeout:
+                if self._writing_since and now - self._writing_since > limits.idle_timeout:
+                    reason = (
+                        f"it has not read its answers for {limits.idle_timeout:g} s "
+                        f"({self._out_bytes} bytes waiting)"
+                    )
+                elif (
+                    not self._inflight
+                    and not self._out_bytes
+                    and now - self._last_active > limits.idle_timeout
+                ):
+                    reason = f"idle for {limits.idle_timeout:g} s"
+            if reason is not None:
+                self.closed_for = reason
+                log.info("closing connection %s: %s", self.name, reason)
+                self._mark_closed()
+                if self._tg is not None:
+                    self._tg.cancel_scope.cancel()
                 return
 
     async def _writer(self) -> None:
@@ -166,6 +299,7 @@ class Connection:
             if self._out:
                 data = b"".join(self._out)
                 self._out.clear()
+                self._writing_since = time.monotonic()
                 try:
                     await self.stream.send(data)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
@@ -173,6 +307,10 @@ class Connection:
                     if self._tg is not None:
                         self._tg.cancel_scope.cancel()
                     return
+                self._last_active = time.monotonic()
+                self._writing_since = 0.0
+                self._out_bytes -= len(data)
+                self._check_room()
             if self._close_after_flush and not self._out:
                 if self._tg is not None:
                     self._tg.cancel_scope.cancel()
@@ -182,11 +320,13 @@ class Connection:
         if self.closed:
             raise BrokerUnavailable(f"connection {self.name} is closed")
         self._out.append(data)
+        self._out_bytes += len(data)
         self._out_event.set()
 
     # -- incoming requests ----------------------------------------------------------------
 
     def _dispatch(self, frame: Frame) -> None:
+        self._inflight += 1
         if self.handler is None:
             self._fail(frame, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, "no handler")
             return
@@ -214,6 +354,7 @@ class Connection:
 
     def _reply_future(self, frame: Frame, fut: asyncio.Future[Reply | None]) -> None:
         if fut.cancelled():
+            self._answered()
             return
         exc = fut.exception()
         if exc is None:
@@ -221,7 +362,12 @@ class Connection:
         else:
             self._failed(frame, exc)
 
+    def _answered(self) -> None:
+        self._inflight -= 1
+        self._check_room()
+
     def _reply(self, frame: Frame, reply: Reply | None) -> None:
+        self._answered()
         if frame.kind == FrameKind.ONEWAY or reply is None or self.closed:
             return
         if isinstance(reply, WithBody):
@@ -248,6 +394,7 @@ class Connection:
         self._fail(frame, ResponseCode.SYSTEM_ERROR, text)
 
     def _fail(self, frame: Frame, code: int, message: str) -> None:
+        self._answered()
         if frame.kind == FrameKind.ONEWAY or self.closed:
             return
         self._enqueue(_error_frame(frame.request_id, code, clip(message), frame.version))
@@ -357,6 +504,17 @@ class RemotingClient:
         self._tg.cancel_scope.cancel()
         await self._stack.aclose()
         self._stack = None
+        self._tg = None
+
+    def attach(self, tg: anyio.abc.TaskGroup) -> None:
+        """Run connections in ``tg`` instead of a task group of its own (a client that
+        talks to several brokers keeps them all in its own task group)."""
+        self._tg = tg
+
+    def detach(self) -> None:
+        """Close the connection (after what is queued is written) and forget ``tg``."""
+        if self._conn is not None:
+            self._conn.close()
         self._tg = None
 
     async def connection(self) -> Connection:

@@ -31,6 +31,7 @@ from txmq import pull as _pull
 from txmq import push as _push
 from txmq import transaction as _tx
 from txmq.caller import CallerThread, serving
+from txmq.route import MessageQueue
 
 __all__ = [
     "AdminClient",
@@ -172,6 +173,7 @@ class Producer(SyncClient[_producer.Producer]):
     send_async = blocking(_producer.Producer.send_async)
     send_oneway = blocking(_producer.Producer.send_oneway)
     send_batch = blocking(_producer.Producer.send_batch)
+    route = blocking(_producer.Producer.route)
 
 
 class TransactionProducer(SyncClient[_tx.TransactionProducer]):
@@ -209,6 +211,7 @@ class PullConsumer(SyncClient[_pull.PullConsumer]):
         super().__init__(_pull.PullConsumer(address, group, **kw))
 
     queues = blocking(_pull.PullConsumer.queues)
+    message_queues = blocking(_pull.PullConsumer.message_queues)
     pull = blocking(_pull.PullConsumer.pull)
     commit_offset = blocking(_pull.PullConsumer.commit_offset)
     fetch_offset = blocking(_pull.PullConsumer.fetch_offset)
@@ -231,6 +234,9 @@ class AdminClient(SyncClient[_admin.AdminClient]):
     dlq_list = blocking(_admin.AdminClient.dlq_list)
     dlq_resend = blocking(_admin.AdminClient.dlq_resend)
     transactions = blocking(_admin.AdminClient.transactions)
+    cluster = blocking(_admin.AdminClient.cluster)
+    topic_route = blocking(_admin.AdminClient.topic_route)
+    runtime_infos = blocking(_admin.AdminClient.runtime_infos)
 
 
 class PushConsumer(SyncClient[_push.PushConsumer]):
@@ -252,5 +258,5 @@ class PushConsumer(SyncClient[_push.PushConsumer]):
     def register_listener(self, listener: _push.Listener) -> None:
         self.aio.register_listener(listener)
 
-    def queues_held(self) -> list[tuple[str, int]]:
+    def queues_held(self) -> list[MessageQueue]:
         return sorted(self.aio.queues_held)

@@ -51,6 +51,7 @@ from txmq.codec import decode_record
 from txmq.errors import TxmqError
 from txmq.message import Message, MessageExt, Prop, new_message_id
 from txmq.producer import Producer, QueueOptions, SendOptions, SendResult, send_result
+from txmq.remoting import Connection, RemotingClient
 from txmq.rpc import Call, Router
 from txmq.wire import CheckTransactionState, EndTransaction, Heartbeat, UnregisterClient
 
@@ -154,18 +155,15 @@ class TransactionProducer(Producer):
     # -- lifecycle and heartbeats -----------------------------------------------------------
 
     async def _on_start(self) -> None:
-        await self.remoting.connection()
+        await self.connect()
         await self._heartbeat()
         self._task_group().start_soon(self._heartbeat_loop)
 
     async def _on_stop(self) -> None:
         with anyio.move_on_after(3):
-            try:
-                await self.call(
-                    UnregisterClient(client_id=self.client_id, producer_groups=[self.group])
-                )
-            except TxmqError:
-                pass
+            await self._unregister(
+                UnregisterClient(client_id=self.client_id, producer_groups=[self.group])
+            )
 
     def _heartbeat_request(self) -> Heartbeat:
         return Heartbeat(client_id=self.client_id, producers=[self.group])
@@ -199,10 +197,11 @@ class TransactionProducer(Producer):
             if not check_immunity_s >= 0:
                 raise ValueError("check_immunity_s must not be negative")
             props[Prop.CHECK_IMMUNITY_TIME_IN_SECONDS] = repr(float(check_immunity_s))
-        qid, _ = await self._pick(msg, options)
-        request = self._send_request(msg.topic, qid, props)
-        sent = await self.call(request, bytes(msg.body), timeout=options.get("timeout"))
-        return send_result(msg.topic, sent)
+        mq, _ = await self._pick(msg, options)
+        request = self._send_request(msg.topic, mq.queue_id, props)
+        # not retried (a second half), but a broker set that failed is left out of the next
+        sent = await self._send_to(mq, request, bytes(msg.body), options.get("timeout"))
+        return send_result(msg.topic, sent, mq.broker_name)
 
     async def end_transaction(
         self,
@@ -215,24 +214,35 @@ class TransactionProducer(Producer):
         COMMITTED, ROLLED_BACK or ALREADY_RESOLVED (UNKNOWN sends nothing: UNKNOWN)."""
         if result.transaction_offset < 0:
             raise ValueError("end_transaction needs the result of send_half")
-        return await self._end(result.transaction_offset, result.msg_id, state, from_check)
+        return await self._end(
+            result.transaction_offset,
+            result.msg_id,
+            state,
+            from_check,
+            self.remote(result.broker_name or None),
+        )
 
     async def _end(
-        self, offset: int, msg_id: str, state: LocalTransactionState | str, from_check: bool
+        self,
+        offset: int,
+        msg_id: str,
+        state: LocalTransactionState | str,
+        from_check: bool,
+        to: RemotingClient | Connection,
     ) -> str:
+        """End a half message on the broker that stored it (``to``: its connection, or the
+        connection its check-back came on)."""
         state = LocalTransactionState(state)
         if state is LocalTransactionState.UNKNOWN:
             return "UNKNOWN"
-        ended = await self.call(
-            EndTransaction(
-                group=self.group,
-                transaction_offset=offset,
-                msg_id=msg_id,
-                state="COMMIT" if state is LocalTransactionState.COMMIT else "ROLLBACK",
-                from_check=from_check,
-            )
+        request = EndTransaction(
+            group=self.group,
+            transaction_offset=offset,
+            msg_id=msg_id,
+            state="COMMIT" if state is LocalTransactionState.COMMIT else "ROLLBACK",
+            from_check=from_check,
         )
-        return ended.result
+        return (await to.call(request, timeout=self.request_timeout)).header.result
 
     async def send_message_in_transaction(
         self,
@@ -323,9 +333,11 @@ class TransactionProducer(Producer):
         if tg is None:
             return
         self._checking.add(offset)
-        tg.start_soon(self._check_back, check, call.body)
+        tg.start_soon(self._check_back, check, call.body, call.conn)
 
-    async def _check_back(self, check: CheckTransactionState, body: bytes) -> None:
+    async def _check_back(
+        self, check: CheckTransactionState, body: bytes, conn: Connection
+    ) -> None:
         offset, msg_id = check.transaction_offset, check.msg_id
         try:
             try:
@@ -348,7 +360,7 @@ class TransactionProducer(Producer):
             if state is LocalTransactionState.UNKNOWN:
                 return
             try:
-                result = await self._end(offset, msg_id, state, from_check=True)
+                result = await self._end(offset, msg_id, state, True, conn)
             except TxmqError as exc:
                 log.warning("ending message %s after a check failed: %s", msg_id, exc)
                 return

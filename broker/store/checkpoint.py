@@ -9,6 +9,7 @@ its CRC guards against anything else.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -48,10 +49,18 @@ def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        done = 0
+        while done < len(data):  # a short write (a full disk) is an error, not a checkpoint
+            n = os.write(fd, data[done:])
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+            done += n
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        tmp.unlink(missing_ok=True)  # the old checkpoint stays
+        raise
+    os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

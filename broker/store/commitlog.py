@@ -14,16 +14,14 @@ descriptor is closed when the last reader drops its reference to the segment.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from txmq.codec import (
-    BLANK_MAGIC,
     MESSAGE_MAGIC,
-    MIN_RECORD_SIZE,
     PREFIX,
     CorruptRecord,
     blank_record,
@@ -32,11 +30,9 @@ from txmq.codec import (
 
 from .types import NAME_WIDTH, StoreError
 
-__all__ = ["CommitLog", "Scanner", "Segment", "fsync_dir", "is_segment_name", "segment_paths"]
+__all__ = ["CommitLog", "Segment", "fsync_dir", "is_segment_name", "segment_paths"]
 
 log = logging.getLogger("txmq.broker.store")
-
-_SCAN_CHUNK = 4 * 1024 * 1024
 
 
 def is_segment_name(name: str) -> bool:
@@ -176,6 +172,21 @@ class CommitLog:
         last = segs[-1]
         return last.start + os.fstat(last.fd).st_size
 
+    def gaps(self) -> list[tuple[int, int, str]]:
+        """Holes between the oldest and the newest segment: ``(start, end, why)`` for each
+        segment file missing, and each sealed one shorter than a segment."""
+        ss = self.segment_size
+        segs = self.segments()
+        out: list[tuple[int, int, str]] = []
+        for seg, nxt in itertools.pairwise(segs):
+            size = os.fstat(seg.fd).st_size
+            if size < ss:
+                why = f"segment {seg.path.name} is {ss - size} bytes short of {ss}"
+                out.append((seg.start + size, seg.start + ss, why))
+            for start in range(seg.start + ss, nxt.start, ss):
+                out.append((start, start + ss, f"segment file {start:0{NAME_WIDTH}d} is missing"))
+        return out
+
     # -- writing (callers hold the store lock) ---------------------------------------------
 
     def fits(self, size: int) -> bool:
@@ -309,90 +320,3 @@ class CommitLog:
     def close(self) -> None:
         for seg in self._segs.values():
             seg.close()
-
-
-class Scanner:
-    """Walks the valid records from ``start``.
-
-    Iterating yields ``(offset, buf, pos, size)`` for each message record (the record is
-    ``buf[pos:pos + size]``); blank fillers are skipped.  Afterwards :attr:`end` is the
-    offset just past the last valid record and :attr:`error` says why the walk stopped
-    early (``None`` when it reached the end of the log, or ``stop``).
-    """
-
-    def __init__(self, commit_log: CommitLog, start: int, stop: int | None = None) -> None:
-        self._cl = commit_log
-        self.start = start
-        self.stop = stop
-        self.end = start
-        self.error: str | None = None
-
-    def _fail(self, pos: int, why: str) -> None:
-        self.end = pos
-        self.error = why
-
-    def __iter__(self) -> Iterator[tuple[int, bytes, int, int]]:
-        cl = self._cl
-        ss = cl.segment_size
-        by_start = {s.start: s for s in cl.segments()}
-        if not by_start:
-            return
-        last_start = max(by_start)
-        stop = self.stop if self.stop is not None else 1 << 63
-        pos = self.start
-        while pos < stop:
-            seg_start = pos - pos % ss
-            seg = by_start.get(seg_start)
-            if seg is None:
-                if seg_start <= last_start:
-                    self._fail(pos, f"segment {seg_start:0{NAME_WIDTH}d} is missing")
-                return
-            flen = os.fstat(seg.fd).st_size
-            off = pos - seg_start
-            buf = b""
-            bstart = off
-            why: str | None = None
-            while off < flen and seg_start + off < stop:
-                if flen - off < PREFIX.size:
-                    why = f"partial record ({flen - off} bytes)"
-                    break
-                if off + PREFIX.size > bstart + len(buf):
-                    buf = os.pread(seg.fd, _SCAN_CHUNK, off)
-                    bstart = off
-                total, magic = PREFIX.unpack_from(buf, off - bstart)
-                if magic == BLANK_MAGIC:
-                    if off + total != ss or flen != ss:
-                        why = "bad blank filler"
-                        break
-                    off = ss
-                    break
-                if magic != MESSAGE_MAGIC:
-                    why = f"garbage (bad magic {magic:#010x})"
-                    break
-                if total < MIN_RECORD_SIZE or off + total + PREFIX.size > ss:
-                    why = f"garbage (bad record size {total})"
-                    break
-                if off + total > flen:
-                    why = f"partial record ({flen - off} of {total} bytes)"
-                    break
-                if off + total > bstart + len(buf):
-                    buf = os.pread(seg.fd, max(_SCAN_CHUNK, total), off)
-                    bstart = off
-                try:
-                    check_record(buf, off - bstart)
-                except CorruptRecord as exc:
-                    why = f"corrupt record: {exc}"
-                    break
-                yield seg_start + off, buf, off - bstart, total
-                off += total
-                self.end = seg_start + off
-            if why is not None:
-                self._fail(seg_start + off, why)
-                return
-            if off >= ss:
-                pos = seg_start + ss
-                self.end = pos
-                continue
-            if seg_start + off < stop and seg_start != last_start:
-                self._fail(seg_start + off, "segment ends early, before later segments")
-            return

@@ -4,7 +4,10 @@ Entry ``n`` of a queue (its *queue offset*) is ``commit-log offset (8), size (4)
 (8)``, little-endian.  Files hold ``cq_entries_per_file`` entries each and are named by the
 byte position of their first entry (RocketMQ's naming).  A file is created at full size
 (sparse) and memory-mapped, so appending an entry is a store into the map and readers see
-it at once; the flush thread msyncs the written range.  Everything at or past a queue's max
+it at once; the flush thread msyncs the written range.  Disk blocks are reserved ahead of
+the entries, a chunk at a time (:meth:`ConsumeQueue.reserve`): storing into a hole of a
+full disk would kill the process with SIGBUS, a failed reservation is a
+:class:`~.disk.DiskFullError`.  Everything at or past a queue's max
 offset is zero, and an entry of size 0 is a hole (never written).
 """
 
@@ -17,6 +20,7 @@ import struct
 from pathlib import Path
 
 from .commitlog import fsync_dir
+from .disk import ALLOC_CHUNK, allocate
 from .types import NAME_WIDTH, StoreError
 
 __all__ = ["CQ_ENTRY", "ConsumeQueue", "CqFile"]
@@ -57,7 +61,7 @@ def _data_end(path: Path, size: int) -> int:
 
 
 class CqFile:
-    __slots__ = ("end", "index", "mm", "path", "start")
+    __slots__ = ("allocated", "end", "index", "mm", "path", "start")
 
     def __init__(self, path: Path, index: int, per_file: int) -> None:
         size = per_file * ENTRY
@@ -78,6 +82,18 @@ class CqFile:
         self.index = index
         self.start = index * per_file
         self.end = self.start + per_file
+        #: bytes from the file's start whose disk blocks are reserved
+        self.allocated = 0
+
+    def reserve(self, upto: int) -> None:
+        """Make sure the disk blocks of the file's first ``upto`` bytes are allocated
+        (:class:`~.disk.DiskFullError` if the disk has no room)."""
+        if upto <= self.allocated:
+            return
+        size = len(self.mm)
+        hi = min(size, -(-upto // ALLOC_CHUNK) * ALLOC_CHUNK)
+        allocate(self.path, self.allocated, hi - self.allocated)
+        self.allocated = hi
 
 
 class ConsumeQueue:
@@ -183,11 +199,22 @@ class ConsumeQueue:
         end = min(offset + count, hi, f.end)
         return f.mm[(offset - f.start) * ENTRY : (end - f.start) * ENTRY]
 
+    def reserve(self, offset: int) -> None:
+        """Allocate the disk blocks entry ``offset`` goes to (creating its file): after
+        this :meth:`put` at ``offset`` cannot fail for want of space."""
+        f = self.last
+        if f is None or not f.start <= offset < f.end:
+            f = self._file_for_write(offset)
+        f.reserve((offset - f.start + 1) * ENTRY)
+
     def put(self, offset: int, phy: int, size: int, tag: int) -> None:
         f = self.last
         if f is None or not f.start <= offset < f.end:
             f = self._file_for_write(offset)
-        CQ_ENTRY.pack_into(f.mm, (offset - f.start) * ENTRY, phy, size, tag)
+        at = (offset - f.start) * ENTRY
+        if at + ENTRY > f.allocated:
+            f.reserve(at + ENTRY)
+        CQ_ENTRY.pack_into(f.mm, at, phy, size, tag)
         if offset >= self.max_offset:
             if self.max_offset == 0 and offset and self.min_offset == 0:
                 self.min_offset = offset

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .commitlog import segment_paths
@@ -66,8 +67,18 @@ def _pythonpath() -> str:
 class SegmentExporter:
     """Runs the Parquet export of the store at ``root`` in a child process, on request."""
 
-    def __init__(self, root: Path, *, retry_s: float = 5.0, stop_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        retry_s: float = 5.0,
+        stop_timeout: float = 5.0,
+        paused: Callable[[], bool] | None = None,
+    ) -> None:
         self._root = root
+        #: no export while this says so (a full disk: an export only adds to it); the
+        #: next request after that exports what was left
+        self._paused = paused
         self._retry_s = retry_s
         self._stop_timeout = stop_timeout
         self._wake = threading.Event()
@@ -128,7 +139,9 @@ class SegmentExporter:
         return [sys.executable, "-m", "txmq.broker.store.export", str(self._root)]
 
     def _export(self) -> None:
-        if self._disabled or not self._has_work():
+        if self._disabled or (self._paused is not None and self._paused()):
+            return
+        if not self._has_work():
             return
         lock = os.open(self._root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:

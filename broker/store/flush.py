@@ -169,10 +169,21 @@ def _call_soon(waiters: list[_Waiter], fn: Callable[[list[asyncio.Future[None]]]
 
 
 class PeriodicThread:
-    """Calls ``fn`` every ``interval`` seconds on a daemon thread until stopped."""
+    """Calls ``fn`` every ``interval`` seconds on a daemon thread until stopped.
 
-    def __init__(self, name: str, interval: float, fn: Callable[[], object]) -> None:
+    An exception is logged with its stack, unless ``quiet(exc)`` says it is accounted for
+    (a full disk, which the store logs once when it fills).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        interval: float,
+        fn: Callable[[], object],
+        quiet: Callable[[BaseException], bool] | None = None,
+    ) -> None:
         self._fn = fn
+        self._quiet = quiet
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -184,8 +195,9 @@ class PeriodicThread:
         while not self._stop.wait(self._interval):
             try:
                 self._fn()
-            except Exception:
-                log.exception("%s failed", self._thread.name)
+            except Exception as exc:
+                if self._quiet is None or not self._quiet(exc):
+                    log.exception("%s failed", self._thread.name)
 
     def stop(self) -> None:
         self._stop.set()

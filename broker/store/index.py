@@ -11,7 +11,10 @@ A file is memory-mapped and laid out as
 so each slot chains its entries newest first.  Only the key's hash is stored: a lookup
 yields candidate offsets that the caller confirms on the decoded record.  Entries are
 appended in commit-log order, which lets recovery cut a file at an offset.  When a file
-is full the next one is created; files are named by a sequence number.
+is full the next one is created; files are named by a sequence number.  The header and the
+slot table are allocated on disk when a file is created, the entries a chunk at a time
+ahead of them (a store into a hole of a full disk would raise SIGBUS; a failed allocation
+is a :class:`~.disk.DiskFullError`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from .commitlog import fsync_dir
 from .consumequeue import map_file
+from .disk import ALLOC_CHUNK, allocate
 from .types import NAME_WIDTH
 
 __all__ = ["IndexFile", "IndexService", "key_hash", "uniq_key_hash"]
@@ -54,6 +58,7 @@ def uniq_key_hash(key: str) -> int:
 
 class IndexFile:
     __slots__ = (
+        "allocated",
         "begin_phy",
         "begin_ts",
         "capacity",
@@ -79,6 +84,8 @@ class IndexFile:
         self.end_phy = 0
         self.count = 0
         self.flushed_count = -1
+        #: bytes from the file's start whose disk blocks are reserved
+        self.allocated = 0
 
     @classmethod
     def create(cls, path: Path, slots: int, capacity: int, phy: int, ts: int) -> IndexFile:
@@ -90,6 +97,12 @@ class IndexFile:
         finally:
             os.close(fd)
         f = cls(path, mm, slots, capacity)
+        try:
+            f.reserve(1)
+        except BaseException:
+            mm.close()
+            path.unlink(missing_ok=True)
+            raise
         f.begin_ts = f.end_ts = ts
         f.begin_phy = f.end_phy = phy
         f.write_header()
@@ -132,7 +145,18 @@ class IndexFile:
             self.count,
         )
 
+    def reserve(self, n: int) -> None:
+        """Allocate the disk blocks of the header, the slots and ``n`` more entries."""
+        upto = self.entries_at + min(self.count + n, self.capacity) * ENTRY.size
+        if upto <= self.allocated:
+            return
+        hi = min(len(self.mm), -(-upto // ALLOC_CHUNK) * ALLOC_CHUNK)
+        allocate(self.path, self.allocated, hi - self.allocated)
+        self.allocated = hi
+
     def add(self, h: int, phy: int, ts: int) -> None:
+        if self.entries_at + (self.count + 1) * ENTRY.size > self.allocated:
+            self.reserve(1)
         mm = self.mm
         slot_at = HEADER.size + (h % self.slots) * 4
         prev = SLOT.unpack_from(mm, slot_at)[0]
@@ -257,10 +281,19 @@ class IndexService:
             f = self._roll(phy, ts)
         f.add(h, phy, ts)
 
+    def reserve(self, n: int) -> None:
+        """Allocate the disk blocks of the current file's next ``n`` entries (those that
+        fit in it: a new file allocates its own when it is created)."""
+        f = self._cur
+        if f is None or f.entries_at + (f.count + n) * 20 <= f.allocated:
+            return
+        if f.count < f.capacity:
+            f.reserve(n)
+
     def _roll(self, phy: int, ts: int) -> IndexFile:
         path = self.dir / f"{self._seq:0{NAME_WIDTH}d}"
-        self._seq += 1
         f = IndexFile.create(path, self.slots, self.capacity, phy, ts)
+        self._seq += 1
         self.files = [*self.files, f]
         self._cur = f
         self._dir_dirty = True

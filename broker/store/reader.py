@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from txmq.codec import read_header, record_topic_and_props
+from txmq.codec import CorruptRecord, check_record, read_header, record_topic_and_props
 from txmq.message import Prop
 
 from .commitlog import CommitLog
 from .consumequeue import CQ_ENTRY, ConsumeQueue
+from .damage import DamageLedger
 from .index import IndexService, key_hash, uniq_key_hash
 from .types import GetResult, GetStatus
 
-__all__ = ["get_from_queue", "query_all_by_uniq_key", "query_by_key", "query_by_uniq_key"]
+__all__ = [
+    "StoreReads",
+    "get_from_queue",
+    "query_all_by_uniq_key",
+    "query_by_key",
+    "query_by_uniq_key",
+]
 
 _MAX_FILTER_SCAN = 800  # consume-queue entries examined per get (RocketMQ: 16000 bytes)
 _READ_GAP = 16 * 1024  # read neighbouring records with one pread when this close together
@@ -26,8 +33,12 @@ def get_from_queue(
     max_count: int,
     max_bytes: int,
     tag_codes: set[int] | None,
+    damage: DamageLedger | None = None,
 ) -> GetResult:
-    """RocketMQ's ``DefaultMessageStore.getMessage`` for an existing queue."""
+    """RocketMQ's ``DefaultMessageStore.getMessage`` for an existing queue.
+
+    Each record is checked (CRC) as it is read: a damaged one is skipped and reported to
+    ``damage``, and the answer's next offset moves past it as if it had been consumed."""
     hi = cq.max_offset
     lo = cq.min_offset
     if hi == 0:
@@ -40,7 +51,7 @@ def get_from_queue(
         return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
     cl_min = cl.min_offset
     status = GetStatus.NO_MATCHED_MESSAGE
-    picked: list[tuple[int, int]] = []
+    picked: list[tuple[int, int, int]] = []
     total = 0
     cur = offset
     budget = max(_MAX_FILTER_SCAN, max_count)
@@ -64,14 +75,14 @@ def get_from_queue(
                 full = True
                 break
             else:
-                picked.append((phy, size))
+                picked.append((phy, size, cur))
                 total += size
                 if len(picked) >= max_count:
                     full = True
                     cur += 1
                     break
             cur += 1
-    records = read_records(cl, picked)
+    records = _checked(read_records(cl, picked), picked, cq, damage)
     if records:
         status = GetStatus.FOUND
     elif picked:
@@ -79,32 +90,60 @@ def get_from_queue(
     return GetResult(status, records, cur, lo, hi)
 
 
-def read_records(cl: CommitLog, picked: list[tuple[int, int]]) -> list[bytes]:
-    """The records at ``(offset, size)``; neighbours in one segment share one pread."""
-    out: list[bytes] = []
+def _checked(
+    records: list[bytes | None],
+    picked: list[tuple[int, int, int]],
+    cq: ConsumeQueue,
+    damage: DamageLedger | None,
+) -> list[bytes]:
+    """The records read that are sound, in order; each damaged one reported."""
+    good: list[bytes] = []
+    for rec, (phy, size, qoff) in zip(records, picked, strict=True):
+        if rec is None:  # its segment went meanwhile (retention)
+            continue
+        try:
+            check_record(rec)
+            if read_header(rec).commit_log_offset == phy:
+                good.append(rec)
+                continue
+            why = "the record there names another offset"
+        except CorruptRecord as exc:
+            why = str(exc)
+        if damage is not None:
+            damage.report(
+                "corrupt record",
+                phy,
+                size,
+                f"{cq.topic}/{cq.queue_id} queue offset {qoff}: {why}; skipped",
+            )
+    return good
+
+
+def read_records(cl: CommitLog, picked: list[tuple[int, int, int]]) -> list[bytes | None]:
+    """The records at ``(offset, size, ...)`` (None: no longer there); neighbours in one
+    segment share one pread."""
+    out: list[bytes | None] = []
     ss = cl.segment_size
     n = len(picked)
     i = 0
     while i < n:
-        start, size = picked[i]
+        start, size = picked[i][:2]
         end = start + size
         seg = start // ss
         j = i + 1
         while j < n:
-            p, s = picked[j]
+            p, s = picked[j][:2]
             if p - end > _READ_GAP or (p + s - 1) // ss != seg or p + s - start > _READ_SPAN:
                 break
             end = p + s
             j += 1
         data = cl.read(start, end - start) if j > i + 1 else None
         for k in range(i, j):
-            p, s = picked[k]
+            p, s = picked[k][:2]
             if data is not None:
                 out.append(data[p - start : p - start + s])
             else:
-                one = cl.read(p, s)
-                if one is not None:
-                    out.append(one)
+                out.append(cl.read(p, s))
         i = j
     return out
 
@@ -159,3 +198,59 @@ def _candidates(
         rec = cl.read_record(phy)
         if rec is not None and begin_ts <= read_header(rec).store_timestamp <= end_ts:
             yield rec
+
+
+class StoreReads:
+    """The message store's read side (a base of :class:`MessageStore`)."""
+
+    _cl: CommitLog
+    _cqs: dict[tuple[str, int], ConsumeQueue]
+    _index: IndexService
+    damage: DamageLedger
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_codes: set[int] | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` records of a queue from ``offset`` (RocketMQ's getMessage)."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        return get_from_queue(self._cl, cq, offset, max_count, max_bytes, tag_codes, self.damage)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset to be written (0 for an unknown queue)."""
+        cq = self._cqs.get((topic, queue_id))
+        return cq.max_offset if cq is not None else 0
+
+    def queue_offsets(self) -> dict[str, dict[int, tuple[int, int]]]:
+        out: dict[str, dict[int, tuple[int, int]]] = {}
+        for (topic, qid), cq in list(self._cqs.items()):
+            out.setdefault(topic, {})[qid] = (cq.min_offset, cq.max_offset)
+        return out
+
+    def look_message_by_offset(self, commit_log_offset: int) -> bytes | None:
+        return self._cl.read_record(commit_log_offset)
+
+    def query_by_key(
+        self, key: str, max_num: int = 32, begin_ts: int = 0, end_ts: int = 2**63 - 1
+    ) -> list[bytes]:
+        """Records whose KEYS contain ``key``, stored in [begin_ts, end_ts], newest first."""
+        return query_by_key(self._index, self._cl, key, max_num, begin_ts, end_ts)
+
+    def query_by_uniq_key(self, msg_id: str) -> bytes | None:
+        """The record whose UNIQ_KEY (client message id) is ``msg_id``."""
+        return query_by_uniq_key(self._index, self._cl, msg_id)
+
+    def query_all_by_uniq_key(self, msg_id: str, max_num: int = 256) -> list[bytes]:
+        """Every record whose UNIQ_KEY is ``msg_id`` (copies of one message), newest first."""
+        return query_all_by_uniq_key(self._index, self._cl, msg_id, max_num)

@@ -6,7 +6,10 @@
 3. Queues holding fewer entries than the checkpoint recorded (files deleted or truncated)
    are rebuilt from the commit log, from just after their last surviving entry.
 4. The commit log is scanned from the checkpoint, each record checked (magic, size, CRC)
-   and dispatched again; at the first bad record the log is cut and a WARNING logged.
+   and dispatched again.  Damage with sound records after it is stepped over and kept
+   (those records are dispatched); only a torn tail, with nothing sound after it, is cut.
+5. Whatever is missing — segment files, bytes the checkpoint says were written — is a
+   WARNING and an entry in the store's damage ledger (``txmq admin broker-info``).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from txmq.codec import HEADER, read_header, record_topic_and_props
 from txmq.message import Prop, tag_hash
 
 from .checkpoint import Checkpoint, read_checkpoint
-from .commitlog import CommitLog, Scanner
+from .commitlog import CommitLog
 from .consumequeue import ConsumeQueue
+from .damage import DamageLedger
 from .index import IndexService, key_hash, uniq_key_hash
+from .scanner import Scanner
 from .types import RecoveryStats
 
 __all__ = ["CQ_TAG_PROPERTY", "Recovery", "index_keys", "tag_code_of"]
@@ -78,6 +83,7 @@ class Recovery:
     cq_root: Path
     cq_entries_per_file: int
     cqs: dict[tuple[str, int], ConsumeQueue]
+    damage: DamageLedger
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.cqs.get((topic, queue_id))
@@ -93,13 +99,19 @@ class Recovery:
         cl.load()
         cl_min = cl.min_offset
         disk_end = cl.disk_end()
+        gaps = cl.gaps()
+        for start, end, why in gaps:
+            kind = "missing segment" if "missing" in why else "short segment"
+            self.damage.report(kind, start, end - start, f"{why}; its records are lost")
         if ckpt is not None and ckpt.offset > disk_end:
-            log.warning(
-                "checkpoint offset %d is past the end of the commit log (%d); "
-                "rebuilding consume queues and index from offset %d",
-                ckpt.offset,
+            self.damage.report(
+                "commit log short of checkpoint",
                 disk_end,
-                cl_min,
+                ckpt.offset - disk_end,
+                f"the commit log ends at {disk_end} but the checkpoint says {ckpt.offset} "
+                "bytes were written and flushed: acknowledged messages are lost (a segment "
+                "file deleted or cut?); rebuilding consume queues and index from offset "
+                f"{cl_min}",
             )
             ckpt = None
         scan_from = cl_min if ckpt is None else max(ckpt.offset, cl_min)
@@ -113,6 +125,7 @@ class Recovery:
         for phy, buf, pos, size in scanner:
             self._dispatch(buf, pos, phy, size, with_index=True)
             redispatched += 1
+        self._report_skipped(scanner, {g[0] for g in gaps})
         truncated = 0
         if scanner.error is not None:
             truncated = cl.truncate(scanner.end)
@@ -180,6 +193,7 @@ class Recovery:
             key = (_topic_of(buf, pos), read_header(buf, pos).queue_id)
             if key in damaged:
                 count += self._dispatch(buf, pos, phy, size, with_index=False)
+        self._report_skipped(scanner, set())
         if scanner.error is not None:
             log.error(
                 "commit log below the checkpoint is unreadable at offset %d (%s); "
@@ -188,6 +202,16 @@ class Recovery:
                 scanner.error,
             )
         return count
+
+    def _report_skipped(self, scanner: Scanner, known: set[int]) -> None:
+        for skip in scanner.skipped:
+            if skip.start not in known:
+                self.damage.report(
+                    "skipped at recovery",
+                    skip.start,
+                    skip.end - skip.start,
+                    f"{skip.why}; the sound records after it are kept",
+                )
 
     def _dispatch(self, buf: bytes, pos: int, phy: int, size: int, *, with_index: bool) -> int:
         head = read_header(buf, pos)

@@ -27,14 +27,14 @@ from txmq.message import Prop, tag_hash, validate_topic_name
 from .checkpoint import Checkpoint, write_checkpoint
 from .commitlog import CommitLog, fsync_dir
 from .consumequeue import ConsumeQueue
+from .damage import DamageLedger
+from .disk import DiskFullError, DiskGuard, is_disk_full
 from .exporting import SegmentExporter, export_file, pyarrow_installed
 from .flush import CommitLogFlusher, PeriodicThread
 from .index import IndexService
-from .reader import get_from_queue, query_all_by_uniq_key, query_by_key, query_by_uniq_key
+from .reader import StoreReads
 from .recovery import CQ_TAG_PROPERTY, Recovery, index_keys
 from .types import (
-    GetResult,
-    GetStatus,
     PutResult,
     PutStatus,
     RecoveryStats,
@@ -54,6 +54,7 @@ _NOT_AVAILABLE = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, -1, -1, 0, 0)
 _ILLEGAL = PutResult(PutStatus.MESSAGE_ILLEGAL, -1, -1, 0, 0)
 _PROPS_TOO_BIG = PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, -1, -1, 0, 0)
 _TAGS = Prop.TAGS
+_KEYS = Prop.KEYS
 
 # (topic, queue id, body, properties, born ts, sys flag, flag, reconsume times,
 #  prepared transaction offset, consume-queue tag code)
@@ -82,13 +83,19 @@ def _encode(p: _Prepared, queue_offset: int, commit_log_offset: int, store_ts: i
     )
 
 
+def _index_entries(props: dict[str, str]) -> int:
+    """At most how many key-index entries a record with ``props`` adds."""
+    keys = props.get(_KEYS)
+    return 1 + (keys.count(" ") + 1 if keys else 0)
+
+
 def _props_size(record: bytes, body_len: int) -> int:
     p = HEADER.size + body_len
     topic_len: int = _U16.unpack_from(record, p)[0]
     return len(record) - p - 2 - topic_len - 4
 
 
-class MessageStore:
+class MessageStore(StoreReads):
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         root = config.root
@@ -111,7 +118,11 @@ class MessageStore:
         self._tag_cache: dict[str | None, int] = {}
         self._last_ckpt = -1
         self._max_body = config.max_message_size
+        #: refuses writes while the disk is full (checked by the broker, and on ENOSPC)
+        self.disk = DiskGuard(root, config.disk_max_used_ratio)
         self.last_recovery = RecoveryStats(0, 0, 0, True, 0.0)
+        #: what was found damaged (and skipped) since the store opened, recovery included
+        self.damage = DamageLedger()
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -141,6 +152,7 @@ class MessageStore:
             self._cq_root,
             self.config.cq_entries_per_file,
             self._cqs,
+            self.damage,
         )
         try:
             self.last_recovery = rec.run(clean)
@@ -158,7 +170,10 @@ class MessageStore:
         cfg = self.config
         self._threads = [
             PeriodicThread(
-                "txmq-store-checkpoint", cfg.cq_flush_interval_ms / 1000, self._checkpoint
+                "txmq-store-checkpoint",
+                cfg.cq_flush_interval_ms / 1000,
+                self._checkpoint,
+                quiet=self.disk.absorb,  # a full disk: the old checkpoint stays, one line
             ),
             PeriodicThread(
                 "txmq-store-retention", cfg.retention_check_interval_s, self.delete_expired
@@ -168,7 +183,7 @@ class MessageStore:
             t.start()
         if cfg.export_segments:
             if pyarrow_installed():
-                self._exporter = SegmentExporter(root)
+                self._exporter = SegmentExporter(root, paused=lambda: self.disk.full)
                 self._exporter.start()
                 self._exporter.request()  # segments sealed before this start
             else:
@@ -184,9 +199,18 @@ class MessageStore:
         if self._exporter is not None:
             self._exporter.stop()
         self._flusher.stop()
-        self._checkpoint()
-        (self._root / "abort").unlink(missing_ok=True)
-        fsync_dir(self._root)
+        try:
+            self._checkpoint()
+        except (OSError, StoreError) as exc:
+            if not is_disk_full(exc):
+                raise
+            log.warning(  # the abort file stays: the next start checks the log's tail
+                "the disk is full: no checkpoint at shutdown; the next start recovers "
+                "from the previous one"
+            )
+        else:
+            (self._root / "abort").unlink(missing_ok=True)
+            fsync_dir(self._root)
         self._close()
 
     def _close(self) -> None:
@@ -328,17 +352,35 @@ class MessageStore:
             size = len(rec)
             if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
                 return _PROPS_TOO_BIG
-            if not cl.fits(size):
-                self._check_size(rec, len(body))
-                cl.roll()
-                self._sealed()
-                phy = cl.write_pos
-                rec = _encode(p, qoff, phy, ts)
-            cl.append(rec, ts)
+            if self.disk.full:
+                return self.disk.refusal()
+            try:  # room for the queue and index entries first: then nothing fails after
+                cq.reserve(qoff)
+                if props:
+                    self._index.reserve(_index_entries(props))
+                if not cl.fits(size):
+                    self._check_size(rec, len(body))
+                    cl.roll()
+                    self._sealed()
+                    phy = cl.write_pos
+                    rec = _encode(p, qoff, phy, ts)
+                cl.append(rec, ts)
+            except (OSError, StoreError) as exc:
+                if not is_disk_full(exc):
+                    raise
+                return self.disk.failed(exc)
             cq.put(qoff, phy, size, code)
             if props:
-                index_keys(self._index, props, phy, ts)
+                self._index_keys(props, phy, ts)
         return PutResult(PutStatus.PUT_OK, phy, qoff, ts, size)
+
+    def _index_keys(self, props: dict[str, str], phy: int, ts: int) -> None:
+        """Index a stored record; a full disk leaves its keys out (the record is stored and
+        in its queue; only a lookup by key misses it)."""
+        try:
+            index_keys(self._index, props, phy, ts)
+        except DiskFullError as exc:
+            self.disk.failed(exc)
 
     def _sealed(self) -> None:
         """A segment was sealed (the commit log rolled): have it exported."""
@@ -355,57 +397,75 @@ class MessageStore:
     def put_batch(self, items: list[dict[str, Any]]) -> list[PutResult]:
         """Append several messages under one lock with one write per segment touched."""
         prepared = [self._prepare(**item) for item in items]
-        results: list[PutResult] = [_ILLEGAL] * len(prepared)
-        cl = self._cl
+        results: list[PutResult | None] = [None] * len(prepared)
         with self._lock:
             if not self._running:
                 return [_NOT_AVAILABLE] * len(prepared)
-            ts = time.time_ns() // 1_000_000
-            bufs: list[bytes] = []
-            todo: list[tuple[int, ConsumeQueue, int, int, int, int, dict[str, str]]] = []
-            pos = cl.write_pos
-            next_off: dict[ConsumeQueue, int] = {}
-            for i, p in enumerate(prepared):
-                if p is None:
-                    continue
-                topic, qid, body, props, _born, _sf, _fl, _rt, _prep, code = p
-                cq = self._queue_for_put(topic, qid)
-                if cq is None:
-                    continue
-                qoff = next_off.get(cq, cq.max_offset)
+            if self.disk.full:
+                return [self.disk.refusal()] * len(prepared)
+            try:
+                self._put_batch(prepared, results)
+            except (OSError, StoreError) as exc:
+                if not is_disk_full(exc):
+                    raise
+                refused = self.disk.failed(exc)  # what was written before stays written
+                results = [refused if r is None else r for r in results]
+        return [_ILLEGAL if r is None else r for r in results]
+
+    def _put_batch(self, prepared: list[_Prepared | None], results: list[PutResult | None]) -> None:
+        cl = self._cl
+        ts = time.time_ns() // 1_000_000
+        bufs: list[bytes] = []
+        todo: list[tuple[int, ConsumeQueue, int, int, int, int, dict[str, str]]] = []
+        pos = cl.write_pos
+        next_off: dict[ConsumeQueue, int] = {}
+        keys = 0  # index entries of the records in bufs, reserved before they are written
+        for i, p in enumerate(prepared):
+            if p is None:
+                results[i] = _ILLEGAL
+                continue
+            topic, qid, body, props, _born, _sf, _fl, _rt, _prep, code = p
+            cq = self._queue_for_put(topic, qid)
+            if cq is None:
+                results[i] = _ILLEGAL
+                continue
+            qoff = next_off.get(cq, cq.max_offset)
+            rec = _encode(p, qoff, pos, ts)
+            if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
+                results[i] = _PROPS_TOO_BIG
+                continue
+            if not cl.fits(pos - cl.write_pos + len(rec)):
+                self._check_size(rec, len(body))
+                self._write_batch(bufs, todo, results, ts)
+                keys = 0
+                cl.roll()
+                self._sealed()
+                pos = cl.write_pos
                 rec = _encode(p, qoff, pos, ts)
-                if props and _props_size(rec, len(body)) > MAX_PROPERTIES_SIZE:
-                    results[i] = _PROPS_TOO_BIG
-                    continue
-                if not cl.fits(pos - cl.write_pos + len(rec)):
-                    self._check_size(rec, len(body))
-                    self._write_batch(bufs, todo, results, ts)
-                    cl.roll()
-                    self._sealed()
-                    pos = cl.write_pos
-                    rec = _encode(p, qoff, pos, ts)
-                bufs.append(rec)
-                todo.append((i, cq, qoff, pos, len(rec), code, props))
-                next_off[cq] = qoff + 1
-                pos += len(rec)
-            self._write_batch(bufs, todo, results, ts)
-        return results
+            cq.reserve(qoff)
+            if props:
+                keys += _index_entries(props)
+                self._index.reserve(keys)
+            bufs.append(rec)
+            todo.append((i, cq, qoff, pos, len(rec), code, props))
+            next_off[cq] = qoff + 1
+            pos += len(rec)
+        self._write_batch(bufs, todo, results, ts)
 
     def _write_batch(
         self,
         bufs: list[bytes],
         todo: list[tuple[int, ConsumeQueue, int, int, int, int, dict[str, str]]],
-        results: list[PutResult],
+        results: list[PutResult | None],
         ts: int,
     ) -> None:
         if not bufs:
             return
         self._cl.append(bufs[0] if len(bufs) == 1 else b"".join(bufs), ts)
-        index = self._index
         for i, cq, qoff, phy, size, code, props in todo:
             cq.put(qoff, phy, size, code)
             if props:
-                index_keys(index, props, phy, ts)
+                self._index_keys(props, phy, ts)
             results[i] = PutResult(PutStatus.PUT_OK, phy, qoff, ts, size)
         bufs.clear()
         todo.clear()
@@ -440,55 +500,6 @@ class MessageStore:
                 self._flusher.flush_now()
             write_checkpoint(self._root / "checkpoint", Checkpoint(upto, _now_ms(), queues))
             self._last_ckpt = upto
-
-    # -- reading ---------------------------------------------------------------------------
-
-    def get_messages(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int = 32,
-        max_bytes: int = 4 * 1024 * 1024,
-        tag_codes: set[int] | None = None,
-    ) -> GetResult:
-        """Up to ``max_count`` records of a queue from ``offset`` (RocketMQ's getMessage)."""
-        cq = self._cqs.get((topic, queue_id))
-        if cq is None:
-            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
-        return get_from_queue(self._cl, cq, offset, max_count, max_bytes, tag_codes)
-
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        cq = self._cqs.get((topic, queue_id))
-        return cq.min_offset if cq is not None else 0
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        """The next queue offset to be written (0 for an unknown queue)."""
-        cq = self._cqs.get((topic, queue_id))
-        return cq.max_offset if cq is not None else 0
-
-    def queue_offsets(self) -> dict[str, dict[int, tuple[int, int]]]:
-        out: dict[str, dict[int, tuple[int, int]]] = {}
-        for (topic, qid), cq in list(self._cqs.items()):
-            out.setdefault(topic, {})[qid] = (cq.min_offset, cq.max_offset)
-        return out
-
-    def look_message_by_offset(self, commit_log_offset: int) -> bytes | None:
-        return self._cl.read_record(commit_log_offset)
-
-    def query_by_key(
-        self, key: str, max_num: int = 32, begin_ts: int = 0, end_ts: int = 2**63 - 1
-    ) -> list[bytes]:
-        """Records whose KEYS contain ``key``, stored in [begin_ts, end_ts], newest first."""
-        return query_by_key(self._index, self._cl, key, max_num, begin_ts, end_ts)
-
-    def query_by_uniq_key(self, msg_id: str) -> bytes | None:
-        """The record whose UNIQ_KEY (client message id) is ``msg_id``."""
-        return query_by_uniq_key(self._index, self._cl, msg_id)
-
-    def query_all_by_uniq_key(self, msg_id: str, max_num: int = 256) -> list[bytes]:
-        """Every record whose UNIQ_KEY is ``msg_id`` (copies of one message), newest first."""
-        return query_all_by_uniq_key(self._index, self._cl, msg_id, max_num)
 
     @property
     def commit_log_min_offset(self) -> int:

@@ -42,6 +42,8 @@ class StoreConfig:
     #: export every sealed commit-log segment as Parquet, in a child process, for the
     #: reconciliation jobs (needs pyarrow; off with a log line without it)
     export_segments: bool = True
+    #: refuse writes while the disk holding the store is used over this share (disk.py)
+    disk_max_used_ratio: float = 0.90
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
@@ -58,6 +60,8 @@ class StoreConfig:
             raise ValueError("retention_hours and retention_check_interval_s must be positive")
         if self.max_message_size < 1:
             raise ValueError("max_message_size must be positive")
+        if not 0 < self.disk_max_used_ratio <= 1:
+            raise ValueError("disk_max_used_ratio must be above 0 and at most 1")
 
 
 class PutStatus(enum.Enum):
@@ -68,6 +72,9 @@ class PutStatus(enum.Enum):
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     #: the store is not started or already shut down
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    #: the disk holding the store is full (or used over disk_max_used_ratio); nothing was
+    #: written; try again once space is freed
+    DISK_FULL = "DISK_FULL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,8 @@ class PutResult:
     queue_offset: int
     store_timestamp: int
     size: int
+    #: why the store refused the message (DISK_FULL), for the client
+    detail: str = ""
 
     @property
     def ok(self) -> bool:

@@ -1,8 +1,9 @@
 """``python -m examples.orders``: the services, their front, the checker and the demo.
 
-python -m examples.orders demo                      # the README's demo
+python -m examples.orders demo [--single-broker]    # the README's demo
 python -m examples.orders order-service --db URL --broker HOST:PORT [--port N]
-python -m examples.orders inventory-service --db URL --broker HOST:PORT [--port N]
+python -m examples.orders inventory-service --db URL --namesrv 'H:P;H:P' [--port N]
+    (each service: --broker, one broker's address, or --namesrv, a cluster's name servers)
 python -m examples.orders seed --db URL apple=60 pear=40
 python -m examples.orders place --url http://127.0.0.1:PORT --product apple --quantity 2
 python -m examples.orders orders --url http://127.0.0.1:PORT [--state CANCELLED]
@@ -34,7 +35,13 @@ def _serve_orders(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    svc = OrderService(args.db, args.broker, instance=args.instance).start(args.port)
+    svc = OrderService(
+        args.db,
+        args.broker,
+        namesrv=args.namesrv,
+        instance=args.instance,
+        heartbeat_interval=args.heartbeat_interval,
+    ).start(args.port)
     try:
         assert svc.server is not None
         print(f"READY {svc.server.url}", flush=True)
@@ -53,6 +60,7 @@ def _serve_inventory(args: argparse.Namespace) -> int:
         svc = InventoryService(
             args.db,
             args.broker,
+            namesrv=args.namesrv,
             instance=args.instance,
             max_reconsume_times=args.max_reconsume_times,
             claim_lease=args.claim_lease,
@@ -120,6 +128,7 @@ def _demo(args: argparse.Namespace) -> int:
         inventory_db=args.inventory_db,
         faults=faults,
         seed=args.seed,
+        single_broker=args.single_broker,
     )
     try:
         result = run_demo(config, progress=print)
@@ -139,22 +148,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    d = sub.add_parser("demo", help="broker + both services, a load of orders, faults, the books")
+    d = sub.add_parser(
+        "demo", help="a local cluster + both services, a load of orders, faults, the books"
+    )
     d.add_argument("--orders", type=int, default=300, help="orders to place (default 300)")
     d.add_argument("--orders-db", help="the order service's database URL (default: SQLite)")
     d.add_argument("--inventory-db", help="the inventory's database URL (default: SQLite)")
     d.add_argument("--fault", action="append", help="only these faults (repeat)")
     d.add_argument("--no-faults", action="store_true")
     d.add_argument("--seed", type=int, default=7, help="random seed of the load")
+    d.add_argument(
+        "--single-broker",
+        action="store_true",
+        help="one broker alone, no name server (default: a name server and two broker sets)",
+    )
     d.set_defaults(func=_demo)
 
     for name, func in (("order-service", _serve_orders), ("inventory-service", _serve_inventory)):
         s = sub.add_parser(name, help=f"run the {name}")
         s.add_argument("--db", required=True, help="its database URL")
-        s.add_argument("--broker", required=True, help="HOST:PORT")
+        to = s.add_mutually_exclusive_group(required=True)
+        to.add_argument("--broker", help="one broker's HOST:PORT")
+        to.add_argument("--namesrv", help="a cluster's name servers: 'HOST:PORT;HOST:PORT'")
         s.add_argument("--port", type=int, default=0, help="HTTP port (default: any free)")
         s.add_argument("--instance", default=f"{name.split('-')[0]}-1")
         s.set_defaults(func=func)
+        if name == "order-service":
+            s.add_argument(
+                "--heartbeat-interval",
+                type=float,
+                default=30.0,
+                help="seconds between the producer's heartbeats to its brokers (default 30)",
+            )
         if name == "inventory-service":
             s.add_argument("--max-reconsume-times", type=int, default=16)
             s.add_argument("--claim-lease", type=float, default=30.0)

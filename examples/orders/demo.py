@@ -1,5 +1,10 @@
-"""The orders demo: a broker and both services as real processes, a load of orders,
-faults injected one after another, then the books.
+"""The orders demo: a local txmq cluster and both services as real processes, a load of
+orders, faults injected one after another, then the books.
+
+Layouts: by default a cluster — one name server and two broker sets (``broker-a``,
+``broker-b``, each its own store), the services routed through the name server, so the
+orders spread over both sets; ``single_broker`` (``--single-broker``): one broker alone, the
+services given its address.
 
 Faults (each between two parts of the load):
 
@@ -8,8 +13,12 @@ Faults (each between two parts of the load):
   the checker finds no committed transaction and the half message is rolled back.
 - ``order-crash-after-commit``: SIGKILLed after the database commit, before telling the
   broker COMMIT. The order must exist and settle: the check-back commits the message.
-- ``broker-restart``: the broker is SIGKILLed; orders placed meanwhile are refused (and
-  leave nothing half-done); it restarts on the same store and port and everyone reconnects.
+- ``broker-restart``: in the cluster, ``broker-b`` is SIGKILLed while orders flow: orders
+  move to ``broker-a`` (a send that fails on the dead set is refused and leaves nothing
+  half-done), ``broker-b`` restarts on its store and port, and its transactions whose COMMIT
+  died with it are settled by its check-back.  With one broker: the broker is SIGKILLed,
+  orders placed meanwhile are refused (nothing half-done), it restarts on the same store and
+  port and everyone reconnects.
 - ``inventory-crash``: the inventory service is SIGKILLed inside its handler, after its
   writes, before their commit: the message is delivered again and applied once.
 - ``duplicates``: copies of already-consumed ``OrderCreated`` messages are sent again: the
@@ -22,24 +31,37 @@ from __future__ import annotations
 import contextlib
 import random
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 from sqlalchemy import func, select
 
 from examples.orders import db as dbs
 from examples.orders.checker import Report, check
 from examples.orders.faults_demo import FAULTS, Fault, FaultResult
-from examples.orders.models import CANCELLED, CONFIRMED, PENDING, Order
+from examples.orders.models import (
+    CANCELLED,
+    CONFIRMED,
+    ORDER_CREATED,
+    PENDING,
+    STOCK_REPLIES,
+    Order,
+)
 from examples.orders.procs import Proc, free_port
 from examples.orders.web import request
 from txmq.db import with_connection
+from txmq.errors import TopicNotFound
+from txmq.remoting import RemotingClient
 from txmq.sqla.tables import ROLLED_BACK, transaction_log
 from txmq.sync import AdminClient
+from txmq.wire import GetTopicRoute
 
 __all__ = ["ALL_FAULTS", "DemoConfig", "DemoResult", "books_lines", "print_summary", "run_demo"]
 
@@ -54,6 +76,12 @@ transaction_timeout_s = 2.0
 message_delay_levels = "100ms 200ms 300ms 500ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s"
 """
 INVENTORY_MAX_RECONSUME = 3
+# Short for a demo (default 30 s): a restarted broker set checks its transactions back as
+# soon as the order service's producer heartbeats it again
+PRODUCER_HEARTBEAT_S = 2.0
+CLUSTER = "DemoCluster"
+BROKER_SETS = ("broker-a", "broker-b")
+QUEUES_PER_BROKER = 4
 
 
 @dataclass
@@ -68,6 +96,9 @@ class DemoConfig:
     stock: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_STOCK))
     duplicates: int = 20
     settle_timeout: float = 120.0
+    single_broker: bool = False
+    """One broker alone (the services given its address); default: a name server and two
+    broker sets (the services given the name server)."""
 
 
 @dataclass
@@ -76,9 +107,12 @@ class DemoResult:
     report: Report
     folder: str
     databases: str
+    layout: str = ""
     requested: int = 0
     accepted: int = 0
     refused: int = 0
+    by_broker: dict[str, int] = field(default_factory=dict)
+    """Accepted orders by the broker set that stored their OrderCreated."""
     faults: list[FaultResult] = field(default_factory=list)
     inventory: dict[str, Any] = field(default_factory=dict)
     dead_lettered: list[str] = field(default_factory=list)
@@ -90,6 +124,20 @@ class DemoResult:
         return self.settled and self.report.ok and all(f.verified for f in self.faults)
 
 
+@dataclass
+class BrokerNode:
+    """One broker process of the demo: its name, port and store survive its restarts."""
+
+    name: str
+    port: int
+    store: Path
+    proc: Proc | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
 class Demo:
     """The running system; :mod:`examples.orders.faults_demo` drives its faults."""
 
@@ -99,41 +147,110 @@ class Demo:
         self.say = progress
         self.orders_db = config.orders_db or f"sqlite:///{folder / 'orders.db'}"
         self.inventory_db = config.inventory_db or f"sqlite:///{folder / 'inventory.db'}"
-        self.port = free_port()
-        self.broker_address = f"127.0.0.1:{self.port}"
-        self.broker: Proc | None = None
+        self.single = config.single_broker
+        self.namesrv = "" if self.single else f"127.0.0.1:{free_port()}"
+        self.namesrv_proc: Proc | None = None
+        names = ("broker",) if self.single else BROKER_SETS
+        self.brokers = {n: BrokerNode(n, free_port(), folder / n) for n in names}
+        self.broker: Proc | None = None  # the single broker's process (None in a cluster)
         self.orders: Proc | None = None
         self.inventory: Proc | None = None
         self.orders_url = self.inventory_url = ""
         self.accepted: list[dict[str, Any]] = []
         self.refused = 0
         self.requested = 0
+        self._lock = threading.Lock()  # the load's clients are threads
+
+    @property
+    def broker_address(self) -> str:
+        """The single broker's address (in a cluster: the first broker set's)."""
+        return next(iter(self.brokers.values())).address
+
+    @property
+    def client_args(self) -> dict[str, str]:
+        """How a txmq client reaches this system: a broker's address, or the name server."""
+        return {"address": self.broker_address} if self.single else {"namesrv": self.namesrv}
+
+    @property
+    def layout(self) -> str:
+        if self.single:
+            return f"one broker on {self.broker_address} (--single-broker), no name server"
+        sets = ", ".join(f"{b.name} {b.address}" for b in self.brokers.values())
+        return f"a cluster: name server {self.namesrv}; broker sets {sets}"
 
     # -- processes -------------------------------------------------------------------------
 
-    def start_broker(self) -> None:
+    def start_namesrv(self) -> None:
+        port = self.namesrv.rpartition(":")[2]
+        args = ["txmq.cli", "namesrv", "start", "--port", port]
+        self.namesrv_proc = Proc("namesrv", args, self.folder / "namesrv.log")
+        self.namesrv_proc.wait_line("txmq namesrv listening on ")
+
+    def start_broker(self, name: str | None = None) -> None:
+        """Start (or restart, on its store and port) one broker; the single one by default."""
+        node = self.brokers[name] if name else next(iter(self.brokers.values()))
         cfg = self.folder / "broker.toml"
         cfg.write_text(BROKER_TOML)
-        args = ["txmq.cli", "broker", "start", "--store", str(self.folder / "broker")]
-        args += ["--port", str(self.port), "--config", str(cfg)]
-        self.broker = Proc("broker", args, self.folder / "broker.log")
-        self.broker.wait_line("txmq broker listening on ")
+        args = ["txmq.cli", "broker", "start", "--store", str(node.store)]
+        args += ["--port", str(node.port), "--config", str(cfg)]
+        if not self.single:
+            args += ["--namesrv", self.namesrv, "--cluster", CLUSTER, "--broker-name", node.name]
+        node.proc = Proc(node.name, args, self.folder / f"{node.name}.log")
+        node.proc.wait_line("txmq broker listening on ")
+        if self.single:
+            self.broker = node.proc
+
+    def create_topics(self) -> None:
+        """The cluster's topics, on every broker set, before anyone subscribes; then wait
+        until the name server routes them over all sets (one broker alone creates them on
+        first use, as it always did)."""
+        if self.single:
+            return
+        topics = (ORDER_CREATED, STOCK_REPLIES)
+        for node in self.brokers.values():
+            with AdminClient(node.address) as admin:
+                for topic in topics:
+                    admin.create_topic(topic, QUEUES_PER_BROKER)
+        deadline = time.monotonic() + 30
+        while not all(self.routed_sets(t) == len(self.brokers) for t in topics):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the name server does not route {topics} over every set")
+            time.sleep(0.1)
+
+    def routed_sets(self, topic: str) -> int:
+        """How many broker sets the name server routes ``topic`` to."""
+
+        async def ask() -> int:
+            async with RemotingClient(self.namesrv) as client:
+                try:
+                    route = (await client.call(GetTopicRoute(topic=topic))).header
+                except TopicNotFound:
+                    return 0
+                return len(route.queues)
+
+        return anyio.run(ask)
+
+    def service_args(self) -> list[str]:
+        return ["--broker", self.broker_address] if self.single else ["--namesrv", self.namesrv]
 
     def start_orders(self) -> None:
-        args = ["examples.orders", "order-service", "--db", self.orders_db]
-        args += ["--broker", self.broker_address]
+        args = ["examples.orders", "order-service", "--db", self.orders_db, *self.service_args()]
+        args += ["--heartbeat-interval", str(PRODUCER_HEARTBEAT_S)]
         self.orders = Proc("order-service", args, self.folder / "order-service.log")
         self.orders_url = self.orders.wait_line("READY ").split()[1]
 
     def start_inventory(self) -> None:
         args = ["examples.orders", "inventory-service", "--db", self.inventory_db]
-        args += ["--broker", self.broker_address, "--claim-lease", "5"]
+        args += [*self.service_args(), "--claim-lease", "5"]
         args += ["--max-reconsume-times", str(INVENTORY_MAX_RECONSUME)]
         self.inventory = Proc("inventory-service", args, self.folder / "inventory-service.log")
         self.inventory_url = self.inventory.wait_line("READY ").split()[1]
 
     def close(self) -> None:
-        for proc in (self.orders, self.inventory, self.broker):
+        """Stop every process the demo started (by its PID; SIGKILL if SIGTERM is not
+        enough): the services, then the brokers, then the name server."""
+        procs = [self.orders, self.inventory, *(b.proc for b in self.brokers.values())]
+        for proc in [*procs, self.namesrv_proc]:
             if proc is not None:
                 proc.stop()
 
@@ -141,7 +258,8 @@ class Demo:
 
     def place(self, product: str, quantity: int) -> tuple[int, Any]:
         """POST /orders; (0, error) when the service can't be reached."""
-        self.requested += 1
+        with self._lock:
+            self.requested += 1
         try:
             status, data = request(
                 self.orders_url, "POST", "/orders", {"product": product, "quantity": quantity}
@@ -149,9 +267,11 @@ class Demo:
         except OSError as exc:
             status, data = 0, str(exc)
         if status == 201:
-            self.accepted.append(data)
+            with self._lock:
+                self.accepted.append(data)
         elif status in (0, 503):
-            self.refused += 1
+            with self._lock:
+                self.refused += 1
         else:
             raise RuntimeError(f"order refused with {status}: {data}")
         return status, data
@@ -178,12 +298,20 @@ class Demo:
         return with_connection(self.orders_db, lambda conn: int(conn.execute(q).scalar_one()))
 
     def dlq(self) -> list[str]:
-        with AdminClient(self.broker_address) as admin:
-            return [" ".join(m.keys) for m in admin.dlq_list("inventory-service", max=100)]
+        """The keys of the inventory's dead letters, on every broker set."""
+        keys: list[str] = []
+        for node in self.brokers.values():
+            with AdminClient(node.address) as admin:
+                keys += [" ".join(m.keys) for m in admin.dlq_list("inventory-service", max=100)]
+        return sorted(keys)
 
     def pending_transactions(self) -> int:
-        with AdminClient(self.broker_address) as admin:
-            return len(admin.transactions("pending"))
+        """Half messages not yet committed or rolled back, on every broker set."""
+        pending = 0
+        for node in self.brokers.values():
+            with AdminClient(node.address) as admin:
+                pending += len(admin.transactions("pending"))
+        return pending
 
 
 def _check_fresh(url: str) -> None:
@@ -206,8 +334,12 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         dbs.upgrade("inventory", demo.inventory_db)
         _check_fresh(demo.orders_db)
         dbs.seed_stock(demo.inventory_db, config.stock)
-        progress(f"broker: a txmq broker process on {demo.broker_address}, store in {folder}")
-        demo.start_broker()
+        progress(f"layout: {demo.layout}; stores and logs in {folder}")
+        if not demo.single:
+            demo.start_namesrv()
+        for name in demo.brokers:
+            demo.start_broker(name)
+        demo.create_topics()
         demo.start_inventory()
         demo.start_orders()
         progress(f"services: orders {demo.orders_url}, inventory {demo.inventory_url}")
@@ -222,9 +354,9 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
             demo.load(part)
             progress(f"load: {demo.requested} orders requested, {len(demo.accepted)} accepted")
             if i < len(faults):
-                progress(f"fault: {faults[i].what}")
+                progress(f"fault: {faults[i].describe(demo)}")
                 results.append((faults[i], faults[i].inject(demo)))
-        result = DemoResult(config, Report(), str(folder), _describe(demo))
+        result = DemoResult(config, Report(), str(folder), _describe(demo), demo.layout)
         result.settled = _settle(demo, results, config.settle_timeout)
         for fault, fr in results:
             fault.verify(demo, fr)
@@ -234,6 +366,9 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         result.dead_lettered = demo.dlq()
         result.requested, result.accepted = demo.requested, len(demo.accepted)
         result.refused = demo.refused
+        by_broker = Counter(str(o.get("broker") or "?") for o in demo.accepted)
+        sets = () if demo.single else BROKER_SETS  # one broker alone: named as it says
+        result.by_broker = {name: by_broker.get(name, 0) for name in sets} | by_broker
         result.elapsed = time.monotonic() - began
         return result
     raise AssertionError("unreachable")  # pragma: no cover
@@ -295,11 +430,14 @@ def print_summary(result: DemoResult, out: Callable[[str], None] = print) -> Non
     inv = result.inventory
     out("")
     out("== txmq orders demo ==")
+    out(f"layout:    {result.layout}")
     out(f"databases: {result.databases}")
     out(
         f"load:      {result.requested} orders requested by {result.config.clients} clients: "
         f"{result.accepted} accepted, {result.refused} refused while a service was down"
     )
+    carried = ", ".join(f"{name} {n}" for name, n in result.by_broker.items())
+    out(f"carried:   accepted orders by the broker set that stored them: {carried}")
     if result.faults:
         out("faults:")
         for f in result.faults:

@@ -39,7 +39,7 @@ from examples.orders.models import (
     StockReply,
 )
 from examples.orders.web import JsonServer
-from txmq import ConsumeFrom, ConsumeResult, Message, MessageExt, PushConsumer, outbox
+from txmq import ConsumeFrom, ConsumeResult, Message, MessageExt, Producer, PushConsumer, outbox
 from txmq.outbox.store import pending_lag
 
 __all__ = ["GROUP", "InventoryService"]
@@ -53,8 +53,9 @@ class InventoryService:
     def __init__(
         self,
         db: str,
-        broker: str,
+        broker: str | None = None,
         *,
+        namesrv: str | None = None,
         instance: str = "inventory-1",
         max_reconsume_times: int = 16,
         claim_lease: float = 30.0,
@@ -64,7 +65,12 @@ class InventoryService:
         self.aengine = create_async_engine(url, connect_args={"timeout": 30} if sqlite else {})
         self.sessions = async_sessionmaker(self.aengine, expire_on_commit=False)
         self.read_engine = connect(db)  # the HTTP front's reads, from its threads
-        self.relay = outbox.OutboxRelay(self.aengine, broker, claim_lease=claim_lease)
+        # the relay's own producer: sharding="available", as an order has one reply (its
+        # key's order cannot break), so a reply whose broker set is down goes to another
+        self.relay_producer = Producer(
+            broker, "txmq-outbox-relay", namesrv=namesrv, sharding="available"
+        )
+        self.relay = outbox.OutboxRelay(self.aengine, self.relay_producer, claim_lease=claim_lease)
         self.faults = Faults(("in-handler",))
         self.counters = Counters()
         reserve = txmq.idempotent(
@@ -85,6 +91,7 @@ class InventoryService:
         self.consumer = PushConsumer(
             broker,
             GROUP,
+            namesrv=namesrv,
             listener=listener,
             orderly=True,
             instance_name=instance,
@@ -97,11 +104,16 @@ class InventoryService:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, port: int = 0) -> Self:
-        await self.relay.start()
+        await self.relay_producer.start()
         try:
-            await self.consumer.start()
+            await self.relay.start()
+            try:
+                await self.consumer.start()
+            except BaseException:
+                await self.relay.stop()
+                raise
         except BaseException:
-            await self.relay.stop()
+            await self.relay_producer.stop()
             raise
         self.server = JsonServer(
             {
@@ -119,9 +131,12 @@ class InventoryService:
         try:
             await self.consumer.stop()
         finally:
-            await self.relay.stop()  # its engine is ours: disposed below
-            await self.aengine.dispose()
-            self.read_engine.dispose()
+            try:
+                await self.relay.stop()  # its engine and producer are ours: stopped below
+            finally:
+                await self.relay_producer.stop()
+                await self.aengine.dispose()
+                self.read_engine.dispose()
 
     async def __aenter__(self) -> Self:
         return await self.start()

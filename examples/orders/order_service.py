@@ -15,7 +15,9 @@ HTTP: ``POST /orders {"product", "quantity"}``, ``GET /orders[?state=]``,
 ``GET /orders/<id>``, ``GET /stats``, ``POST /faults {"crash": point}``.
 Crash points: ``before-db-commit`` (the half message is sent, the order not committed:
 the check-back rolls it back) and ``after-db-commit`` (the order is committed, the broker
-not told: the check-back commits it).
+not told: the check-back commits it).  Hold point (``{"hold": "before-broker-commit",
+"when": BROKER_NAME}``): the next order whose half message is on that broker set waits
+after its database commit, before COMMIT is sent, until ``{"release": ...}``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from examples.orders.models import (
 )
 from examples.orders.web import JsonServer, Request
 from txmq import ConsumeFrom, Message, MessageExt
+from txmq.errors import TxmqError
 from txmq.producer import SendResult
 from txmq.sqla import SqlTransactionChecker, transaction
 from txmq.transaction import LocalTransactionState
@@ -64,6 +67,7 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
 
     faults: Faults
     current: threading.local
+    counters: Counters
 
     def end_transaction(
         self,
@@ -73,19 +77,53 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
         from_check: bool = False,
     ) -> str:
         if not from_check and LocalTransactionState(state) is LocalTransactionState.COMMIT:
-            self.faults.reached("after-db-commit", getattr(self.current, "order_id", "?"))
-        return super().end_transaction(result, state, from_check=from_check)
+            order_id = getattr(self.current, "order_id", "?")
+            self.faults.reached("after-db-commit", order_id)
+            self.faults.held("before-broker-commit", result.broker_name, order_id)
+        try:
+            return super().end_transaction(result, state, from_check=from_check)
+        except TxmqError:
+            # e.g. its broker set died after storing the half: its check-back settles it
+            self.counters.add(f"ends_lost_on_{result.broker_name or 'broker'}")
+            raise
 
 
 class OrderService:
-    def __init__(self, db: str, broker: str, *, instance: str = "orders-1") -> None:
+    """``broker``: one broker's ``HOST:PORT``; or ``namesrv``: a cluster's name servers
+    (``"h1:9876;h2:9876"``), whose routes spread the orders over its broker sets.
+
+    ``heartbeat_interval``: how often the producer tells every broker it knows that it is
+    alive (a broker checks a transaction back only with a producer that heartbeats it: a
+    restarted broker set waits up to this long for its check-backs).
+    """
+
+    def __init__(
+        self,
+        db: str,
+        broker: str | None = None,
+        *,
+        namesrv: str | None = None,
+        instance: str = "orders-1",
+        heartbeat_interval: float = 30.0,
+    ) -> None:
         self.engine = connect(db)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self.faults = Faults(("before-db-commit", "after-db-commit"))
+        self.faults = Faults(("before-db-commit", "after-db-commit"), ("before-broker-commit",))
         self._current = threading.local()
-        self.producer = _FaultyProducer(broker, GROUP, listener=SqlTransactionChecker(self.engine))
-        self.producer.faults, self.producer.current = self.faults, self._current
+        # sharding="available": an order has one OrderCreated, so its key's order cannot
+        # break; while the broker set its key hashes to is down, the order goes to another
+        # set at once instead of being refused (in a cluster; one broker: no other set)
+        self.producer = _FaultyProducer(
+            broker,
+            GROUP,
+            namesrv=namesrv,
+            listener=SqlTransactionChecker(self.engine),
+            sharding="available",
+            heartbeat_interval=heartbeat_interval,
+        )
         self.counters = Counters()
+        self.producer.faults, self.producer.current = self.faults, self._current
+        self.producer.counters = self.counters
 
         on_reply = txmq.idempotent(
             self.sessions,
@@ -95,6 +133,7 @@ class OrderService:
         self.consumer = txmq.sync.PushConsumer(
             broker,
             GROUP,
+            namesrv=namesrv,
             listener=on_reply,
             instance_name=instance,
             consume_from=ConsumeFrom.FIRST_OFFSET,
@@ -139,7 +178,8 @@ class OrderService:
     # -- orders ----------------------------------------------------------------------------
 
     def place(self, product: str, quantity: int) -> dict[str, Any]:
-        """Create an order and announce it, as one step."""
+        """Create an order and announce it, as one step; the order, and the name of the
+        broker set that stored its ``OrderCreated`` (``broker``)."""
         if not isinstance(product, str) or not 0 < len(product) <= 64:
             raise ValueError("product must be a name of 1 to 64 characters")
         if isinstance(quantity, bool) or not isinstance(quantity, int):
@@ -155,10 +195,10 @@ class OrderService:
         with transaction(self.producer, self.sessions) as tx:
             order = Order(id=order_id, product=product, quantity=quantity, state=PENDING)
             tx.session.add(order)
-            tx.send(msg, sharding_key=order_id)
+            sent = tx.send(msg, sharding_key=order_id)
             self.faults.reached("before-db-commit", order_id)
         self.counters.add("orders_placed")
-        return order.as_dict()
+        return {**order.as_dict(), "broker": sent.broker_name}
 
     def _apply_reply(self, msg: MessageExt, session: Session) -> None:
         reply = StockReply.decode(msg.body)

@@ -4,6 +4,7 @@ killed with SIGKILL and started again (the broker on the same store and port).""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,8 +18,32 @@ __all__ = ["ROOT", "Proc", "free_port"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the system hands out to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS starts at 49152
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the ephemeral range, for a server that restarts on its port.
+
+    A port from the ephemeral range (what binding port 0 gives) can be taken while the
+    server is down — by any outgoing connection, or by a client reconnecting to it, which
+    then connects to itself — and the restarted server could not bind it again.
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # crowded: any port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -72,9 +97,16 @@ class Proc:
                 if self._eof or left <= 0:
                     why = f"exited with {self.popen.poll()}" if self._eof else "timed out"
                     raise RuntimeError(
-                        f"{self.name} {why} before printing {prefix!r}; see {self.log}"
+                        f"{self.name} {why} before printing {prefix!r}; the end of "
+                        f"{self.log}:\n{self.log_tail()}"
                     )
                 self._cond.wait(left)
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return f"({exc})"
 
     @property
     def alive(self) -> bool:

@@ -1,14 +1,16 @@
-"""examples/orders end to end (PostgreSQL and SQLite): a load of orders while, in turn, the
-order service is SIGKILLed mid-transaction (before and after its database commit), the
-broker is SIGKILLed and restarted, the inventory consumer is SIGKILLed inside its handler,
-deliveries are duplicated and a poison message arrives; after a bounded wait the books
-balance every time. Also: the checker finds each kind of inconsistency seeded on purpose,
-a person can place and look at orders through the front, and the README's demo command
-exits 0 with its summary."""
+"""examples/orders end to end (PostgreSQL and SQLite; on a local cluster of a name server
+and two broker sets, and on one broker alone): a load of orders while, in turn, the order
+service is SIGKILLed mid-transaction (before and after its database commit), a broker set is
+SIGKILLed and restarted while orders flow (in the cluster they move to the other set), the
+inventory consumer is SIGKILLed inside its handler, deliveries are duplicated and a poison
+message arrives; after a bounded wait the books balance every time. Also: the checker finds
+each kind of inconsistency seeded on purpose, a person can place and look at orders through
+the front, and the README's demo command exits 0 with its summary in both layouts."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 import urllib.error
@@ -54,8 +56,13 @@ def databases(backend: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_every_fault_in_turn_and_the_books_balance(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "layout"),
+    [("sqlite", "cluster"), ("postgresql", "cluster"), ("postgresql", "single")],
+)
+def test_every_fault_in_turn_and_the_books_balance(
+    backend: str, layout: str, tmp_path: Path
+) -> None:
     with databases(backend, tmp_path) as (orders_db, inventory_db):
         config = DemoConfig(
             orders=140,
@@ -63,6 +70,7 @@ def test_every_fault_in_turn_and_the_books_balance(backend: str, tmp_path: Path)
             inventory_db=inventory_db,
             stock=dict(SMALL_STOCK),  # ~280 units asked for, 125 there: many cancelled
             duplicates=10,
+            single_broker=layout == "single",
         )
         result = run_demo(config)
     failed = [(f.name, f.detail) for f in result.faults if not f.verified]
@@ -74,10 +82,23 @@ def test_every_fault_in_turn_and_the_books_balance(backend: str, tmp_path: Path)
     # every accepted order exists, plus the one committed by the order service that was
     # killed before it could answer; the one killed before its commit does not
     assert sum(orders.values()) == result.accepted + 1
-    assert result.refused == 2 + 3  # the two killed requests, three while the broker was down
     assert sum(st["initial"] for st in result.report.stock) == 125
     assert result.inventory["duplicates_skipped"] >= 10
     assert result.dead_lettered == ["poison-1"]
+    broker_fault = next(f for f in result.faults if f.name == "broker-restart")
+    if layout == "single":
+        assert result.layout.startswith("one broker on ")
+        # the two killed requests, three while the broker was down
+        assert result.refused == 2 + 3
+        assert result.by_broker == {"broker-a": result.accepted}
+        return
+    assert result.layout.startswith("a cluster: name server 127.0.0.1:")
+    # the two killed requests, and those whose send failed on broker-b as it died
+    assert result.refused == 2 + broker_fault.data["refused"]
+    moved = broker_fault.data["down_accepted"]
+    assert set(moved) == {"broker-a"} and moved["broker-a"] > 0, broker_fault.detail
+    assert set(result.by_broker) == {"broker-a", "broker-b"}, result.by_broker
+    assert min(result.by_broker.values()) > 0 and sum(result.by_broker.values()) == result.accepted
 
 
 def _seed_inconsistent(orders_db: str, inventory_db: str) -> None:
@@ -189,12 +210,22 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
 
 
 @pytest.mark.timeout(300)
-def test_the_readme_demo_command_exits_0_with_the_summary() -> None:
+@pytest.mark.parametrize("layout", ["cluster", "single"])
+def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
+    args = [] if layout == "cluster" else ["--single-broker"]
     r = subprocess.run(
-        ["bash", "scripts/demo.sh"], capture_output=True, text=True, cwd=ROOT, timeout=280
+        ["bash", "scripts/demo.sh", *args], capture_output=True, text=True, cwd=ROOT, timeout=280
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     assert "== txmq orders demo ==" in out
     assert "books:     BALANCED" in out and "result:    OK" in out
     assert out.count("  [ok] ") == len(ALL_FAULTS) and "[FAILED]" not in out
+    if layout == "cluster":
+        assert "layout:    a cluster: name server 127.0.0.1:" in out, out
+        assert re.search(r"carried: .* broker-a [1-9]\d*, broker-b [1-9]\d*$", out, re.M), out
+        assert "[ok] broker-b SIGKILLed while orders flow" in out
+    else:
+        assert "layout:    one broker on 127.0.0.1:" in out, out
+        assert re.search(r"carried: .* broker-a [1-9]\d*$", out, re.M), out
+        assert "[ok] broker SIGKILLed, orders placed while it is down" in out

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, BrokerProcess
+from tests.conftest import ROOT, BrokerProcess, read_line
+from txmq.fmt import ms_time
 from txmq.message import Message
 from txmq.sync import Producer, PullConsumer
 
@@ -124,3 +129,72 @@ def test_first_contact_mistakes_get_one_line_each(
 def test_quickstart_works_for_few_messages(count: int) -> None:
     out = txmq("quickstart", "--messages", str(count))
     assert "result:   OK" in out.stdout
+
+
+def test_admin_shows_times_people_can_read(broker_process: Callable[..., BrokerProcess]) -> None:
+    bp = broker_process().start()
+    with Producer(bp.address) as p:
+        r = p.send(Message("times", b"when?", keys=["t-1"]), queue_id=1)
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}"
+
+    shown = txmq("admin", "message", "--id", r.msg_id, "--broker", bp.address).stdout
+    fields = dict(re.findall(r"^ *(\w+): ?(.*)$", shown, re.MULTILINE))
+    assert fields["store_time"] == ms_time(r.store_timestamp), shown
+    assert re.fullmatch(stamp, fields["born_time"]), shown
+    assert not any(re.fullmatch(r"\d{13}", v) for v in fields.values()), shown  # no raw epoch ms
+
+    [found] = admin_json(bp.address, "message", "--key", "t-1")
+    assert found["store_timestamp"] == r.store_timestamp  # the number stays, for scripts
+    when = datetime.fromisoformat(found["store_time"])
+    assert when.utcoffset() == timedelta(0) and round(when.timestamp() * 1000) == r.store_timestamp
+
+    stats = txmq("admin", "topic-stats", "times", "--broker", bp.address).stdout.splitlines()
+    assert stats[0].split() == ["QUEUE_ID", "MIN_OFFSET", "MAX_OFFSET", "LAST_STORE_TIME"]
+    by_queue = {line.split()[0]: line for line in stats[2:]}
+    assert by_queue["1"].endswith(ms_time(r.store_timestamp)) and by_queue["0"].endswith("-")
+    [q0, q1, *_] = admin_json(bp.address, "topic-stats", "times")
+    assert q0["last_store_ts"] == 0 and q0["last_store_time"] is None
+    assert datetime.fromisoformat(q1["last_store_time"]).timestamp() * 1000 == q1["last_store_ts"]
+
+
+def test_cleanup_says_its_span_in_the_unit_it_was_given(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/app.db"
+    txmq("db", "upgrade", "--url", url)
+    said = {
+        days: txmq("db", "cleanup", "--url", url, "--older-than-days", days).stdout.strip()
+        for days in ("7", "0.5", "1")
+    }
+    assert said == {
+        "7": "deleted 0 transaction-log row(s) older than 7 days",
+        "0.5": "deleted 0 transaction-log row(s) older than 12 h",
+        "1": "deleted 0 transaction-log row(s) older than 1 day",
+    }
+    keys = txmq("db", "cleanup", "--url", url, "--table", "consumed-keys").stdout
+    assert keys.strip() == "deleted 0 consumed key(s) older than 7 days"
+    sent = txmq("outbox", "cleanup", "--db", url).stdout
+    assert sent.strip() == "deleted 0 sent outbox row(s) older than 1 day"
+    negative = txmq("db", "cleanup", "--url", url, "--older-than-days", "-1", check=False)
+    assert negative.returncode == 2 and "less than 0" in negative.stderr
+
+
+def test_broker_start_says_where_its_default_store_is(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_BROKER_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "txmq.cli", "broker", "start", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        said = read_line(proc, "txmq broker: store")
+        read_line(proc, "txmq broker listening on")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert str(tmp_path / "txmq-store") in said and "the default" in said, said
+    assert "--store DIR" in said, said
+    assert (tmp_path / "txmq-store").is_dir()

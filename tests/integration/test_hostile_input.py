@@ -49,6 +49,8 @@ GARBAGE: list[tuple[int, dict[str, Any], str]] = [
     (Code.HEARTBEAT, {"client_id": None}, "client_id"),
     (Code.LOCK_BATCH_MQ, {"group": "g", "client_id": "c", "queues": "all"}, "queues"),
     (Code.CONSUMER_SEND_MSG_BACK, {"group": "g", "commit_log_offset": "x"}, "commit_log_offset"),
+    (Code.SEND_MESSAGE, {"topic": "t", "queue_id": 0, "flag": 2**64 - 1}, "flag"),
+    (Code.SEND_MESSAGE, {"topic": "t", "queue_id": 0, "born_timestamp": -1}, "born_timestamp"),
 ]
 
 
@@ -67,11 +69,15 @@ def test_a_huge_bad_header_is_answered_and_logged_in_a_few_hundred_bytes(
 ) -> None:
     before = len(broker.output())
     huge = "A" * (2 * 1024 * 1024)
-    for header in (
-        {"group": "g", "transaction_offset": 0, "state": huge},  # quoted by the decoder
-        {"group": huge, "transaction_offset": 0, "state": "COMMIT"},  # quoted by the service
+    end = Code.END_TRANSACTION
+    for code, header in (
+        (end, {"group": "g", "transaction_offset": 0, "state": huge}),  # quoted by the decoder
+        (end, {"group": huge, "transaction_offset": 0, "state": "COMMIT"}),  # by the service
+        # a client's and a group's name were logged as it joined (found by the fuzz test)
+        (Code.HEARTBEAT, {"client_id": huge, "consumers": [{"group": "g"}]}),
+        (Code.HEARTBEAT, {"client_id": "c", "consumers": [{"group": huge}]}),
     ):
-        frame = raw.request(Code.END_TRANSACTION, header)
+        frame = raw.request(code, header)
         assert frame.code != ResponseCode.SUCCESS
         assert len(error_message(frame)) < 1024
     still_serving(broker.address)

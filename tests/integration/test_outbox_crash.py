@@ -128,5 +128,8 @@ async def test_three_relays_deliver_every_row_in_key_order(
     assert all(n > 0 for n in sent_by), sent_by  # and all three took part
     stored = by_key(await read_topic(b.address, topic))
     assert set(stored) == {f"key{k}" for k in range(keys)}
+    # at least once: a send that timed out on a loaded machine but was stored is sent
+    # again; what an idempotent consumer sees (each row the first time) is in key order
     for k in range(keys):
-        assert stored[f"key{k}"] == [str(i) for i in range(per_key)], f"key{k}"
+        first_seen = list(dict.fromkeys(stored[f"key{k}"]))
+        assert first_seen == [str(i) for i in range(per_key)], f"key{k}"

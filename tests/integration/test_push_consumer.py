@@ -72,7 +72,7 @@ pytestmark = pytest.mark.anyio
 
 
 def _held(consumer: PushConsumer, topic: str) -> int:
-    return sum(1 for t, _ in consumer.queues_held if t == topic)
+    return sum(1 for mq in consumer.queues_held if mq.topic == topic)
 
 
 async def _create(address: str, topic: str, queues: int) -> None:
@@ -101,8 +101,8 @@ async def test_three_members_split_8_queues_and_consume_exactly_once(
         with anyio.fail_after(20):
             while sorted(_held(c, "split") for c in consumers) != [2, 3, 3]:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
-        held = [q for c in consumers for q in c.queues_held if q[0] == "split"]
-        assert sorted(held) == [("split", q) for q in range(8)]
+        held = [q for c in consumers for q in c.queues_held if q.topic == "split"]
+        assert sorted((q.topic, q.queue_id) for q in held) == [("split", q) for q in range(8)]
         sent = set()
         async with Producer(eb.address) as producer:
             for i in range(400):
@@ -380,7 +380,7 @@ async def test_a_topic_created_after_subscribing_is_consumed_at_once(
     )
     consumer.subscribe("born-later")
     async with consumer:
-        assert not any(t == "born-later" for t, _ in consumer.queues_held)
+        assert not any(mq.topic == "born-later" for mq in consumer.queues_held)
         async with Producer(b.address) as producer:
             await producer.send(Message("born-later", b"first"))  # auto-creates the topic
         with anyio.fail_after(10):
@@ -388,5 +388,5 @@ async def test_a_topic_created_after_subscribing_is_consumed_at_once(
         async with AdminClient(b.address) as admin:
             await admin.create_topic("born-later", 6)  # more queues: taken at once too
         with anyio.fail_after(10):
-            while len([q for t, q in consumer.queues_held if t == "born-later"]) != 6:  # noqa: ASYNC110
+            while len([q for q in consumer.queues_held if q.topic == "born-later"]) != 6:  # noqa: ASYNC110
                 await anyio.sleep(0.02)

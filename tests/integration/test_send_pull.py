@@ -54,7 +54,8 @@ async def test_100k_messages_roundtrip(embedded_broker: Callable[..., EmbeddedBr
             properties={"seq": str(i), "kind": "roundtrip"},
         )
 
-    async with Producer(broker.address) as producer:
+    # a correctness test: under a loaded CI machine 256 sends in flight may wait past 3 s
+    async with Producer(broker.address, send_timeout=30) as producer:
         limiter = anyio.Semaphore(256)
 
         async def single(i: int, topic: str) -> None:

@@ -385,8 +385,9 @@ async def _true(value: Any) -> bool:
 
 
 async def test_undecided_half_is_parked_after_the_last_check(
-    embedded_broker: Callable[..., EmbeddedBroker],
+    embedded_broker: Callable[..., EmbeddedBroker], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="txmq.broker")
     b = embedded_broker(transaction_check_interval_s=0.1, transaction_check_max=3)
     listener = Listener()  # checks answer UNKNOWN
     async with TransactionProducer(b.address, "tx-park", listener=listener) as p:
@@ -401,6 +402,9 @@ async def test_undecided_half_is_parked_after_the_last_check(
         assert (row["msg_id"], row["transaction_id"], row["group"]) == (r.msg_id, "P1", "tx-park")
         assert (row["topic"], row["transaction_offset"]) == ("tx-parked", r.transaction_offset)
         assert row["check_times"] == 3
+        # said once, whole (a mismatched format made the check round fail instead)
+        assert "checks; parked in TRANS_CHECK_MAX_TIME_TOPIC for an operator" in caplog.text
+        assert "check round failed" not in caplog.text
         await until(lambda: _true(len(listener.checks) == 3))
         assert b.broker is not None
         rounds = b.broker.transaction_checker.rounds

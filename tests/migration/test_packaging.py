@@ -15,7 +15,10 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ["pyproject.toml", "README.md", "txmq", "broker", "outbox", "spark", "migrations", "cli"]
+SOURCES = [
+    *("pyproject.toml", "README.md", "txmq", "broker", "outbox", "spark", "migrations", "cli"),
+    "namesrv",
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +78,14 @@ def test_the_wheel_holds_only_txmq(wheel: Path) -> None:
         "txmq/migrations/alembic.ini",
         "txmq/migrations/versions/0001_transaction_log.py",
         "txmq/cli/main.py",
+        "txmq/namesrv/server.py",
     ):
         assert expected in names
 
 
 def test_a_fresh_install_has_no_top_level_broker_outbox_spark_or_migrations(site: Path) -> None:
     present = {p.name for p in site.iterdir()}
-    assert present & {"broker", "outbox", "spark", "migrations", "cli"} == set()
+    assert present & {"broker", "outbox", "spark", "migrations", "cli", "namesrv"} == set()
     assert (site / "txmq" / "broker" / "server.py").is_file()
     assert not (site / "txmq" / "broker").is_symlink()
 

@@ -75,6 +75,9 @@ def read_queue() -> Callable[..., list[MessageExt]]:
         offset = start
         while True:
             got = store.get_messages(topic, queue_id, offset, max_count=256)
+            if got.status is GetStatus.OFFSET_FOUND_NULL and got.next_begin_offset > offset:
+                offset = got.next_begin_offset  # a hole (a damaged record skipped)
+                continue
             if got.status is not GetStatus.FOUND:
                 assert got.status in (
                     GetStatus.OFFSET_OVERFLOW_ONE,

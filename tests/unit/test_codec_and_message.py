@@ -44,6 +44,21 @@ def test_corruption_is_detected() -> None:
         check_record(b"\x40\x00\x00\x00garbagegarbage" + b"\0" * 60)
 
 
+def test_a_damaged_record_in_a_batch_is_skipped_when_asked() -> None:
+    bad = bytearray(_record(b"b", 100))
+    bad[60] ^= 0x01
+    batch = _record(b"a") + bytes(bad) + _record(b"c", 200)
+    with pytest.raises(CorruptRecord, match="CRC"):
+        decode_records(batch)
+    seen: list[tuple[int, str]] = []
+    got = decode_records(batch, on_corrupt=lambda pos, exc: seen.append((pos, str(exc))))
+    assert [m.body for m in got] == [b"a", b"c"]
+    assert seen == [(len(_record(b"a")), "CRC mismatch")]
+    # a size that cannot be trusted: what follows cannot be found, and is left
+    torn = _record(b"a") + b"\xff\xff\xff\x7f" + bytes(bad)[4:]
+    assert [m.body for m in decode_records(torn, on_corrupt=lambda *_: None)] == [b"a"]
+
+
 def test_stable_hash_is_the_same_in_every_process() -> None:
     code = "from txmq.message import stable_hash; print(stable_hash('order-42'))"
     outs = {
@@ -65,5 +80,8 @@ def test_message_ids_are_unique_and_topic_names_checked() -> None:
     assert validate_topic_name("") == "topic name is empty"
     assert "characters" in (validate_topic_name("a b") or "")
     assert validate_topic_name("orders.v1") is None
+    assert "not allowed" in (validate_topic_name("..") or "")
+    assert "not allowed" in (validate_topic_name(".") or "")
+    assert validate_topic_name("...") is None
     with pytest.raises(ValueError, match="reserved"):
         Message("t", b"", properties={Prop.KEYS: "x"}).wire_properties("id")

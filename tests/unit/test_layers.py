@@ -19,9 +19,17 @@ FOLDERS = {
     "spark": "txmq.spark",
     "migrations": "txmq.migrations",
     "cli": "txmq.cli",
+    "namesrv": "txmq.namesrv",
 }
-ABOVE_THE_FLOOR = ("txmq.broker", "txmq.outbox", "txmq.spark", "txmq.migrations", "txmq.cli")
-TOP_LEVEL_NAMES = ("broker", "outbox", "spark", "migrations", "cli")
+ABOVE_THE_FLOOR = (
+    "txmq.broker",
+    "txmq.outbox",
+    "txmq.spark",
+    "txmq.migrations",
+    "txmq.cli",
+    "txmq.namesrv",
+)
+TOP_LEVEL_NAMES = ("broker", "outbox", "spark", "migrations", "cli", "namesrv")
 
 
 def _within(module: str, *packages: str) -> bool:
@@ -187,4 +195,18 @@ def test_nothing_imports_txmqs_folders_by_their_top_level_names(folder: str) -> 
                 names = [node.module]
             rel = path.relative_to(ROOT)
             wrong += [f"{rel}: {n}" for n in names if n.split(".")[0] in TOP_LEVEL_NAMES]
+    assert wrong == []
+
+
+def test_the_name_server_and_the_broker_share_only_the_wire() -> None:
+    """Name servers and brokers are separate processes that speak the protocol: neither
+    imports the other."""
+    edges, _ = _graph()
+    wrong = sorted(
+        f"{mod} imports {dep}"
+        for mod, deps in edges.items()
+        for dep in deps
+        if (_within(mod, "txmq.namesrv") and _within(dep, "txmq.broker"))
+        or (_within(mod, "txmq.broker") and _within(dep, "txmq.namesrv"))
+    )
     assert wrong == []

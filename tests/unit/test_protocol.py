@@ -26,10 +26,13 @@ from txmq.wire import (
     LockBatchMq,
     PullMessage,
     QueryConsumerOffset,
+    QueryMessageByKey,
     Request,
     RequestCode,
+    SendBatchMessage,
     SendMessage,
     Sent,
+    ViewMessageById,
     decode,
     encode,
     encode_frame,
@@ -113,6 +116,24 @@ def test_every_request_class_is_registered_once_with_its_response() -> None:
         (LockBatchMq, {"group": "g", "client_id": "c", "queues": [["t"]]}, "'queues[0]'"),
         (Heartbeat, {"consumers": [{"group": "g", "message_model": "X"}]}, "message_model"),
         (SendMessage, [1, 2], "not a map"),
+        # the stored record's flag is 32 bits unsigned, its born time unsigned (fuzz test)
+        (SendMessage, {"topic": "t", "queue_id": 0, "flag": 2**32}, "'flag': Expected `int` <="),
+        (SendMessage, {"topic": "t", "queue_id": 0, "flag": -1}, "'flag': Expected `int` >="),
+        (SendMessage, {"topic": "t", "queue_id": 0, "born_timestamp": -1}, "'born_timestamp'"),
+        # group and client names: at most 255 characters (the broker logs and keeps them)
+        (Heartbeat, {"client_id": "c" * 256}, "'client_id': Expected `str` of length <= 255"),
+        (Heartbeat, {"consumers": [{"group": "g" * 256}]}, "'consumers[0].group'"),
+        (
+            QueryConsumerOffset,
+            {"group": "g" * 256, "topic": "t", "queue_id": 0},
+            "'group': Expected `str` of length <= 255",
+        ),
+        (SendMessage, {"topic": "t", "queue_id": 0, "group": "g" * 256}, "'group'"),
+        (
+            SendBatchMessage,
+            {"topic": "t", "queue_id": 0, "messages": [{"size": 1, "born_timestamp": -1}]},
+            "'messages[0].born_timestamp'",
+        ),
     ],
 )
 def test_a_header_that_does_not_fit_is_a_bad_request_naming_the_field(
@@ -127,6 +148,28 @@ def test_a_header_that_does_not_fit_is_a_bad_request_naming_the_field(
 def test_a_header_that_is_not_msgpack_is_a_bad_request() -> None:
     with pytest.raises(BadRequest, match="not valid msgpack"):
         decode(SendMessage, b"\xc1\xc1")
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        # an unknown field is skipped, but skipping a deep value still recurses
+        (b"\x83\xa5topic\xa1t\xa8queue_id\x00\xa1z" + b"\x91" * 100_000 + b"\x00", "nested"),
+        (b"\x82\xa5topic\xa2\xed\xa0\xa8queue_id\x00", "not UTF-8"),
+        (b"\x83\xa5topic\xa1t\xa8queue_id\x00\xaaproperties\x81\xa1\xff\xa0", "not UTF-8"),
+    ],
+    ids=["deep unknown field", "bad UTF-8 value", "bad UTF-8 map key"],
+)
+def test_a_deep_or_non_utf8_header_is_a_bad_request(header: bytes, expected: str) -> None:
+    """(found by tests/integration/test_fuzz.py: the broker answered SYSTEM_ERROR)"""
+    with pytest.raises(BadRequest, match=expected):
+        decode(SendMessage, header)
+
+
+def test_message_keys_and_ids_may_be_long() -> None:
+    key = "k" * 1000
+    assert decode(QueryMessageByKey, msgpack.packb({"key": key})).key == key
+    assert decode(ViewMessageById, msgpack.packb({"msg_id": key})).msg_id == key
 
 
 def test_unknown_fields_are_ignored_and_defaults_are_not_sent() -> None:

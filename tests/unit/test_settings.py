@@ -39,3 +39,19 @@ def test_bad_configuration_is_a_clear_error(tmp_path: Path) -> None:
     cfg.write_text("not toml [")
     with pytest.raises(SettingsError, match="not valid TOML"):
         BrokerConfig.load(cfg, env={})
+
+
+def test_disk_max_used_ratio_is_a_share_read_from_toml_and_env(tmp_path: Path) -> None:
+    assert BrokerConfig().disk_max_used_ratio == 0.90  # RocketMQ's diskSpaceWarningLevelRatio
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text("[broker]\ndisk_max_used_ratio = 0.8\n")
+    c = BrokerConfig.load(cfg, env={})
+    assert (c.disk_max_used_ratio, c.store_config().disk_max_used_ratio) == (0.8, 0.8)
+    env = {"TXMQ_BROKER_DISK_MAX_USED_RATIO": "1", "TXMQ_BROKER_DISK_CHECK_INTERVAL_S": "0.5"}
+    c = BrokerConfig.load(env=env)
+    assert (c.disk_max_used_ratio, c.disk_check_interval_s) == (1.0, 0.5)
+    for bad in (0, -0.1, 1.01, 90):
+        with pytest.raises(SettingsError, match="disk_max_used_ratio must be above 0"):
+            BrokerConfig(disk_max_used_ratio=bad)
+    with pytest.raises(SettingsError, match="disk_check_interval_s"):
+        BrokerConfig(disk_check_interval_s=0)

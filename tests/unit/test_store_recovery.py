@@ -242,31 +242,6 @@ def test_half_written_record_is_cut(
     assert put_msg(store, "Solo", 0).queue_offset == 0
 
 
-def test_corrupt_record_in_an_earlier_segment_cuts_the_rest(
-    make_store, put_msg, read_queue, tmp_path, caplog, crash_store
-) -> None:
-    store = make_store(**NO_CHECKPOINTS)
-    results = [put_msg(store, "T", i % 2, b"%d" % i * 300) for i in range(600)]
-    crash_store(store)
-    victim = next(r for r in results if r.commit_log_offset > 100_000)
-    seg, pos = _segment_of(tmp_path / "store", victim.commit_log_offset)
-    with seg.open("r+b") as f:
-        f.seek(pos + 4)
-        f.write(b"JUNK")  # the magic
-    segments = sorted((tmp_path / "store" / "commitlog").iterdir())
-    size_after = sum(p.stat().st_size for p in segments) - victim.commit_log_offset
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-
-    store = make_store()
-    assert store.last_recovery.truncated_bytes == size_after
-    assert f"truncated {size_after} bytes at offset {victim.commit_log_offset}" in caplog.text
-    assert sorted((tmp_path / "store" / "commitlog").iterdir())[-1] == seg
-    kept = [r for r in results if r.commit_log_offset < victim.commit_log_offset]
-    got = read_queue(store, "T", 0) + read_queue(store, "T", 1)
-    assert sorted(m.commit_log_offset for m in got) == [r.commit_log_offset for r in kept]
-    assert store.commit_log_max_offset == victim.commit_log_offset
-
-
 def test_explicit_tag_code_survives_rebuild(make_store, put_msg, crash_store) -> None:
     store = make_store(**NO_CHECKPOINTS)
     put_msg(store, "SCHEDULE_TOPIC_XXXX", 3, b"d", tags="t", cq_tag_code=1_800_000_000_000)

@@ -3,7 +3,7 @@ information and the dead-letter queue."""
 
 from __future__ import annotations
 
-from txmq.wire.base import Empty, Name, Request, Response, Topic
+from txmq.wire.base import Empty, Key, Name, Request, Response, Topic
 from txmq.wire.codes import RequestCode
 
 __all__ = [
@@ -33,7 +33,10 @@ __all__ = [
 
 class TopicInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
     topic: str
+    #: over every broker set in ``brokers`` (one broker: its own count)
     queue_nums: int
+    #: queue count per broker set (filled by a client of name servers; empty from one broker)
+    brokers: dict[str, int] = {}
 
 
 class UpdateAndCreateTopic(Request[TopicInfo], frozen=True, kw_only=True, omit_defaults=True):
@@ -55,6 +58,9 @@ class TopicRow(Response, frozen=True, kw_only=True, omit_defaults=True):
     system: bool
     messages: int
     max_offset_total: int
+    #: queue count per broker set (filled by a client of name servers, which sums
+    #: ``queue_nums``, ``messages`` and ``max_offset_total`` over them; empty from one broker)
+    brokers: dict[str, int] = {}
 
 
 class TopicList(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -71,6 +77,8 @@ class QueueStats(Response, frozen=True, kw_only=True, omit_defaults=True):
     max_offset: int
     #: store time of the newest message (ms), 0 if the queue is empty
     last_store_ts: int
+    #: the broker set holding the queue (filled by a client of name servers)
+    broker_name: str = ""
 
 
 class TopicStats(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -87,7 +95,7 @@ class ViewMessageById(Request[Empty], frozen=True, kw_only=True, omit_defaults=T
     """The stored record (the frame's body) of a message id or offset message id."""
 
     CODE = RequestCode.VIEW_MESSAGE_BY_ID
-    msg_id: Name
+    msg_id: Key
 
 
 class MessageCount(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -98,7 +106,7 @@ class QueryMessageByKey(Request[MessageCount], frozen=True, kw_only=True, omit_d
     """The records (the frame's body) of up to ``max_num`` messages with key ``key``."""
 
     CODE = RequestCode.QUERY_MESSAGE_BY_KEY
-    key: Name
+    key: Key
     max_num: int = 32
 
 
@@ -109,6 +117,8 @@ class GroupOffset(Response, frozen=True, kw_only=True, omit_defaults=True):
     offset: int
     max_offset: int
     lag: int
+    #: the broker set holding the queue (filled by a client of name servers)
+    broker_name: str = ""
 
 
 class GroupOffsets(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -132,6 +142,20 @@ class RuntimeInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
     commit_log_max_offset: int
     flushed_offset: int
     pending_transactions: int
+    #: damage the store found and went on without, since it opened (all of it counted)
+    store_damage_count: int = 0
+    #: the newest findings, each a readable line (kind, commit-log offset, what was found)
+    store_damage: list[str] = []
+    #: messages stored by sends / handed out by pulls per second, over the last minute
+    put_tps: float = 0.0
+    get_tps: float = 0.0
+    #: and since the broker started
+    put_total: int = 0
+    get_total: int = 0
+    #: who the broker is in its cluster
+    cluster: str = ""
+    broker_name: str = ""
+    broker_id: int = 0
 
 
 class GetBrokerRuntimeInfo(Request[RuntimeInfo], frozen=True, kw_only=True, omit_defaults=True):

@@ -27,7 +27,9 @@ from txmq.wire.errors import BadRequest, UnsupportedRequest, UnsupportedVersion,
 __all__ = [
     "Empty",
     "ErrorAnswer",
+    "Key",
     "Name",
+    "NameOrEmpty",
     "Request",
     "Response",
     "Topic",
@@ -41,8 +43,13 @@ __all__ = [
 R = TypeVar("R", bound="Response")
 T = TypeVar("T", bound=msgspec.Struct)
 
-#: a non-empty string: group and client names
-Name = Annotated[str, msgspec.Meta(min_length=1)]
+#: a group or client name: not empty, at most 255 characters (RocketMQ's limit for group
+#: names; the broker logs them and keeps them in memory and in offsets.json)
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+#: a group or client name that may be left empty
+NameOrEmpty = Annotated[str, msgspec.Meta(max_length=255)]
+#: what a message is looked up by (its id, one of its keys): not empty
+Key = Annotated[str, msgspec.Meta(min_length=1)]
 #: a topic name, checked by the broker's topic rules (INVALID_TOPIC, NO_PERMISSION)
 Topic = str
 
@@ -136,6 +143,11 @@ def decode(cls: type[T], header: bytes) -> T:
         raise BadRequest(
             clip(f"{cls.__name__}: the header is not valid msgpack ({exc})")
         ) from None
+    # msgspec raises these two as they are, not as a DecodeError
+    except UnicodeDecodeError:
+        raise BadRequest(f"{cls.__name__}: the header has a string that is not UTF-8") from None
+    except RecursionError:
+        raise BadRequest(f"{cls.__name__}: the header is nested too deeply") from None
 
 
 def _describe(cls: type[msgspec.Struct], message: str) -> str:

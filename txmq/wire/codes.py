@@ -28,7 +28,11 @@ class RequestCode(enum.IntEnum):
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42
     GET_ALL_CONSUMER_OFFSETS = 43
+    # name server (GET_ROUTE_INFO is answered by brokers too, each for itself)
+    REGISTER_BROKER = 103
+    UNREGISTER_BROKER = 104
     GET_ROUTE_INFO = 105
+    GET_BROKER_CLUSTER_INFO = 106
     GET_TOPIC_STATS = 202
     DELETE_TOPIC = 215
     SEND_BATCH_MESSAGE = 320

@@ -13,6 +13,7 @@ __all__ = [
     "BadRequest",
     "BrokerBusy",
     "BrokerUnavailable",
+    "DiskFull",
     "FlushDiskTimeout",
     "FrameTooLarge",
     "InvalidTopic",
@@ -48,6 +49,7 @@ class ResponseCode(enum.IntEnum):
     NO_PERMISSION = 16
     TOPIC_NOT_EXIST = 17
     INVALID_TOPIC = 18
+    DISK_FULL = 19
     QUERY_NOT_FOUND = 22
     TRANSACTION_NOT_FOUND = 23
 
@@ -120,6 +122,15 @@ class FlushDiskTimeout(TxmqError):
     retriable = True
 
 
+class DiskFull(TxmqError):
+    """The broker's disk is full (or used over its ``disk_max_used_ratio``): it stores
+    nothing until space is freed; another broker, or the same one later, may take the
+    message (RocketMQ answers SERVICE_NOT_AVAILABLE)."""
+
+    code = ResponseCode.DISK_FULL
+    retriable = True
+
+
 class MessageTooLarge(TxmqError):
     """The message body is over the broker's size limit."""
 
@@ -179,6 +190,7 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         UnsupportedVersion,
         BadRequest,
         FlushDiskTimeout,
+        DiskFull,
         MessageTooLarge,
         NoPermission,
         TopicNotFound,

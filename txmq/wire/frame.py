@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import sys
 from dataclasses import dataclass
 
 import msgspec
@@ -37,6 +38,8 @@ __all__ = [
 PREFIX = struct.Struct("<IBBHII")
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 _EMPTY_MAP = b"\x80"
+#: a decoder keeps a buffer up to this size for the next partial frame; a bigger one goes
+_KEEP_BUFFER = 1024 * 1024
 _encode = msgspec.msgpack.Encoder().encode
 
 
@@ -92,15 +95,35 @@ class FrameDecoder:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of a frame not yet complete."""
+        return len(self._buf)
+
+    def clear(self) -> None:
+        """Forget what was buffered (the connection is closed)."""
+        self._buf = bytearray()
+
+    @property
+    def next_frame_size(self) -> int | None:
+        """The size of the frame being received, once its length has arrived."""
+        if len(self._buf) < 4:
+            return None
+        return int.from_bytes(self._buf[:4], "little") + 4
+
     def feed(self, data: bytes) -> list[Frame]:
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            src: bytes | memoryview = memoryview(buf)
+        else:  # nothing pending (the common case): frames straight from what was read
+            src = data
         frames: list[Frame] = []
         pos = 0
-        n = len(buf)
+        n = len(src)
         try:
             while n - pos >= PREFIX.size:
-                length, version, kind, code, request_id, hlen = PREFIX.unpack_from(buf, pos)
+                length, version, kind, code, request_id, hlen = PREFIX.unpack_from(src, pos)
                 if length + 4 > self.max_frame_size:
                     err = FrameTooLarge(
                         f"frame of {length + 4} bytes is over the limit of "
@@ -123,13 +146,20 @@ class FrameDecoder:
                         FrameKind(kind),
                         code,
                         request_id,
-                        bytes(buf[hstart : hstart + hlen]),
-                        bytes(buf[hstart + hlen : end]),
+                        bytes(src[hstart : hstart + hlen]),
+                        bytes(src[hstart + hlen : end]),
                         version,
                     )
                 )
                 pos = end
         finally:
-            if pos:
-                del buf[:pos]
+            if src is data:
+                if pos < n:
+                    buf += data[pos:]
+            else:
+                src.release()  # type: ignore[union-attr]
+                if pos == n and sys.getsizeof(buf) > _KEEP_BUFFER:
+                    self._buf = bytearray()  # a big frame's memory goes with it
+                elif pos:
+                    del buf[:pos]
         return frames

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from txmq.wire.base import Empty, Name, Request, Response
+from txmq.wire.base import Empty, Name, NameOrEmpty, Request, Response
 from txmq.wire.codes import RequestCode
 
 __all__ = [
@@ -40,7 +40,7 @@ class Heartbeat(Request[Empty], frozen=True, kw_only=True, omit_defaults=True):
     """Who a client is: the consumer groups and producer groups it is a member of."""
 
     CODE = RequestCode.HEARTBEAT
-    client_id: str = ""
+    client_id: NameOrEmpty = ""
     consumers: list[ConsumerData] = []
     producers: list[Name] = []
 

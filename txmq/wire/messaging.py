@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from txmq.wire.base import Empty, Name, Request, Response, Topic
+import msgspec
+
+from txmq.wire.base import Empty, Name, NameOrEmpty, Request, Response, Topic
 from txmq.wire.codes import RequestCode
 
 __all__ = [
@@ -13,13 +15,11 @@ __all__ = [
     "ConsumerSendMsgBack",
     "GetMaxOffset",
     "GetMinOffset",
-    "GetRouteInfo",
     "Offset",
     "PullMessage",
     "PullStatus",
     "Pulled",
     "QueryConsumerOffset",
-    "RouteInfo",
     "SendBack",
     "SendBatchMessage",
     "SendMessage",
@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 PullStatus = Literal["FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"]
+#: a message's flag: a 32-bit unsigned field of the stored record
+Flag = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
+#: a message's born time in ms since the epoch (0: the broker's now), unsigned when stored
+BornTimestamp = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class Sent(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -49,9 +53,9 @@ class SendMessage(Request[Sent], frozen=True, kw_only=True, omit_defaults=True):
     topic: Topic
     queue_id: int
     properties: dict[str, str] = {}
-    born_timestamp: int = 0
-    flag: int = 0
-    group: str = ""
+    born_timestamp: BornTimestamp = 0
+    flag: Flag = 0
+    group: NameOrEmpty = ""
 
 
 class BatchEntry(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -59,7 +63,7 @@ class BatchEntry(Response, frozen=True, kw_only=True, omit_defaults=True):
 
     size: int
     properties: dict[str, str] = {}
-    born_timestamp: int = 0
+    born_timestamp: BornTimestamp = 0
 
 
 class BatchResult(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -77,7 +81,7 @@ class SendBatchMessage(Request[BatchResult], frozen=True, kw_only=True, omit_def
     topic: Topic
     queue_id: int
     messages: list[BatchEntry]
-    group: str = ""
+    group: NameOrEmpty = ""
 
 
 class Pulled(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -101,19 +105,6 @@ class PullMessage(Request[Pulled], frozen=True, kw_only=True, omit_defaults=True
     max_msgs: int = 32
     suspend_ms: int = 0
     subscription: str | None = None
-
-
-class RouteInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
-    topic: str
-    queue_nums: int
-
-
-class GetRouteInfo(Request[RouteInfo], frozen=True, kw_only=True, omit_defaults=True):
-    """How many queues ``topic`` has (``create``: create it if auto-creation is on)."""
-
-    CODE = RequestCode.GET_ROUTE_INFO
-    topic: Topic
-    create: bool = False
 
 
 class Offset(Response, frozen=True, kw_only=True, omit_defaults=True):

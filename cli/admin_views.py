@@ -1,0 +1,218 @@
+"""What each ``txmq admin`` command asks, as rows (and the columns of its table).
+
+Rows from a cluster name their broker set in a first ``broker_name`` column; rows from a
+broker asked directly have none (as before name servers)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+
+from txmq.admin import AdminClient
+from txmq.fmt import ms_time, short_body, span
+from txmq.message import MessageExt, Prop
+from txmq.wire import PERM_READ, PERM_WRITE
+
+__all__ = ["Rows", "query"]
+
+Rows = tuple[list[dict[str, Any]], list[str] | None]
+
+MESSAGE_COLUMNS = [
+    "msg_id",
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "tags",
+    "keys",
+    "store_time",
+    "body",
+]
+
+
+def _named(row: dict[str, Any]) -> dict[str, Any]:
+    """``broker_name`` first when a cluster filled it; gone (with the other fields only a
+    cluster fills) when it did not."""
+    name = row.pop("broker_name", "")
+    if row.get("brokers") == {}:
+        del row["brokers"]
+    if not name:
+        if row.get("cluster") == "":
+            del row["cluster"]
+            row.pop("broker_id", None)
+        return row
+    return {"broker_name": name, **row}
+
+
+def _dicts(items: list[Any]) -> list[dict[str, Any]]:
+    return [_named(msgspec.structs.asdict(item)) for item in items]
+
+
+def _columns(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """``columns``, after ``broker_name`` when the rows have one."""
+    return ["broker_name", *columns] if rows and "broker_name" in rows[0] else columns
+
+
+async def query(admin: AdminClient, args: argparse.Namespace) -> Rows:
+    cmd = args.admin_cmd
+    name = getattr(args, "broker_name", None)
+    if cmd == "cluster":
+        return await _cluster(admin, args)
+    if cmd == "route":
+        return await _route(admin, args.topic)
+    if cmd == "topics":
+        rows = _dicts(await admin.topics())
+        columns = ["topic", "queue_nums", "messages", "system"]
+        return rows, [*columns, "brokers"] if rows and "brokers" in rows[0] else columns
+    if cmd == "topic-stats":
+        return _dicts(await admin.topic_stats(args.topic)), None
+    if cmd == "topic-create":
+        info = await admin.create_topic(
+            args.topic, args.queues, cluster=args.cluster, broker=args.broker_name
+        )
+        return _dicts([info]), None
+    if cmd == "offsets":
+        return _dicts(await admin.offsets()), None
+    if cmd == "broker-info":
+        return await _broker_info(admin, args.json, name)
+    if cmd == "dlq":
+        return await _dlq(admin, args)
+    if cmd == "transactions":
+        return await _transactions(admin, args)
+    if cmd == "message":
+        if args.id:
+            msgs = [await admin.message_by_id(args.id, broker=name)]
+        else:
+            msgs = await admin.messages_by_key(args.key, args.max, broker=name)
+        rows = [_named({"broker_name": m.broker_name, **m.to_dict()}) for m in msgs]
+        return rows, _columns(rows, MESSAGE_COLUMNS)
+    raise SystemExit(f"unknown admin command {cmd}")  # pragma: no cover - argparse rejects it
+
+
+async def _cluster(admin: AdminClient, args: argparse.Namespace) -> Rows:
+    brokers = await admin.cluster()
+    if args.json:
+        return [msgspec.structs.asdict(b) for b in brokers], None
+    table = [
+        {
+            "cluster": b.cluster or "-",
+            "broker": b.broker_name or "-",
+            "id": b.broker_id,
+            "role": b.role,
+            "address": b.address,
+            "version": b.version or "-",
+            "uptime": span(timedelta(seconds=b.uptime_s)) if not b.error else "-",
+            "topics": b.topics,
+            "connections": b.connections,
+            "max_offset": b.commit_log_max_offset,
+            "messages": b.messages,
+            "put/s": b.put_tps,
+            "get/s": b.get_tps,
+            "lag": b.lag,
+            **({"error": b.error} if any(x.error for x in brokers) else {}),
+        }
+        for b in brokers
+    ]
+    return table, None
+
+
+async def _route(admin: AdminClient, topic: str) -> Rows:
+    route = await admin.topic_route(topic)
+    brokers = {b.broker_name: b for b in route.brokers}
+    rows = []
+    for q in sorted(route.queues, key=lambda q: q.broker_name):
+        b = brokers.get(q.broker_name)
+        addresses = {} if b is None else dict(sorted(b.addresses.items()))
+        perm = ("r" if q.perm & PERM_READ else "-") + ("w" if q.perm & PERM_WRITE else "-")
+        rows.append(
+            {
+                "broker_name": q.broker_name,
+                "cluster": "" if b is None else b.cluster,
+                "read_queues": q.read_queue_nums,
+                "write_queues": q.write_queue_nums,
+                "perm": perm,
+                # broker id (0: the master) -> address
+                "addresses": addresses,
+            }
+        )
+    return rows, None
+
+
+async def _broker_info(admin: AdminClient, as_json: bool, name: str | None) -> Rows:
+    if admin.direct is not None or name is not None:
+        infos = [await admin.runtime_info(broker=name)]
+    else:
+        infos = await admin.runtime_infos()
+    dicts = _dicts(infos)
+    if as_json:
+        return dicts, None
+    if len(dicts) == 1:
+        rows = []
+        for k, v in dicts[0].items():
+            # a list (the store's damage findings) is one row per entry
+            for one in v if isinstance(v, list) and v else [v]:
+                rows.append({"key": k, "value": one})
+        return rows, None
+    # several brokers: one column each
+    names = [d["broker_name"] for d in dicts]
+    keys = [k for k in dicts[0] if k != "broker_name"]
+    rows = [{"key": k, **{n: d.get(k) for n, d in zip(names, dicts, strict=True)}} for k in keys]
+    return rows, ["key", *names]
+
+
+async def _dlq(admin: AdminClient, args: argparse.Namespace) -> Rows:
+    name = args.broker_name
+    if args.dlq_cmd == "resend":
+        resent = await admin.dlq_resend(args.group, None if args.all else args.id, broker=name)
+        return [{"group": args.group, "resent": resent}], None
+    msgs = await admin.dlq_list(args.group, args.offset, args.max, broker=name)
+    if args.json:
+        rows = []
+        for m in msgs:
+            row = {"broker_name": m.broker_name, **m.to_dict(body_limit=None)}
+            row["origin_topic"] = m.get_property(Prop.RETRY_TOPIC) or m.topic
+            row["origin_msg_id"] = m.get_property(Prop.ORIGIN_MESSAGE_ID)
+            rows.append(_named(row))
+        return rows, None
+    table = [_named(_dead_letter(m)) for m in msgs]
+    columns = ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body"]
+    return table, _columns(table, columns)
+
+
+def _dead_letter(m: MessageExt) -> dict[str, Any]:
+    return {
+        "broker_name": m.broker_name,
+        "msg_id": m.msg_id,
+        "topic": m.get_property(Prop.RETRY_TOPIC) or m.topic,
+        "reconsume_times": m.reconsume_times,
+        "keys": m.keys,
+        "store_time": ms_time(m.store_timestamp),
+        "body": short_body(m.body),
+    }
+
+
+async def _transactions(admin: AdminClient, args: argparse.Namespace) -> Rows:
+    state = "parked" if args.parked else "pending"
+    rows = await admin.transactions(state, args.max, group=args.group, broker=args.broker_name)
+    if args.json:
+        return _dicts(rows), None
+    table = [
+        _named(
+            {
+                "broker_name": r.broker_name,
+                "msg_id": r.msg_id,
+                "transaction_id": r.transaction_id,
+                "group": r.group,
+                "topic": f"{r.topic}/{r.queue_id}",
+                "offset": r.transaction_offset,
+                "born": ms_time(r.born_timestamp),
+                "age_s": r.age_s,
+                "checks": r.check_times,
+                **({"parked": ms_time(r.parked_timestamp)} if args.parked else {}),
+            }
+        )
+        for r in rows
+    ]
+    return table, list(table[0]) if table else None

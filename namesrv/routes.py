@@ -1,0 +1,263 @@
+"""The route table a name server keeps in memory: which brokers are registered, in which
+cluster and broker set, at which address, holding which topics, and when each was last
+heard from.
+
+Everything is rebuilt from the brokers' registrations (every 30 s each): a name server
+that restarts, or another one beside it, learns the same table within one registration
+interval.  The table is used from one event loop (no locks); tests give it a clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from txmq.errors import BadRequest, InvalidTopic, TopicNotFound
+from txmq.message import validate_topic_name
+from txmq.remoting import parse_address
+from txmq.wire import (
+    MASTER_ID,
+    BrokerData,
+    ClusterInfo,
+    QueueData,
+    RegisterBroker,
+    Registered,
+    TopicConfigData,
+    TopicRoute,
+    UnregisterBroker,
+)
+
+__all__ = ["BrokerKey", "LiveBroker", "RouteTable"]
+
+log = logging.getLogger("txmq.namesrv")
+
+#: a broker: (broker name, broker id) — its broker set and its place in it (0: the master)
+BrokerKey = tuple[str, int]
+
+_BAD_NAME_CHARS = "/\\;:% \t\n"
+
+
+@dataclass(slots=True)
+class LiveBroker:
+    """One registered broker, as its latest registration described it."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    address: str
+    ha_address: str
+    data_version: int
+    topics: dict[str, TopicConfigData]
+    #: when it last registered (the table's clock, monotonic)
+    last_seen: float
+    #: the connection its latest registration came on (None: not known, as in unit tests)
+    conn: object | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        return (
+            f"broker {self.broker_name} (id {self.broker_id}, cluster {self.cluster}) "
+            f"at {self.address}"
+        )
+
+
+class RouteTable:
+    """Registered brokers and the routes they make.  ``expiry``: how long a broker may stay
+    silent before :meth:`expire` drops it."""
+
+    def __init__(self, *, expiry: float = 120.0, clock: Callable[[], float] = time.monotonic):
+        self.expiry = expiry
+        self._clock = clock
+        self._brokers: dict[BrokerKey, LiveBroker] = {}
+        #: topic -> the brokers holding it
+        self._by_topic: dict[str, set[BrokerKey]] = {}
+
+    # -- what brokers tell ------------------------------------------------------------------
+
+    def register(self, req: RegisterBroker, conn: object | None = None) -> Registered:
+        """A broker's registration: new, a heartbeat (same ``data_version``: only its time
+        and connection are taken), or a new topic table (any other version)."""
+        _check_registration(req)
+        key = (req.broker_name, req.broker_id)
+        now = self._clock()
+        for other_key, other in list(self._brokers.items()):
+            if other_key != key and other.address == req.address:
+                # one address serves one broker: it now says it is another one (a restart
+                # under another name, a slave that became the master)
+                log.info(
+                    "%s now registers as broker %s (id %d); dropping the old entry",
+                    other.describe(),
+                    req.broker_name,
+                    req.broker_id,
+                )
+                self._remove(other_key)
+        old = self._brokers.get(key)
+        if old is not None and old.address != req.address:
+            log.warning(
+                "broker %s (id %d, cluster %s) registered from %s, but it is registered at %s:"
+                " taking the newer registration (%s); if both run, give each its own "
+                "--broker-name or --broker-id",
+                req.broker_name,
+                req.broker_id,
+                req.cluster,
+                req.address,
+                old.address,
+                req.address,
+            )
+            old = None
+        if old is not None and old.data_version == req.data_version and old.cluster == req.cluster:
+            old.last_seen = now
+            old.ha_address = req.ha_address
+            if conn is not None:
+                old.conn = conn
+        else:
+            entry = LiveBroker(
+                cluster=req.cluster,
+                broker_name=req.broker_name,
+                broker_id=req.broker_id,
+                address=req.address,
+                ha_address=req.ha_address,
+                data_version=req.data_version,
+                topics={t.name: t for t in req.topics},
+                last_seen=now,
+                conn=conn,
+            )
+            self._put(key, entry)
+            if old is None:
+                log.info("%s registered, %d topic(s)", entry.describe(), len(entry.topics))
+            else:
+                log.debug("%s now has %d topic(s)", entry.describe(), len(entry.topics))
+        master = self._brokers.get((req.broker_name, MASTER_ID))
+        if req.broker_id != MASTER_ID and master is not None:
+            return Registered(master_address=master.address, ha_address=master.ha_address)
+        return Registered()
+
+    def unregister(self, req: UnregisterBroker) -> bool:
+        """A broker's clean stop.  Ignored (False) if that broker is registered at another
+        address now (a newer registration)."""
+        key = (req.broker_name, req.broker_id)
+        entry = self._brokers.get(key)
+        if entry is None or entry.address != req.address:
+            return False
+        self._remove(key)
+        log.info("%s unregistered", entry.describe())
+        return True
+
+    def connection_closed(self, conn: object) -> list[LiveBroker]:
+        """Drop the brokers whose latest registration came on ``conn`` (RocketMQ's
+        BrokerHousekeepingService: a broker's channel closing drops it at once; a broker
+        registered again on another connection stays)."""
+        gone = [b for b in self._brokers.values() if b.conn is conn]
+        for entry in gone:
+            self._remove((entry.broker_name, entry.broker_id))
+            log.warning("%s: its connection closed; dropped from the routes", entry.describe())
+        return gone
+
+    def expire(self) -> list[LiveBroker]:
+        """Drop every broker silent for longer than :attr:`expiry`; one line each."""
+        now = self._clock()
+        gone = [b for b in self._brokers.values() if now - b.last_seen > self.expiry]
+        for entry in gone:
+            self._remove((entry.broker_name, entry.broker_id))
+            log.warning(
+                "%s: not heard from for %.0f s (more than %g s); dropped from the routes",
+                entry.describe(),
+                now - entry.last_seen,
+                self.expiry,
+            )
+        return gone
+
+    # -- what clients ask -------------------------------------------------------------------
+
+    def route(self, topic: str) -> TopicRoute:
+        """``topic``'s queues on every broker set that holds it, and those sets' brokers."""
+        why = validate_topic_name(topic)
+        if why:
+            raise InvalidTopic(why)
+        queues: list[QueueData] = []
+        brokers: list[BrokerData] = []
+        for name in sorted({name for name, _ in self._by_topic.get(topic, ())}):
+            source = self._source(name)
+            cfg = source.topics.get(topic) if source is not None else None
+            if source is None or cfg is None:
+                continue  # the set's master does not hold it (only a slave still does)
+            queues.append(
+                QueueData(
+                    broker_name=name,
+                    read_queue_nums=cfg.read_queue_nums,
+                    write_queue_nums=cfg.write_queue_nums,
+                    perm=cfg.perm,
+                )
+            )
+            brokers.append(self._broker_data(name, source))
+        if not queues:
+            raise TopicNotFound(f"no broker registered topic {topic!r} with this name server")
+        return TopicRoute(topic=topic, queues=queues, brokers=brokers)
+
+    def cluster_info(self) -> ClusterInfo:
+        names = sorted({name for name, _ in self._brokers})
+        brokers = []
+        clusters: dict[str, list[str]] = {}
+        for name in names:
+            source = self._source(name)
+            assert source is not None
+            brokers.append(self._broker_data(name, source))
+            clusters.setdefault(source.cluster, []).append(name)
+        return ClusterInfo(brokers=brokers, clusters=clusters)
+
+    def brokers(self) -> list[LiveBroker]:
+        return [self._brokers[k] for k in sorted(self._brokers)]
+
+    def topics(self) -> list[str]:
+        return sorted(self._by_topic)
+
+    # -- the table --------------------------------------------------------------------------
+
+    def _source(self, name: str) -> LiveBroker | None:
+        """The broker whose topics speak for set ``name``: its master, else its lowest id."""
+        members = [b for (n, _), b in self._brokers.items() if n == name]
+        return min(members, key=lambda b: b.broker_id, default=None)
+
+    def _broker_data(self, name: str, source: LiveBroker) -> BrokerData:
+        addresses = {i: b.address for (n, i), b in sorted(self._brokers.items()) if n == name}
+        return BrokerData(cluster=source.cluster, broker_name=name, addresses=addresses)
+
+    def _put(self, key: BrokerKey, entry: LiveBroker) -> None:
+        if key in self._brokers:
+            self._remove(key)
+        self._brokers[key] = entry
+        for topic in entry.topics:
+            self._by_topic.setdefault(topic, set()).add(key)
+
+    def _remove(self, key: BrokerKey) -> None:
+        entry = self._brokers.pop(key)
+        for topic in entry.topics:
+            holders = self._by_topic.get(topic)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self._by_topic[topic]
+
+
+def _check_registration(req: RegisterBroker) -> None:
+    """What the typed header cannot say: names, addresses and topics that make sense."""
+    for what, value in (("cluster", req.cluster), ("broker_name", req.broker_name)):
+        if any(c in value for c in _BAD_NAME_CHARS):
+            raise BadRequest(
+                f"RegisterBroker: header field {what!r}: {value!r} has a space, '/', ';', "
+                "':' or '%'"
+            )
+    for what, address in (("address", req.address), ("ha_address", req.ha_address)):
+        if what == "ha_address" and not address:
+            continue
+        try:
+            parse_address(address)
+        except ValueError:
+            raise BadRequest(
+                f"RegisterBroker: header field {what!r}: {address!r} is not HOST:PORT"
+            ) from None
+    for i, topic in enumerate(req.topics):
+        why = validate_topic_name(topic.name)
+        if why:
+            raise BadRequest(f"RegisterBroker: header field 'topics[{i}].name': {why}")

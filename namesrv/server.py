@@ -1,0 +1,138 @@
+"""The name-server process: listener, connections, the expiry scan, clean shutdown.
+
+Run it with ``txmq namesrv start`` or embed it: ``async with NamesrvServer(config)`` in an
+anyio program, or :class:`EmbeddedNamesrv` (a background thread) from synchronous code.
+Name servers never talk to each other; each learns the whole table from the brokers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+from txmq.namesrv.config import NamesrvConfig
+from txmq.namesrv.routes import RouteTable
+from txmq.remoting import Connection
+from txmq.rpc import Call, Router
+from txmq.serving import Acceptor, EmbeddedServer, Stoppable
+from txmq.wire import (
+    ClusterInfo,
+    Empty,
+    GetClusterInfo,
+    GetTopicRoute,
+    RegisterBroker,
+    Registered,
+    TopicRoute,
+    UnregisterBroker,
+)
+
+__all__ = ["EmbeddedNamesrv", "NamesrvServer", "request_router"]
+
+log = logging.getLogger("txmq.namesrv")
+
+#: marks a connection whose closing the table is told about
+_HOOKED = "namesrv.hooked"
+
+
+class NamesrvService:
+    """The name server's answers, over its :class:`RouteTable`."""
+
+    def __init__(self, table: RouteTable) -> None:
+        self.table = table
+        #: set when the server stops: its connections closing drop nothing (and say nothing)
+        self.stopping = False
+
+    def register(self, req: RegisterBroker, call: Call) -> Registered:
+        conn = call.conn
+        if not conn.attributes.get(_HOOKED):
+            conn.attributes[_HOOKED] = True
+            conn.on_close.append(self._closed)
+        return self.table.register(req, conn)
+
+    def _closed(self, conn: Connection) -> None:
+        if not self.stopping:
+            self.table.connection_closed(conn)
+
+    def unregister(self, req: UnregisterBroker, call: Call) -> Empty:
+        self.table.unregister(req)
+        return Empty()
+
+    def route(self, req: GetTopicRoute, call: Call) -> TopicRoute:
+        # ``create`` asks a broker to create the topic; a name server cannot (clients
+        # create topics on a broker and find them here after its registration)
+        return self.table.route(req.topic)
+
+    def cluster_info(self, req: GetClusterInfo, call: Call) -> ClusterInfo:
+        return self.table.cluster_info()
+
+
+def request_router(service: NamesrvService) -> Router:
+    """Every request a name server answers (anything else: REQUEST_CODE_NOT_SUPPORTED)."""
+    r = Router("a name server")
+    r.route(RegisterBroker, service.register)
+    r.route(UnregisterBroker, service.unregister)
+    r.route(GetTopicRoute, service.route)
+    r.route(GetClusterInfo, service.cluster_info)
+    return r
+
+
+class NamesrvServer(Stoppable):
+    """A txmq name server. ``await server.serve()`` runs it until :meth:`request_stop`."""
+
+    def __init__(self, config: NamesrvConfig, *, table: RouteTable | None = None) -> None:
+        self.config = config
+        self.table = table or RouteTable(expiry=config.broker_expiry_s)
+        self.service = NamesrvService(self.table)
+        self.router = request_router(self.service)
+        self.acceptor = Acceptor(
+            self.router.handle,
+            max_frame_size=config.max_frame_size,
+            limits=config.connection_limits(),
+            log_to="txmq.namesrv",
+        )
+        self.connections = self.acceptor.connections
+        self.port = config.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[NamesrvServer] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        self._stop = anyio.Event()
+        listener = await anyio.create_tcp_listener(
+            local_host=self.config.host, local_port=self.config.port, reuse_port=False
+        )
+        self.port = listener.extra(SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            self.acceptor.serve(listener, tg)
+            tg.start_soon(self._expiry_scan)
+            log.info(
+                "name server listening on %s (brokers silent for %g s are dropped)",
+                self.address,
+                self.config.broker_expiry_s,
+            )
+            task_status.started(self)
+            await self._stop.wait()
+            self.service.stopping = True
+            tg.cancel_scope.cancel()
+        log.info("name server stopped")
+
+    async def _expiry_scan(self) -> None:
+        while True:
+            await anyio.sleep(self.config.scan_interval_s)
+            self.table.expire()
+
+
+class EmbeddedNamesrv(EmbeddedServer[NamesrvServer]):
+    """A name server running in a background thread with its own event loop."""
+
+    what = "name server"
+
+    def __init__(self, config: NamesrvConfig | None = None) -> None:
+        self.config = config or NamesrvConfig(port=0)
+        super().__init__(lambda: NamesrvServer(self.config))

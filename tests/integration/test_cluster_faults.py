@@ -1,0 +1,264 @@
+"""Faults in a cluster of real processes (two name servers, two broker sets), with
+PostgreSQL: a broker SIGKILLed while 10,000 messages flow loses no acknowledged message and
+idempotent consumers apply each exactly once; transactions with SqlTransactionChecker end
+on the broker set that stored their half, lost endings resolved by its check-back; orderly
+consumers never run one queue twice at once."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import txmq
+from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
+from tests.integration.test_cluster_clients import _routed, _stop
+from tests.integration.test_sqla_transactions import LosingEnds
+from tests.outbox_support import Db, effects, make_db, until
+from tests.sqla_support import Order, create_all
+from txmq import Message, MessageExt, outbox
+from txmq.errors import TxmqError
+from txmq.sqla import SqlTransactionChecker, transaction
+from txmq.sync import Producer, PullConsumer, PushConsumer
+from txmq.wire import UpdateAndCreateTopic
+
+NamesrvFactory = Callable[..., NamesrvProcess]
+BrokerFactory = Callable[..., BrokerProcess]
+
+#: quick check-backs: a round every 0.2 s, a half message checked once 0.5 s old
+FAST = {
+    "TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "0.2",
+    "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "0.5",
+}
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[Db]:
+    with make_db("postgresql", tmp_path) as db:
+        yield db
+
+
+def _cluster(
+    namesrv_process: NamesrvFactory,
+    cluster_broker: BrokerFactory,
+    topic: str,
+    queues: int,
+    env: dict[str, str] | None = None,
+) -> tuple[list[NamesrvProcess], list[BrokerProcess], str]:
+    names = [namesrv_process(f"ns{i}").start() for i in range(2)]
+    addrs = [ns.address for ns in names]
+    brokers = [cluster_broker(f"broker-{c}", addrs, env=env).start() for c in "ab"]
+    for bp in brokers:
+        ask(bp.address, UpdateAndCreateTopic(topic=topic, queue_nums=queues))
+    _routed(names, topic, 2)
+    return names, brokers, ";".join(addrs)
+
+
+def test_a_broker_killed_while_10000_messages_flow_loses_nothing_applied_once(
+    namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory, pg: Db
+) -> None:
+    names, brokers, namesrv = _cluster(namesrv_process, cluster_broker, "flow", 4)
+    total = 10_000
+
+    @txmq.idempotent(pg.engine, group="flow-effects")
+    def apply(msg: MessageExt, session: Session) -> None:
+        session.execute(insert(effects).values(key=msg.keys[0], body=msg.body.decode()))
+
+    members = [
+        PushConsumer(namesrv=namesrv, group="flow-g", listener=apply,
+                     consume_from="FIRST_OFFSET", instance_name=f"m{i}")
+        for i in range(2)
+    ]  # fmt: skip
+    for m in members:
+        m.subscribe("flow")
+    acked: list[str] = []
+    failed: list[BaseException] = []
+    lock = threading.Lock()
+    rng = random.Random(16)
+    kill_at, restart_at = rng.randint(2000, 4000), rng.randint(6000, 8000)
+
+    def send(worker: int, producer: Producer) -> None:
+        for i in range(worker, total, 4):
+            key = f"k{i}"
+            try:
+                producer.send(Message("flow", b"%d" % i, keys=[key]))
+            except TxmqError as exc:  # not acknowledged: may or may not have been stored
+                failed.append(exc)
+                continue
+            with lock:
+                acked.append(key)
+
+    with members[0], members[1], Producer(namesrv=namesrv, send_timeout=5) as producer:
+        threads = [threading.Thread(target=send, args=(w, producer)) for w in range(4)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(acked) >= kill_at, timeout=120)
+        brokers[1].kill()
+        killed_at = len(acked)
+        wait_for(lambda: len(acked) >= restart_at, timeout=120)
+        brokers[1].start()  # the same store: what it acknowledged comes back
+        for t in threads:
+            t.join(300)
+        wanted = set(acked)
+
+        def all_applied() -> bool:
+            return wanted <= {k for k, _ in pg.effects()}
+
+        wait_for(all_applied, timeout=180, interval=0.5)
+    applied = Counter(k for k, _ in pg.effects())
+    twice = [k for k, n in applied.items() if n > 1]
+    print(
+        f"{len(acked)} acknowledged of {total} ({len(failed)} sends failed), broker-b killed "
+        f"after {killed_at}; {len(applied)} applied, {len(twice)} twice"
+    )
+    assert twice == []
+    assert len(failed) <= 4 * 3, failed[:5]  # at most a send in flight per thread, retried
+    assert wanted <= set(applied)
+    _stop(names, brokers)
+
+
+def test_transactions_end_on_the_broker_set_of_their_half_and_check_backs_resolve_them(
+    namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory, pg: Db
+) -> None:
+    names, brokers, namesrv = _cluster(namesrv_process, cluster_broker, "orders-c", 2, FAST)
+    with pg.engine.begin() as conn:
+        create_all(conn)
+    aengine = create_async_engine(pg.aurl)
+    seen: list[MessageExt] = []
+    consumer = PushConsumer(namesrv=namesrv, group="orders-c-g", listener=seen.append,
+                            consume_from="FIRST_OFFSET")  # fmt: skip
+    consumer.subscribe("orders-c")
+
+    async def run() -> list[str]:
+        checker = SqlTransactionChecker(aengine)
+        ended: list[str] = []
+        async with txmq.TransactionProducer(namesrv=namesrv, group="orders-c-tx",
+                                            listener=checker) as producer:  # fmt: skip
+            for i in range(20):
+                async with AsyncSession(aengine) as session, transaction(producer, session) as tx:
+                    session.add(Order(id=f"c-{i}", amount=i))
+                    await tx.send(Message("orders-c", b"created", keys=[f"c-{i}"]))
+                ended.append(tx.transaction_id)
+        # endings that never reach the broker: each broker set checks back its own halves
+        async with LosingEnds(namesrv=namesrv, group="orders-c-tx", listener=checker) as losing:
+            for i in range(20, 26):
+                async with AsyncSession(aengine) as session, transaction(losing, session) as tx:
+                    session.add(Order(id=f"c-{i}", amount=i))
+                    await tx.send(Message("orders-c", b"created", keys=[f"c-{i}"]))
+            await until(lambda: _none_pending(brokers), timeout=60)
+        await aengine.dispose()
+        return ended
+
+    with consumer:
+        anyio.run(run)
+        wait_for(lambda: len(seen) == 26, timeout=60)
+    assert sorted(m.keys[0] for m in seen) == sorted(f"c-{i}" for i in range(26))
+    assert {m.broker_name for m in seen} == {"broker-a", "broker-b"}
+    _stop(names, brokers)
+
+
+async def _none_pending(brokers: list[BrokerProcess]) -> bool:
+    for bp in brokers:
+        async with txmq.AdminClient(bp.address) as admin:
+            if await admin.transactions():
+                return False
+    return True
+
+
+def test_orderly_consumers_never_run_one_queue_twice_at_once(
+    namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory
+) -> None:
+    names, brokers, namesrv = _cluster(namesrv_process, cluster_broker, "ordered", 2)
+    running: Counter[tuple[str, int]] = Counter()
+    overlaps: list[tuple[str, int]] = []
+    got: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    def listener(msg: MessageExt) -> None:
+        queue = (msg.broker_name, msg.queue_id)
+        with lock:
+            running[queue] += 1
+            if running[queue] > 1:
+                overlaps.append(queue)
+            got.setdefault(msg.keys[0], []).append(int(msg.body))
+        time.sleep(0.002)
+        with lock:
+            running[queue] -= 1
+
+    members = [
+        PushConsumer(namesrv=namesrv, group="ordered-g", listener=listener, orderly=True,
+                     consume_from="FIRST_OFFSET", instance_name=f"o{i}",
+                     rebalance_interval=1.0, lock_renew_interval=1.0, lock_max_live=3.0)
+        for i in range(3)
+    ]  # fmt: skip
+    for m in members:
+        m.subscribe("ordered")
+    with Producer(namesrv=namesrv) as producer:
+        for seq in range(60):
+            for k in range(10):
+                producer.send(Message("ordered", b"%d" % seq, keys=[f"key{k}"]),
+                              sharding_key=f"key{k}")  # fmt: skip
+    def unique() -> int:
+        with lock:
+            return sum(len(set(v)) for v in got.values())
+
+    with members[0], members[1]:
+        wait_for(lambda: unique() >= 150, timeout=60)
+        with members[2]:  # a third member joins mid-stream: queues move between members
+            wait_for(lambda: unique() >= 300, timeout=60)
+            # broker-b (its queues and their locks) SIGKILLed mid-stream, then back
+            brokers[1].kill()
+            wait_for(lambda: unique() >= 330, timeout=60)
+            brokers[1].start()
+            wait_for(lambda: unique() == 600, timeout=120)
+    assert overlaps == []
+    for key, seqs in got.items():
+        firsts = list(dict.fromkeys(seqs))  # a moved queue may redeliver: at least once
+        assert firsts == list(range(60)), key
+    _stop(names, brokers)
+
+
+def test_the_outbox_relay_sends_through_name_servers_each_key_in_order(
+    namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory, pg: Db
+) -> None:
+    names, brokers, namesrv = _cluster(namesrv_process, cluster_broker, "outbox-c", 2)
+    keys, per_key = 12, 25
+    for seq in range(per_key):
+        with Session(pg.engine) as session, session.begin():
+            for k in range(keys):
+                outbox.add(session, Message("outbox-c", b"%d" % seq), sharding_key=f"key{k}")
+
+    async def relay() -> None:
+        async with outbox.OutboxRelay(pg.aurl, namesrv=namesrv, poll_interval=0.05):
+            await until(lambda: pg.count(state="sent") == keys * per_key, timeout=60)
+
+    anyio.run(relay)
+    stored: dict[str, list[str]] = {}
+    brokers_of_key: dict[str, set[str]] = {}
+    with PullConsumer(namesrv=namesrv) as pc:
+        for q in pc.message_queues("outbox-c"):
+            offset = 0
+            while True:
+                got = pc.pull(q.topic, q.queue_id, offset, long_poll=0, broker_name=q.broker_name)
+                if not got.messages:
+                    break
+                for m in got.messages:
+                    key = m.get_property("SHARDING_KEY") or ""
+                    stored.setdefault(key, []).append(m.body.decode())
+                    brokers_of_key.setdefault(key, set()).add(q.broker_name)
+                offset = got.next_offset
+    assert sorted(stored) == sorted(f"key{k}" for k in range(keys))
+    for key, bodies in stored.items():
+        assert list(dict.fromkeys(bodies)) == [str(i) for i in range(per_key)], key
+        assert len(brokers_of_key[key]) == 1  # one queue of the whole route per key
+    assert {b for bs in brokers_of_key.values() for b in bs} == {"broker-a", "broker-b"}
+    _stop(names, brokers)

@@ -1,0 +1,460 @@
+"""Every code block of README.md runs as a reader would paste it (issue 16, item 17).
+
+Each block is matched by a text only it contains to a runner below, or to the reason it is
+not run here. A block that matches nothing, or a plan entry that matches no block, fails
+:func:`test_every_block_is_run_or_says_why_not`: a new snippet cannot slip in untested.
+
+The only changes made to a block before it runs (:func:`adapt`):
+
+- ``127.0.0.1:10911`` (the default broker address) -> the test broker's address;
+- in ``sh`` blocks, the example database ``postgresql+psycopg://app@db/orders`` and its
+  elided form ``...`` -> ``sqlite:///app.db``, and ``(--id N | --all)`` -> ``--all``.
+
+Every block runs in a folder of its own (``sqlite:///app.db`` is a file there), as a
+script ``snippet.py`` beside the README's ``models.py``; blocks that consume until stopped
+run as processes that the test stops (SIGINT, like Ctrl-C) once they printed what they
+should.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, BrokerProcess, ask, read_line, wait_for
+from txmq.message import Message
+from txmq.sync import Producer
+from txmq.wire import GetClusterInfo
+
+README = ROOT / "README.md"
+DEFAULT_BROKER = "127.0.0.1:10911"
+SQL_SUBSTITUTIONS = {
+    "postgresql+psycopg://app@db/orders": "sqlite:///app.db",
+    "(--id N | --all)": "--all",
+}
+
+
+AS_IN_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.path.insert(0, '.'); runpy.run_path(sys.argv[1], run_name='__main__')"
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    text: str
+    line: int  # of the opening fence, 1-based
+
+
+def readme_blocks() -> list[Block]:
+    blocks: list[Block] = []
+    lang, start, body = None, 0, []
+    for number, line in enumerate(README.read_text().splitlines(), 1):
+        fence = re.match(r"^```(\S*)\s*$", line)
+        if fence and lang is None:
+            lang, start, body = fence.group(1), number, []
+        elif fence:
+            blocks.append(Block(lang, "\n".join(body) + "\n", start))
+            lang = None
+        elif lang is not None:
+            body.append(line)
+    assert lang is None, f"README.md:{start}: a code block is never closed"
+    return blocks
+
+
+def adapt(block: Block, broker: str) -> str:
+    text = block.text.replace(DEFAULT_BROKER, broker)
+    if block.lang == "sh":
+        for old, new in SQL_SUBSTITUTIONS.items():
+            text = text.replace(old, new)
+        text = re.sub(r"(--(?:url|db)) \.\.\.", r"\1 sqlite:///app.db", text)
+    return text
+
+
+def commands(text: str) -> list[list[str]]:
+    """The commands of an ``sh`` block: continuations joined, comments dropped."""
+    joined = text.replace("\\\n", " ")
+    return [argv for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
+
+
+# -- running things ----------------------------------------------------------------------
+
+
+@dataclass
+class Folder:
+    """A block's folder, its broker, and the README's other blocks (some need another)."""
+
+    path: Path
+    broker: str
+    blocks: list[Block]
+    procs: list[subprocess.Popen[str]]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def block(self, marker: str) -> Block:
+        [found] = [b for b in self.blocks if marker in b.text]
+        return found
+
+    def write_models(self) -> None:
+        models = self.block("# models.py")
+        (self.path / "models.py").write_text(models.text)
+
+    def python(self, block: Block, timeout: float = 60) -> str:
+        """Runs a python block to its end; its stdout."""
+        self.write_models()
+        script = self.path / "snippet.py"
+        script.write_text(adapt(block, self.broker))
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            cwd=self.path,
+            env=self.env(),
+            timeout=timeout,
+        )
+        assert done.returncode == 0, f"README.md:{block.line}:\n{done.stdout}{done.stderr}"
+        return done.stdout
+
+    def start_python(self, block: Block) -> subprocess.Popen[str]:
+        """Starts a python block that runs until stopped, with Ctrl-C (SIGINT) raising
+        KeyboardInterrupt as in a terminal (a process started in the background, as the
+        test may be, inherits SIGINT ignored)."""
+        self.write_models()
+        script = self.path / "snippet.py"
+        script.write_text(adapt(block, self.broker))
+        return self._popen([sys.executable, "-c", AS_IN_A_TERMINAL, str(script)])
+
+    def txmq(self, argv: list[str], timeout: float = 60) -> str:
+        assert argv[0] == "txmq", argv
+        done = subprocess.run(
+            [sys.executable, "-m", "txmq.cli", *argv[1:]],
+            capture_output=True,
+            text=True,
+            cwd=self.path,
+            env=self.env(),
+            timeout=timeout,
+        )
+        assert done.returncode == 0, f"{shlex.join(argv)}:\n{done.stdout}{done.stderr}"
+        return done.stdout
+
+    def start_txmq(self, argv: list[str]) -> subprocess.Popen[str]:
+        assert argv[0] == "txmq", argv
+        return self._popen([sys.executable, "-m", "txmq.cli", *argv[1:]])
+
+    def _popen(self, argv: list[str]) -> subprocess.Popen[str]:
+        errors = (self.path / f"proc{len(self.procs)}.stderr").open("w")
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=self.path, env=self.env()
+        )
+        errors.close()
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> str:
+        """Stops ``proc`` as a person would (Ctrl-C); the rest of its stdout."""
+        proc.send_signal(sig)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise AssertionError(f"running 30 s after {sig!r}:\n{self.stderr(proc)}") from None
+        assert proc.returncode in (0, -sig), f"ended with {proc.returncode}:\n{self.stderr(proc)}"
+        return out
+
+    def stderr(self, proc: subprocess.Popen[str]) -> str:
+        return (self.path / f"proc{self.procs.index(proc)}.stderr").read_text()
+
+    def upgrade_db(self) -> None:
+        """The README's step 1, ``txmq db upgrade --url sqlite:///app.db``, here."""
+        self.txmq(["txmq", "db", "upgrade", "--url", "sqlite:///app.db"])
+
+    def group_lag(self, group: str) -> int:
+        """Messages of ``group``'s topics not yet handled (-1 before it commits an offset)."""
+        out = self.txmq(["txmq", "admin", "offsets", "--json", "--broker", self.broker])
+        lags = [o["lag"] for o in json.loads(out) if o["group"] == group]
+        return sum(lags) if lags else -1
+
+    def topic_messages(self, topic: str) -> int:
+        out = self.txmq(["txmq", "admin", "topics", "--json", "--broker", self.broker])
+        return sum(t["messages"] for t in json.loads(out) if t["topic"] == topic)
+
+
+def send_until(folder: Folder, proc: subprocess.Popen[str], prefix: str, msg: Message) -> str:
+    """Sends ``msg`` every 0.5 s until ``proc`` prints a line starting with ``prefix`` (a
+    new consumer group starts at the end of its queues: a message sent before its queues
+    are assigned is not for it). All copies go to one queue."""
+    deadline = time.monotonic() + 60
+    with Producer(folder.broker) as producer:
+        while True:
+            producer.send(msg, sharding_key="readme")
+            try:
+                return read_line(proc, prefix, timeout=0.5)
+            except AssertionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+
+
+def rows(folder: Folder, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(folder.path / "app.db") as conn:
+        return conn.execute(sql).fetchall()
+
+
+# -- the runners, one a block ---------------------------------------------------------------
+
+
+def run_produce_and_pull(folder: Folder, block: Block) -> None:
+    out = folder.python(block)
+    assert out.strip() == "b'{\"id\": 42}'", out
+
+
+def run_consumer_group(folder: Folder, block: Block) -> None:
+    proc = folder.start_python(block)
+    line = send_until(folder, proc, "got orders created", Message("orders", b"hi", tags="created"))
+    assert line == "got orders created b'hi'", line
+    folder.stop(proc)  # Ctrl-C ends it (the snippet says so)
+
+
+def run_db_commands(folder: Folder, block: Block) -> None:
+    """Upgrade, current (it prints what the block's comment says) and downgrade."""
+    upgrade, current, downgrade = commands(adapt(block, folder.broker))
+    [said] = re.findall(r"^txmq db current .*#\s*(.+?)\s*$", block.text, re.MULTILINE)
+    assert folder.txmq(upgrade).strip() == f"txmq tables: base -> {said}"
+    assert folder.txmq(current).strip() == said
+    folder.txmq(downgrade)
+    assert folder.txmq(current).startswith("base")
+
+
+ALEMBIC_INI = """\
+[alembic]
+script_location = %(here)s/app_migrations
+sqlalchemy.url = sqlite:///app.db
+"""
+
+ENV_PY_START = """\
+# the start of an alembic env.py (the test's); the README's snippet follows
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+from models import Base
+
+config = context.config
+connectable = engine_from_config(
+    config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.", poolclass=pool.NullPool
+)
+target_metadata = Base.metadata
+"""
+
+APP_REVISION = '''\
+"""the application's first revision: its own tables (models.py)"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "app0001"
+down_revision = None
+
+
+def upgrade() -> None:
+    op.create_table("orders", sa.Column("id", sa.String(), primary_key=True),
+                    sa.Column("amount", sa.Integer(), nullable=False))
+    op.create_table("invoices", sa.Column("order_id", sa.String(), primary_key=True),
+                    sa.Column("amount", sa.Integer(), nullable=False))
+'''
+
+
+def run_alembic_env(folder: Folder, block: Block) -> None:
+    """The snippet is the end of an application's alembic env.py: ``alembic upgrade head``
+    makes txmq's tables and the application's, and ``alembic check`` (autogenerate) finds
+    nothing to do, so txmq's tables are left out of the application's migrations."""
+    folder.write_models()
+    (folder.path / "alembic.ini").write_text(ALEMBIC_INI)
+    migrations = folder.path / "app_migrations"
+    (migrations / "versions").mkdir(parents=True)
+    (migrations / "env.py").write_text(ENV_PY_START + adapt(block, folder.broker))
+    (migrations / "versions" / "app0001.py").write_text(APP_REVISION)
+    for argv in (["upgrade", "head"], ["check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "alembic", *argv],
+            capture_output=True,
+            text=True,
+            cwd=folder.path,
+            env=folder.env(),
+            timeout=60,
+        )
+        assert done.returncode == 0, f"alembic {argv}:\n{done.stdout}{done.stderr}"
+    tables = {name for (name,) in rows(folder, "SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"orders", "invoices", "txmq_transaction_log", "txmq_outbox"} <= tables, tables
+    assert rows(folder, "SELECT version_num FROM alembic_version") == [("app0001",)]
+
+
+def run_models(folder: Folder, block: Block) -> None:
+    folder.python(block)  # imports and defines; the other blocks use it as models.py
+
+
+def run_transactional_send(folder: Folder, block: Block) -> None:
+    folder.upgrade_db()
+    out = folder.python(block)
+    [order_id] = re.findall(r"^order (\w+) saved and published$", out, re.MULTILINE)
+    assert rows(folder, "SELECT id, amount FROM orders") == [(order_id, 42)]
+    assert rows(folder, "SELECT state FROM txmq_transaction_log") == [("COMMITTED",)]
+    assert folder.topic_messages("orders") == 1
+
+
+def run_outbox_add(folder: Folder, block: Block) -> None:
+    folder.upgrade_db()
+    folder.python(block)
+    [(order_id,)] = rows(folder, "SELECT id FROM orders")
+    [(keys,)] = rows(folder, "SELECT keys FROM txmq_outbox")
+    assert f"order-{order_id}-created" in keys
+
+
+def run_outbox_commands(folder: Folder, block: Block) -> None:
+    """After the outbox.add block: the relay sends its row, then the other commands."""
+    run_outbox_add(folder, folder.block("outbox.add(session"))
+    relay, stats, parked, requeue = commands(adapt(block, folder.broker))
+    proc = folder.start_txmq(relay)
+    read_line(proc, "txmq outbox relay: sqlite:///app.db")
+    wait_for(lambda: folder.topic_messages("orders") == 1)
+    assert "txmq outbox relay stopped; sent 1 row(s)" in folder.stop(proc, signal.SIGTERM)
+    table = folder.txmq(stats).splitlines()
+    assert table[0].split() == ["BACKLOG", "LAG_SECONDS", "PARKED", "SENT"], table
+    assert table[2].split()[0] == "0" and table[2].split()[2] == "0", table
+    assert folder.txmq(parked).strip() == "(none)"
+    assert folder.txmq(requeue).strip() == "requeued 0 parked row(s)"
+
+
+def run_idempotent_consumer(folder: Folder, block: Block) -> None:
+    folder.upgrade_db()
+    proc = folder.start_python(block)
+    msg = Message("orders", b"{}", keys=["order-7-created"])
+    assert send_until(folder, proc, "invoiced", msg) == "invoiced order-7-created"
+    # Ctrl-C once every copy sent is handled: with copies still waiting for SQLite's writer
+    # lock, the process does not end (reported with issue 16, item 17)
+    wait_for(lambda: folder.group_lag("billing") == 0)
+    folder.stop(proc)
+    assert rows(folder, "SELECT order_id FROM invoices") == [("order-7-created",)]
+    done = rows(folder, "SELECT consumer_group, key, state FROM txmq_consumed_keys")
+    assert done == [("billing", "order-7-created", "done")], done
+
+
+CLUSTER_CLIENT = "Producer(namesrv=NAMESRV)"
+
+
+def run_cluster_by_hand(folder: Folder, block: Block) -> None:
+    """The three commands (the name server on a free port instead of 9876, the brokers on
+    free ports instead of 10911 and 10921), then the client snippet against them; then
+    Ctrl-C stops each server, brokers first."""
+    namesrv_cmd, *broker_cmds = commands(block.text)
+    assert namesrv_cmd[:3] == ["txmq", "namesrv", "start"], namesrv_cmd
+    assert "--port" in namesrv_cmd and len(broker_cmds) == 2, block.text
+    said = read_line(folder.start_txmq([*namesrv_cmd, "--port", "0"]), "txmq namesrv listening on ")
+    namesrv = said.rsplit(" ", 1)[1]
+    brokers = []
+    for argv in broker_cmds:
+        argv = [a.replace("127.0.0.1:9876", namesrv) for a in argv]
+        assert argv[:3] == ["txmq", "broker", "start"] and "--port" in argv, argv
+        proc = folder.start_txmq([*argv, "--port", "0"])  # the last --port wins
+        read_line(proc, "txmq broker listening on ")
+        brokers.append(proc)
+    # both registered before the first send creates the topic on every broker set
+    wait_for(lambda: len(ask(namesrv, GetClusterInfo()).brokers) == 2, timeout=10)
+
+    client = folder.block(CLUSTER_CLIENT)
+    out = folder.python(
+        Block(client.lang, client.text.replace("127.0.0.1:9876", namesrv), client.line)
+    )
+    sent = re.findall(r"^sent (\d) to (broker-[ab]) queue (\d)$", out, re.MULTILINE)
+    assert [i for i, _, _ in sent] == [str(i) for i in range(8)], out
+    assert {b for _, b, _ in sent} == {"broker-a", "broker-b"}, out
+    assert out.splitlines()[-1] == "received 8 from ['broker-a', 'broker-b']", out
+    for proc in [*brokers, folder.procs[0]]:
+        folder.stop(proc)
+
+
+Runner = Callable[[Folder, Block], None]
+
+#: text only one block contains -> how the test runs it, or why it does not
+PLAN: dict[str, Runner | str] = {
+    "scripts/test.sh": "the README's two commands: scripts/test.sh is this suite; "
+    "tests/acceptance/test_orders.py runs scripts/demo.sh",
+    "b'{\"id\": 42}'": run_produce_and_pull,
+    'consumer.subscribe("orders", "created || paid")': run_consumer_group,
+    "txmq db current --url": run_db_commands,
+    "txmq.sqla.upgrade(connection)": run_alembic_env,
+    "# models.py": run_models,
+    "async with transaction(producer, session) as tx:": run_transactional_send,
+    "outbox.add(session": run_outbox_add,
+    "txmq outbox relay --db": run_outbox_commands,
+    "@txmq.idempotent(": run_idempotent_consumer,
+    "books:     BALANCED": "the demo's output, not a command",
+    "python -m examples.orders seed": "services started by hand that run until stopped; "
+    "tests/acceptance/test_orders.py drives the same subcommands (seed, place, stock, "
+    "check) and the services' fronts",
+    "txmq namesrv start --port 9876": run_cluster_by_hand,
+    CLUSTER_CLIENT: "run by run_cluster_by_hand, against the cluster of the three commands "
+    "before it",
+    "txmq reconcile --store": "a Spark job over a store and databases; tests/spark/"
+    "test_reconcile.py runs txmq reconcile and spark-submit as written here",
+}
+
+
+def _plan_of(block: Block) -> list[str]:
+    return [marker for marker in PLAN if marker in block.text]
+
+
+def test_every_block_is_run_or_says_why_not() -> None:
+    blocks = readme_blocks()
+    assert len(blocks) >= 10
+    for block in blocks:
+        assert len(_plan_of(block)) == 1, (
+            f"README.md:{block.line}: a ```{block.lang} block matched by "
+            f"{_plan_of(block) or 'no entry'} of PLAN in {__name__}: give it exactly one"
+        )
+    for marker in PLAN:
+        found = [b.line for b in blocks if marker in b.text]
+        assert len(found) == 1, f"PLAN entry {marker!r} matches the blocks at lines {found}"
+
+
+def _runnable() -> list[Any]:
+    params = []
+    for block in readme_blocks():
+        markers = _plan_of(block)
+        runner = PLAN[markers[0]] if len(markers) == 1 else None
+        if callable(runner):
+            params.append(pytest.param(block, runner, id=f"{runner.__name__}-line{block.line}"))
+    return params
+
+
+@pytest.mark.parametrize(("block", "runner"), _runnable())
+def test_readme_block_runs(
+    block: Block,
+    runner: Runner,
+    broker_process: Callable[..., BrokerProcess],
+    tmp_path: Path,
+) -> None:
+    bp = broker_process().start()
+    here = tmp_path / "readme"
+    here.mkdir()
+    folder = Folder(here, bp.address, readme_blocks(), [])
+    try:
+        runner(folder, block)
+    finally:
+        for proc in folder.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=10)

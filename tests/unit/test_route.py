@@ -1,0 +1,138 @@
+"""Client-side routes: queues over broker sets, fault avoidance, how a client is addressed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from txmq.client import endpoints
+from txmq.offset_store import LocalFileOffsetStore
+from txmq.remoting import RemotingClient, parse_namesrv
+from txmq.route import LatencyFaultTolerance, MessageQueue, Route, RouteTable
+from txmq.wire import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRoute
+
+
+def _route(*brokers: tuple[str, int, int], perm: int = PERM_READ | PERM_WRITE) -> TopicRoute:
+    return TopicRoute(
+        topic="t",
+        queues=[
+            QueueData(broker_name=b, read_queue_nums=r, write_queue_nums=w, perm=perm)
+            for b, r, w in brokers
+        ],
+        brokers=[
+            BrokerData(cluster="c", broker_name=b, addresses={0: f"10.0.0.{i}:10911"})
+            for i, (b, _, _) in enumerate(brokers)
+        ],
+    )
+
+
+def test_a_route_lists_queues_by_broker_name_then_queue_id() -> None:
+    route = Route.of(_route(("broker-b", 2, 2), ("broker-a", 1, 3)))
+    assert route.write_queues == (
+        MessageQueue("t", "broker-a", 0),
+        MessageQueue("t", "broker-a", 1),
+        MessageQueue("t", "broker-a", 2),
+        MessageQueue("t", "broker-b", 0),
+        MessageQueue("t", "broker-b", 1),
+    )
+    assert [str(q) for q in route.read_queues] == ["t/broker-a/0", "t/broker-b/0", "t/broker-b/1"]
+    assert route.masters == {"broker-b": "10.0.0.0:10911", "broker-a": "10.0.0.1:10911"}
+    # a broker alone is reached where the client was told, whatever it calls itself
+    assert Route.of(_route(("x", 1, 1)), "127.0.0.1:5").masters == {"x": "127.0.0.1:5"}
+    # read-only queues are not sent to; a broker set without a master is left out
+    assert Route.of(_route(("a", 2, 2), perm=PERM_READ)).write_queues == ()
+    no_master = TopicRoute(
+        topic="t",
+        queues=[QueueData(broker_name="a", read_queue_nums=1, write_queue_nums=1)],
+        brokers=[BrokerData(cluster="c", broker_name="a", addresses={1: "10.0.0.9:1"})],
+    )
+    assert Route.of(no_master).write_queues == ()
+
+
+def test_latency_decides_how_long_a_broker_is_left_out() -> None:
+    now = [1000.0]
+    faults = LatencyFaultTolerance(clock=lambda: now[0])
+    for latency, out_for in [(10, 0), (99, 0), (100, 0), (549, 0), (550, 30), (999, 30),
+                             (1000, 60), (2500, 120), (3000, 180), (20000, 600)]:  # fmt: skip
+        faults = LatencyFaultTolerance(clock=lambda: now[0])
+        faults.update("b", latency)
+        assert faults.available("b") == (out_for == 0), latency
+        now[0] += max(out_for - 0.001, 0)
+        assert faults.available("b") == (out_for == 0), latency
+        now[0] += 0.002
+        assert faults.available("b"), latency
+    faults = LatencyFaultTolerance(clock=lambda: now[0])
+    faults.update("b", 5, failed=True)  # a failure counts as 550 ms: 30 s
+    assert not faults.available("b")
+    now[0] += 30.01
+    assert faults.available("b")
+    off = LatencyFaultTolerance(enabled=False, clock=lambda: now[0])
+    off.update("b", 20000, failed=True)
+    assert off.available("b")
+
+
+def _table() -> RouteTable:
+    def connect(address: str) -> RemotingClient:
+        return RemotingClient(address)
+
+    return RouteTable(broker=None, namesrv=["127.0.0.1:9876"], connect=connect)
+
+
+def test_sends_steer_around_a_broker_left_out_and_fall_back_when_all_are() -> None:
+    table = _table()
+    route = Route.of(_route(("a", 2, 2), ("b", 2, 2)))
+    picks = [table.pick(route, i).broker_name for i in range(4)]
+    assert picks == ["a", "a", "b", "b"]
+    table.faults.update("a", 0, failed=True)
+    assert {table.pick(route, i).broker_name for i in range(4)} == {"b"}
+    # a retry avoids the broker that just failed even when it is not left out
+    fresh = _table()
+    assert {fresh.pick(route, i, avoid="a").broker_name for i in range(4)} == {"b"}
+    # every broker left out: the one available soonest
+    table.faults.update("b", 20000)  # 600 s
+    assert {table.pick(route, i).broker_name for i in range(4)} == {"a"}
+
+
+def test_a_client_gets_a_broker_or_name_servers_never_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
+    monkeypatch.delenv("TXMQ_BROKER_ADDRESS", raising=False)
+    assert endpoints("h:1", None) == ("h:1", ())
+    assert endpoints(None, "a:1;b:2") == (None, ("a:1", "b:2"))
+    assert endpoints(None, ["a:1", "b:2", "a:1"]) == (None, ("a:1", "b:2"))
+    assert endpoints(None, None) == ("127.0.0.1:10911", ())
+    with pytest.raises(ValueError, match="not both"):
+        endpoints("h:1", "a:1")
+    with pytest.raises(ValueError, match="'nonsense' is not HOST:PORT"):
+        endpoints(None, "a:1;nonsense")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        endpoints("h", None)
+    monkeypatch.setenv("TXMQ_NAMESRV_ADDR", "n:9876")
+    assert endpoints(None, None) == (None, ("n:9876",))
+    assert endpoints("h:1", None) == ("h:1", ())  # an argument wins over the environment
+    monkeypatch.setenv("TXMQ_BROKER_ADDRESS", "h:2")
+    with pytest.raises(ValueError, match="unset one"):
+        endpoints(None, None)
+    assert parse_namesrv(" a:1, b:2 ;") == ("a:1", "b:2")
+    assert parse_namesrv("") == ()
+
+
+@pytest.mark.anyio
+async def test_a_broadcasting_offset_file_keeps_offsets_per_broker_set(tmp_path: Path) -> None:
+    path = tmp_path / "offsets.json"
+    # written before broker sets: topic@queue, read as whichever broker set has the queue
+    path.write_text('{"offsets": {"t@0": 7, "t@1": 9}}')
+    store = LocalFileOffsetStore(path)
+    a0, b0 = MessageQueue("t", "broker-a", 0), MessageQueue("t", "broker-b", 0)
+    assert await store.read(a0) == 7
+    assert await store.read(MessageQueue("t", "broker-a", 1)) == 9
+    assert await store.read(b0) == -1  # the old offset went to the first to claim it
+    store.update(b0, 3)
+    store.update(a0, 8)
+    store.update(a0, 2)  # never backwards
+    await store.persist({a0, b0})
+    again = LocalFileOffsetStore(path)
+    assert (await again.read(a0), await again.read(b0)) == (8, 3)
+    assert '"t@broker-a@0": 8' in path.read_text()

@@ -1,0 +1,326 @@
+"""Client-side routes: where a topic's queues are, which broker to steer around, and one
+connection per broker — the one routing core of every client, alone or in a cluster.
+
+A client is given either a broker's address (the broker answers routes for itself: a
+cluster of one broker set) or a list of name servers (``"h1:9876;h2:9876"``, the cluster's
+route tables).  Either way a queue is a :class:`MessageQueue` — (topic, broker name, queue
+id) — and requests go to the master of the queue's broker set.
+
+Routes are cached for ``ttl`` seconds (RocketMQ refreshes every 30 s) and fetched again
+after a failure.  When every name server is down, the routes already known are kept.
+
+Fault avoidance (RocketMQ's ``LatencyFaultTolerance``): after each send the broker set's
+latency decides how long it is left out of queue selection — 50/100/550/1000/2000/3000/
+15000 ms give 0/0/30/60/120/180/600 s; a failed send counts as :data:`FAILURE_LATENCY_MS`.
+When every broker set is left out, the one available soonest is used anyway.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from txmq.errors import BrokerUnavailable, TopicNotFound, TxmqError
+from txmq.remoting import RemotingClient
+from txmq.wire import (
+    MASTER_ID,
+    PERM_READ,
+    PERM_WRITE,
+    BrokerData,
+    GetClusterInfo,
+    GetTopicRoute,
+    QueueData,
+    Request,
+    TopicRoute,
+)
+from txmq.wire.base import R
+
+__all__ = [
+    "FAILURE_LATENCY_MS",
+    "LatencyFaultTolerance",
+    "MessageQueue",
+    "Route",
+    "RouteTable",
+]
+
+log = logging.getLogger("txmq.route")
+
+#: RocketMQ's latencyMax (ms) and notAvailableDuration (s) for each of them
+LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
+NOT_AVAILABLE_S = (0.0, 0.0, 30.0, 60.0, 120.0, 180.0, 600.0)
+#: a failed send counts as this latency: left out for 30 s, then tried again
+FAILURE_LATENCY_MS = 550
+
+
+class MessageQueue(NamedTuple):
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.broker_name}/{self.queue_id}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A topic's route, digested: its queues in a stable order (broker name, queue id)."""
+
+    topic: str
+    #: queues that may be sent to (brokers with write permission and a master)
+    write_queues: tuple[MessageQueue, ...]
+    #: queues that may be consumed
+    read_queues: tuple[MessageQueue, ...]
+    #: master address of each broker set
+    masters: dict[str, str]
+    fetched_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def of(cls, answer: TopicRoute, direct: str | None = None) -> Route:
+        """``direct``: the address the client was given (a broker alone answers for
+        itself, perhaps under a name its clients do not use to reach it)."""
+        masters: dict[str, str] = {}
+        for b in answer.brokers:
+            addr = b.addresses.get(MASTER_ID)
+            if addr is not None:
+                masters[b.broker_name] = direct or addr
+        write: list[MessageQueue] = []
+        read: list[MessageQueue] = []
+        topic = answer.topic
+        for q in sorted(answer.queues, key=lambda q: q.broker_name):
+            if q.broker_name not in masters:
+                continue
+            if q.perm & PERM_WRITE:
+                write += [MessageQueue(topic, q.broker_name, i) for i in range(q.write_queue_nums)]
+            if q.perm & PERM_READ:
+                read += [MessageQueue(topic, q.broker_name, i) for i in range(q.read_queue_nums)]
+        return cls(answer.topic, tuple(write), tuple(read), masters)
+
+    def expired(self, ttl: float) -> bool:
+        return time.monotonic() - self.fetched_at >= ttl
+
+
+class LatencyFaultTolerance:
+    """How long each broker set is left out of queue selection."""
+
+    def __init__(self, enabled: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.enabled = enabled
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def update(self, broker_name: str, latency_ms: float, *, failed: bool = False) -> None:
+        if not self.enabled:
+            return
+        latency = max(latency_ms, FAILURE_LATENCY_MS) if failed else latency_ms
+        level = bisect.bisect_right(LATENCY_MAX_MS, latency) - 1
+        pause = NOT_AVAILABLE_S[level] if level >= 0 else 0.0
+        if pause:
+            until = self._clock() + pause
+            if until > self._until.get(broker_name, 0.0):
+                self._until[broker_name] = until
+                log.log(
+                    logging.INFO if failed else logging.DEBUG,
+                    "leaving broker %s out of sends for %.0f s (%s)",
+                    broker_name,
+                    pause,
+                    "a send failed" if failed else f"a send took {latency:.0f} ms",
+                )
+        elif not failed:
+            self._until.pop(broker_name, None)
+
+    def available(self, broker_name: str) -> bool:
+        until = self._until.get(broker_name)
+        return until is None or until <= self._clock()
+
+    def soonest(self, brokers: Sequence[str]) -> str:
+        """Of ``brokers``, the one left out for the shortest time."""
+        return min(brokers, key=lambda b: self._until.get(b, 0.0))
+
+
+class RouteTable:
+    """One client's routes and broker connections.
+
+    ``connect(address)`` makes the :class:`RemotingClient` for a broker or name server
+    (the client gives them its handler, hooks and task group).
+    """
+
+    def __init__(
+        self,
+        *,
+        broker: str | None,
+        namesrv: Sequence[str],
+        connect: Callable[[str], RemotingClient],
+        ttl: float = 30.0,
+        request_timeout: float = 3.0,
+    ) -> None:
+        if (broker is None) == (not namesrv):
+            raise ValueError("give a broker address or a name-server list (exactly one)")
+        self.direct = broker
+        self.namesrv = list(namesrv)
+        random.shuffle(self.namesrv)  # spread clients over name servers, then stick
+        self.ttl = ttl
+        self.request_timeout = request_timeout
+        self._connect = connect
+        self._remotes: dict[str, RemotingClient] = {}
+        self._routes: dict[str, Route] = {}
+        self._stale: set[str] = set()
+        self._seen: dict[str, tuple[MessageQueue, ...]] = {}
+        #: the master of each broker set, as the newest route fetched says (a dict lookup
+        #: per request, however many topics the client knows)
+        self._masters: dict[str, str] = {}
+        self.faults = LatencyFaultTolerance()
+
+    # -- connections -----------------------------------------------------------------------
+
+    def remote(self, address: str) -> RemotingClient:
+        r = self._remotes.get(address)
+        if r is None:
+            r = self._remotes[address] = self._connect(address)
+        return r
+
+    def remotes(self) -> list[RemotingClient]:
+        return list(self._remotes.values())
+
+    # -- routes ----------------------------------------------------------------------------
+
+    def cached(self, topic: str) -> Route | None:
+        return self._routes.get(topic)
+
+    async def route(self, topic: str, *, create: bool = False, refresh: bool = False) -> Route:
+        """The topic's route (fetched when not cached, older than ``ttl`` or ``refresh``)."""
+        cached = self._routes.get(topic)
+        if cached is not None and not refresh and not cached.expired(self.ttl):
+            return cached
+        try:
+            answer = await self._fetch(topic, create)
+        except TopicNotFound:
+            self._routes.pop(topic, None)
+            raise
+        except TxmqError as exc:
+            if cached is None:
+                raise
+            if topic not in self._stale:  # once per outage, not at every refresh
+                self._stale.add(topic)
+                log.warning(
+                    "refreshing the route of %s failed (%s); keeping the one known", topic, exc
+                )
+            return cached
+        if topic in self._stale:
+            self._stale.discard(topic)
+            log.info("the route of %s is fresh again", topic)
+        route = Route.of(answer, self.direct)
+        if not route.write_queues and not route.read_queues:
+            raise TopicNotFound(f"topic {topic!r} has no queue on any live broker")
+        self._routes[topic] = route
+        self._masters.update(route.masters)
+        return route
+
+    async def _fetch(self, topic: str, create: bool) -> TopicRoute:
+        request = GetTopicRoute(topic=topic, create=create)
+        if self.direct is not None:
+            remote = self.remote(self.direct)
+            return (await remote.call(request, timeout=self.request_timeout)).header
+        try:
+            return await self.ask_namesrv(request)
+        except TopicNotFound:
+            if not create:
+                raise
+        return await self._create(topic)
+
+    async def ask_namesrv(self, request: Request[R]) -> R:
+        """The answer of the first name server that answers (and stick with it)."""
+        errors: list[str] = []
+        for i, address in enumerate(list(self.namesrv)):
+            try:
+                answer = await self.remote(address).call(request, timeout=self.request_timeout)
+            except TxmqError as exc:
+                if not exc.retriable:  # about the request (no such topic), not the server
+                    raise
+                errors.append(f"{address}: {exc}")
+                continue
+            if i:
+                self.namesrv.insert(0, self.namesrv.pop(i))
+            return answer.header
+        raise BrokerUnavailable("no name server answered: " + "; ".join(errors))
+
+    async def _create(self, topic: str) -> TopicRoute:
+        """A topic no broker has yet, sent to: each broker set of the cluster that creates
+        topics on first use does (RocketMQ routes such sends by its default topic,
+        TBW102); the route is what they answer (they register it with the name servers
+        at once)."""
+        cluster = await self.ask_namesrv(GetClusterInfo())
+        queues: list[QueueData] = []
+        brokers: list[BrokerData] = []
+        refused: list[str] = []
+        for b in cluster.brokers:
+            master = b.addresses.get(MASTER_ID)
+            if master is None:
+                continue
+            try:
+                answer = await self.remote(master).call(
+                    GetTopicRoute(topic=topic, create=True), timeout=self.request_timeout
+                )
+            except TxmqError as exc:
+                refused.append(f"{b.broker_name}: {exc}")
+                continue
+            queues += answer.header.queues
+            brokers += [BrokerData(cluster=d.cluster, broker_name=d.broker_name,
+                                   addresses={**d.addresses, MASTER_ID: master})
+                        for d in answer.header.brokers]  # fmt: skip
+        if not queues:
+            why = "; ".join(refused) or "the name servers know no broker"
+            raise TopicNotFound(f"topic {topic!r} does not exist and no broker created it ({why})")
+        return TopicRoute(topic=topic, queues=queues, brokers=brokers)
+
+    def seen_queues(self, route: Route) -> tuple[MessageQueue, ...]:
+        """Every write queue of the topic this client has seen in its routes (the current
+        ones and those of broker sets since lost), in route order."""
+        seen = self._seen.get(route.topic, ())
+        if not set(route.write_queues) <= set(seen):
+            seen = tuple(sorted(set(seen) | set(route.write_queues)))
+            self._seen[route.topic] = seen
+        return seen
+
+    def master(self, route: Route, broker_name: str) -> str:
+        address = route.masters.get(broker_name)
+        if address is None:
+            raise BrokerUnavailable(
+                f"broker {broker_name!r} has no master in the route of {route.topic}"
+            )
+        return address
+
+    def address_of(self, broker_name: str | None) -> str:
+        """The master address of a broker set known from any route; ``None``: the broker
+        a client was given directly."""
+        if broker_name is None:
+            if self.direct is None:
+                raise ValueError("which broker? (a client of name servers must name one)")
+            return self.direct
+        address = self._masters.get(broker_name)
+        if address is not None:
+            return address
+        if self.direct is not None:
+            return self.direct
+        raise BrokerUnavailable(f"broker {broker_name!r} is in no route this client knows")
+
+    # -- choosing a queue to send to ------------------------------------------------------
+
+    def pick(self, route: Route, index: int, avoid: str | None = None) -> MessageQueue:
+        """A write queue, round robin from ``index``: the first whose broker set is not
+        left out (nor ``avoid``, the one that just failed), else the least bad one."""
+        queues = route.write_queues
+        if not queues:
+            raise TopicNotFound(f"topic {route.topic!r} has no writable queue")
+        n = len(queues)
+        for i in range(n):
+            mq = queues[(index + i) % n]
+            if mq.broker_name != avoid and self.faults.available(mq.broker_name):
+                return mq
+        others = [mq.broker_name for mq in queues if mq.broker_name != avoid] or [avoid or ""]
+        best = self.faults.soonest(others)
+        candidates = [mq for mq in queues if mq.broker_name == best] or list(queues)
+        return candidates[index % len(candidates)]

@@ -1,0 +1,245 @@
+"""What every txmq server shares (the broker, the name server): accepting connections
+under the connection limits, and running in a background thread for synchronous code."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, Self, TypeVar, cast
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+from anyio.abc import SocketAttribute, SocketListener
+
+from txmq.flow import ConnectionLimits, FrameBudget
+from txmq.remoting import Connection, Handler
+from txmq.settings import SettingsError
+from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE
+
+__all__ = ["Acceptor", "ConnectionSettings", "EmbeddedServer", "Server", "Stoppable"]
+
+log = logging.getLogger("txmq.serving")
+
+#: accept() errors that mean "no room for another connection now", not "the listener broke"
+_NO_ROOM = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """A server's settings for its connections (a base of its settings dataclass)."""
+
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    #: a connection that neither sends nor receives for this long is closed (RocketMQ's
+    #: serverChannelMaxIdleTimeSeconds); clients reconnect when they need to
+    idle_timeout_s: float = 120.0
+    #: a connection that started a frame and did not complete it for this long is closed
+    frame_timeout_s: float = 30.0
+    #: stop reading a connection while this many bytes of answers wait for it to read them
+    connection_write_buffer: int = 4 * 1024 * 1024
+    #: stop reading a connection while this many of its requests are not answered
+    connection_max_inflight: int = 10_000
+    #: memory all connections together may hold in frames not yet complete (at least
+    #: max_frame_size); a big frame waits, unread, until it fits
+    incoming_frame_memory: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_frame_size < 64 * 1024:
+            raise SettingsError("max_frame_size must be at least 64 KiB")
+        if not self.idle_timeout_s > 0:
+            raise SettingsError("idle_timeout_s must be positive")
+        if not self.frame_timeout_s > 0:
+            raise SettingsError("frame_timeout_s must be positive")
+        if self.connection_write_buffer < 64 * 1024:
+            raise SettingsError("connection_write_buffer must be at least 64 KiB")
+        if self.incoming_frame_memory < self.max_frame_size:
+            raise SettingsError("incoming_frame_memory must be at least max_frame_size")
+        if self.connection_max_inflight < 1:
+            raise SettingsError("connection_max_inflight must be at least 1")
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(
+            idle_timeout=self.idle_timeout_s,
+            frame_timeout=self.frame_timeout_s,
+            write_buffer=self.connection_write_buffer,
+            max_inflight=self.connection_max_inflight,
+            frame_memory=self.incoming_frame_memory,
+        )
+
+
+class Acceptor:
+    """Accepts connections and runs each as a :class:`Connection` with the limits (and
+    the frame memory shared by all of them)."""
+
+    def __init__(
+        self, handler: Handler, *, max_frame_size: int, limits: ConnectionLimits, log_to: str
+    ) -> None:
+        self.handler = handler
+        self.max_frame_size = max_frame_size
+        self.limits = limits
+        self.frame_budget = FrameBudget(limits.frame_memory)
+        self.connections: set[Connection] = set()
+        self._log = logging.getLogger(log_to)
+
+    def serve(self, listener: anyio.abc.Listener[Any], tg: anyio.abc.TaskGroup) -> None:
+        """Accept on every socket of ``listener`` (one per address family) in ``tg``."""
+        listeners = getattr(listener, "listeners", [listener])
+        for one in listeners:
+            tg.start_soon(self._accept_loop, cast(SocketListener, one), tg)
+
+    async def _accept_loop(self, listener: SocketListener, tg: anyio.abc.TaskGroup) -> None:
+        """Out of file descriptors (or memory), refuse new connections for a moment and keep
+        serving the open ones (one line when it starts, one when it ends)."""
+        refusing = False
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _NO_ROOM:
+                    raise
+                if not refusing:
+                    refusing = True
+                    self._log.warning(
+                        "cannot accept connections: %s (%d open); new ones wait until some "
+                        "close (raise the open-file limit: ulimit -n)",
+                        exc.strerror or exc,
+                        len(self.connections),
+                    )
+                await anyio.sleep(0.1)
+                continue
+            if refusing:
+                refusing = False
+                self._log.warning("accepting connections again (%d open)", len(self.connections))
+            tg.start_soon(self._serve_stream, stream)
+
+    async def _serve_stream(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            peer = stream.extra(SocketAttribute.remote_address)
+            name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        except Exception:
+            name = "?"
+        conn = Connection(
+            stream,
+            self.handler,
+            max_frame_size=self.max_frame_size,
+            name=name,
+            limits=self.limits,
+            budget=self.frame_budget,
+        )
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+
+
+class Stoppable:
+    """``async with server:`` runs ``serve()`` in a task group until the block ends;
+    :meth:`request_stop` ends ``serve()`` from anywhere on its loop."""
+
+    _stop: anyio.Event | None = None
+    _stack: AsyncExitStack | None = None
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[Any] = ...) -> None:
+        raise NotImplementedError
+
+    def request_stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def __aenter__(self) -> Self:
+        stack = AsyncExitStack()
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        await tg.start(self.serve)
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.request_stop()
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
+
+
+class Server(Protocol):
+    @property
+    def address(self) -> str: ...
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[Any] = ...) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Server)
+
+
+class EmbeddedServer(Generic[S]):
+    """A server running in a background thread with its own event loop."""
+
+    what = "server"
+
+    def __init__(self, make: Callable[[], S]) -> None:
+        self._make = make
+        self.server: S | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._portal_stop: Callable[[], None] | None = None
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None, f"{self.what} not started"
+        return self.server.address
+
+    def start(self, timeout: float = 60.0) -> Self:
+        self._ready.clear()
+        self._error = None
+        name = f"txmq-{self.what.replace(' ', '-')}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"embedded {self.what} did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        async def main() -> None:
+            server = self._make()
+            token = anyio.lowlevel.current_token()
+            self._portal_stop = lambda: anyio.from_thread.run_sync(server.request_stop, token=token)
+            async with anyio.create_task_group() as tg:
+                await tg.start(server.serve)
+                self.server = server
+                self._ready.set()
+
+        try:
+            anyio.run(main)
+        except BaseException as exc:
+            self._error = exc
+            if not self._ready.is_set():
+                self._ready.set()
+            else:
+                log.exception("embedded %s failed", self.what)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        if self._portal_stop is not None and self._thread.is_alive():
+            try:
+                self._portal_stop()
+            except RuntimeError:
+                pass
+        self._thread.join(timeout)
+        self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
