@@ -5,6 +5,7 @@ See :class:`MessageStore`; the layout and recovery rules follow Apache RocketMQ'
 """
 
 from .recovery import CQ_TAG_PROPERTY
+from .replica import ReplicaError
 from .store import MAX_PROPERTIES_SIZE, MessageStore
 from .types import (
     FlushMode,
@@ -27,6 +28,7 @@ __all__ = [
     "PutResult",
     "PutStatus",
     "RecoveryStats",
+    "ReplicaError",
     "StoreConfig",
     "StoreError",
 ]

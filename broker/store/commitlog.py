@@ -162,6 +162,15 @@ class CommitLog:
         self._set_current(seg, start)
         return seg
 
+    def restart_at(self, start: int) -> None:
+        """Make an empty log begin at ``start`` (a segment start) instead of 0."""
+        for seg in self._segs.values():
+            seg.close()
+            seg.path.unlink(missing_ok=True)
+        self._segs = {}
+        self._new_segment(start)
+        self.min_offset = start
+
     def segments(self) -> list[Segment]:
         return [self._segs[s] for s in sorted(self._segs)]
 

@@ -34,6 +34,7 @@ from .flush import CommitLogFlusher, PeriodicThread
 from .index import IndexService
 from .reader import StoreReads
 from .recovery import CQ_TAG_PROPERTY, Recovery, index_keys
+from .replica import ReplicaWrites
 from .types import (
     PutResult,
     PutStatus,
@@ -95,7 +96,7 @@ def _props_size(record: bytes, body_len: int) -> int:
     return len(record) - p - 2 - topic_len - 4
 
 
-class MessageStore(StoreReads):
+class MessageStore(StoreReads, ReplicaWrites):
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         root = config.root
