@@ -55,7 +55,7 @@ class AdminService:
     def route_info(self, req: GetTopicRoute, call: Call) -> TopicRoute:
         """The topic's route as this broker alone holds it (name servers answer for a
         cluster)."""
-        if req.create:
+        if req.create and self.ctx.store.writable:  # (a slave creates no topics)
             cfg = self.topics.for_send(req.topic)
         else:
             found = self.topics.get(req.topic)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from txmq.broker.store import FlushMode, StoreConfig
-from txmq.remoting import parse_namesrv
+from txmq.remoting import parse_address, parse_namesrv
 from txmq.serving import ConnectionSettings
 from txmq.settings import SettingsError, load_settings
 
@@ -59,6 +59,20 @@ class BrokerConfig(ConnectionSettings):
     cluster: str = "DefaultCluster"
     broker_name: str = "broker-a"
     broker_id: int = 0
+    #: as master: "async" (ASYNC_MASTER: acknowledge at once) or "sync" (SYNC_MASTER:
+    #: acknowledge once a slave has the bytes)
+    replication: str = "async"
+    #: the port slaves copy the commit log from (-1: port + 1; 0: any free port)
+    ha_port: int = -1
+    #: a slave's master's HA address, HOST:PORT (default: what the name servers say)
+    ha_master_address: str = ""
+    #: SYNC_MASTER: how long a write waits for a slave before it is answered
+    #: FLUSH_SLAVE_TIMEOUT (RocketMQ's syncFlushTimeout for slaves: 3 s)
+    sync_replication_timeout_s: float = 3.0
+    #: how often a slave copies topics, consumer offsets, delay and transaction offsets
+    ha_metadata_sync_interval_s: float = 3.0
+    #: a slave that had everything within this long counts as in sync
+    ha_in_sync_lag_s: float = 15.0
     #: the address clients are told to use (default: host:port, the port actually bound)
     advertised_address: str = ""
     #: how often a broker registers with its name servers (RocketMQ: 30 s)
@@ -126,6 +140,25 @@ class BrokerConfig(ConnectionSettings):
                 )
         if not 0 <= self.broker_id <= 1024:
             raise SettingsError("broker_id must be between 0 (the master) and 1024")
+        if self.replication not in ("async", "sync"):
+            raise SettingsError(
+                f"replication must be 'async' (ASYNC_MASTER) or 'sync' (SYNC_MASTER), "
+                f"not {self.replication!r}"
+            )
+        if not -1 <= self.ha_port <= 65535:
+            raise SettingsError(f"ha_port {self.ha_port} is not between 0 and 65535 (-1: port + 1)")
+        if self.ha_master_address:
+            try:
+                parse_address(self.ha_master_address)
+            except ValueError as exc:
+                raise SettingsError(f"ha_master_address: {exc}") from None
+        for name in (
+            "sync_replication_timeout_s",
+            "ha_metadata_sync_interval_s",
+            "ha_in_sync_lag_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be positive")
         if not self.register_interval_s > 0:
             raise SettingsError("register_interval_s must be positive")
         _ = self.namesrv_addresses  # a bad name-server list fails at start

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
+import msgspec
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.consumers import ConsumerManager, ProducerManager
@@ -22,9 +23,15 @@ from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.stats import Throughput
 from txmq.broker.store import MessageStore
 from txmq.broker.topics import TopicManager
-from txmq.errors import FlushDiskTimeout
+from txmq.errors import (
+    FlushDiskTimeout,
+    FlushSlaveTimeout,
+    NotMaster,
+    SlaveNotAvailable,
+    TxmqError,
+)
 
-__all__ = ["Arrivals", "BrokerContext", "FlushAcks"]
+__all__ = ["Arrivals", "BrokerContext", "FlushAcks", "ReplicationGate"]
 
 T = TypeVar("T")
 
@@ -56,44 +63,106 @@ class Arrivals:
         return (topic, queue_id) in self._events
 
 
+class ReplicationGate(Protocol):
+    """What the acknowledgements need from replication (``broker/ha``)."""
+
+    def may_acknowledge(self) -> bool: ...
+    def sync_replication(self) -> bool: ...
+    def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None: ...
+
+
 class FlushAcks:
-    """Answers to writes: at once under ASYNC flush; under SYNC flush once the store has
-    fsynced past the write (group commit), or :class:`FlushDiskTimeout`."""
+    """Answers to writes.  At once under ASYNC flush and without replication; under SYNC
+    flush once the store has fsynced past the write (group commit), or
+    :class:`FlushDiskTimeout`; as a SYNC_MASTER also once a slave has the bytes (group
+    transfer) — the write is stored either way, and the answer says
+    ``FLUSH_SLAVE_TIMEOUT`` / ``SLAVE_NOT_AVAILABLE`` when no slave confirmed.  A broker
+    that is no longer the master (or, under a controller, whose lease ran out) answers
+    :class:`NotMaster` instead of acknowledging."""
 
     def __init__(self, store: MessageStore, config: BrokerConfig) -> None:
         self.store = store
         self.sync = config.flush.value == "sync"
         self.timeout_s = config.sync_flush_timeout_s
+        self.replication_timeout_s = config.sync_replication_timeout_s
+        #: set by the broker when it belongs to a replicated broker set
+        self.gate: ReplicationGate | None = None
 
     def after_flush(self, end_offset: int, answer: T) -> T | asyncio.Future[T]:
-        """``answer`` now, or a future of it that resolves when ``end_offset`` is on disk."""
-        if not self.sync:
-            return answer
-        flushed = self.store.flush_future(end_offset)
-        if flushed is None:
-            return answer
+        """``answer`` now, or a future of it that resolves when ``end_offset`` is on disk
+        (SYNC flush) and on a slave (SYNC_MASTER)."""
+        flushed = self.store.flush_future(end_offset) if self.sync else None
+        gate = self.gate
+        copied: asyncio.Future[None] | None = None
+        missing = ""
+        if gate is not None and gate.sync_replication():
+            try:
+                copied = gate.replicated_future(end_offset)
+            except LookupError:
+                missing = "SLAVE_NOT_AVAILABLE"
+        if flushed is None and copied is None:
+            return self._final(answer, missing)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[T] = loop.create_future()
-        limit = self.timeout_s
+        waits = [f for f in (flushed, copied) if f is not None]
+        timers: list[asyncio.TimerHandle] = []
 
-        def on_flushed(f: asyncio.Future[None]) -> None:
-            expiry.cancel()
-            if result.done():
+        def settle() -> None:
+            if result.done() or any(not f.done() for f in waits):
                 return
-            if f.cancelled() or f.exception() is not None:
-                result.set_exception(FlushDiskTimeout(f"flush failed: {f.exception()}"))
-            else:
-                result.set_result(answer)
+            for t in timers:
+                t.cancel()
+            if flushed is not None and (flushed.cancelled() or flushed.exception()):
+                why = "cancelled" if flushed.cancelled() else flushed.exception()
+                result.set_exception(FlushDiskTimeout(f"flush failed: {why}"))
+                return
+            if copied is not None and (copied.cancelled() or copied.exception()):
+                exc = copied.exception() if not copied.cancelled() else None
+                result.set_exception(exc or NotMaster("the write's replication was cancelled"))
+                return
+            try:
+                result.set_result(self._final(answer, missing))
+            except TxmqError as exc:
+                result.set_exception(exc)
 
-        def on_timeout() -> None:
+        def flush_late() -> None:
             if not result.done():
                 result.set_exception(
-                    FlushDiskTimeout(f"message stored but not flushed within {limit}s")
+                    FlushDiskTimeout(f"message stored but not flushed within {self.timeout_s}s")
                 )
 
-        expiry = loop.call_later(limit, on_timeout)
-        flushed.add_done_callback(on_flushed)
+        def slave_late() -> None:
+            nonlocal missing
+            if copied is not None and not copied.done():
+                missing = "FLUSH_SLAVE_TIMEOUT"
+                copied.set_result(None)  # stored, not copied: answered with that status
+
+        if flushed is not None:
+            timers.append(loop.call_later(self.timeout_s, flush_late))
+            flushed.add_done_callback(lambda _: settle())
+        if copied is not None:
+            timers.append(loop.call_later(self.replication_timeout_s, slave_late))
+            copied.add_done_callback(lambda _: settle())
         return result
+
+    def _final(self, answer: T, missing: str) -> T:
+        gate = self.gate
+        if gate is not None and not gate.may_acknowledge():
+            raise NotMaster(
+                "stored, but this broker is no longer sure it is the master (deposed, or its "
+                "controller lease ran out): not acknowledged; send again to the master"
+            )
+        if not missing:
+            return answer
+        if isinstance(answer, msgspec.Struct) and hasattr(answer, "status"):
+            replaced: T = msgspec.structs.replace(answer, status=missing)
+            return replaced
+        if missing == "SLAVE_NOT_AVAILABLE":
+            raise SlaveNotAvailable("stored on the master, but no slave is connected to copy it")
+        raise FlushSlaveTimeout(
+            f"stored on the master, but no slave confirmed a copy within "
+            f"{self.replication_timeout_s}s"
+        )
 
 
 @dataclass(slots=True)

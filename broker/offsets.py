@@ -50,6 +50,16 @@ class ConsumerOffsetManager:
         with self._lock:
             return {g: {t: dict(q) for t, q in ts.items()} for g, ts in self._offsets.items()}
 
+    def adopt(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
+        """Take a master's offsets (each one it has replaces ours; ours it lacks stay, as
+        RocketMQ's slaves do)."""
+        with self._lock:
+            for group, topics in offsets.items():
+                mine = self._offsets.setdefault(group, {})
+                for topic, queues in topics.items():
+                    mine.setdefault(topic, {}).update(queues)
+            self._dirty = True
+
     def remove_topic(self, topic: str) -> None:
         with self._lock:
             for topics in self._offsets.values():

@@ -63,13 +63,22 @@ class Registration:
     """Keeps this broker registered with every name server of ``config.namesrv``."""
 
     def __init__(
-        self, config: BrokerConfig, topics: TopicManager, address: Callable[[], str]
+        self,
+        config: BrokerConfig,
+        topics: TopicManager,
+        address: Callable[[], str],
+        *,
+        ha_address: Callable[[], str] = str,
+        on_registered: Callable[[str, str], None] | None = None,
     ) -> None:
         """``address`` gives the address clients are told (known once the broker
-        listens)."""
+        listens), ``ha_address`` the broker's HA port; ``on_registered`` is told each
+        name server's answer: the set's master's address and HA address."""
         self.config = config
         self.topics = topics
         self._address = address
+        self._ha_address = ha_address
+        self._on_registered = on_registered
         # a restarted broker starts from another number, so that a name server that still
         # holds the old table takes the new one
         self.data_version = time.time_ns() // 1000
@@ -95,6 +104,7 @@ class Registration:
             broker_name=cfg.broker_name,
             broker_id=cfg.broker_id,
             address=self._address(),
+            ha_address=self._ha_address(),
             data_version=self.data_version,
             topics=[_topic_data(t) for t in self.topics.all() if is_registered_topic(t.name)],
         )
@@ -187,7 +197,7 @@ class Registration:
         assert link.client is not None
         request = self.request()
         try:
-            await link.client.call(request, timeout=REQUEST_TIMEOUT_S)
+            answer = (await link.client.call(request, timeout=REQUEST_TIMEOUT_S)).header
         except TxmqError as exc:
             if link.ok is not False:
                 log.warning(
@@ -210,6 +220,8 @@ class Registration:
                 len(request.topics),
             )
         link.ok = link.registered_once = True
+        if self._on_registered is not None and answer.master_address:
+            self._on_registered(answer.master_address, answer.ha_address)
 
     async def _unregister(self, link: _Link, done: list[str]) -> None:
         assert link.client is not None

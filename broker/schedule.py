@@ -239,7 +239,7 @@ class ScheduleMessageService:
         except MessageTooLarge as exc:
             log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
             return True
-        if r.status in (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.DISK_FULL):
+        if r.status in (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.DISK_FULL, PutStatus.NOT_MASTER):
             return False
         if r.status is not PutStatus.PUT_OK:
             log.warning(
@@ -256,6 +256,11 @@ class ScheduleMessageService:
 
     def offsets(self) -> dict[int, int]:
         return dict(self._offsets)
+
+    def reload(self) -> None:
+        """Read the levels' offsets from the file again (a slave about to become the
+        master: its file holds what the old master had delivered)."""
+        self._offsets = load_json(self.path, DelayOffsetsFile).offsets
 
     def _snapshot(self, force: bool) -> DelayOffsetsFile | None:
         if not (self._dirty or force):

@@ -24,6 +24,7 @@ from txmq.broker.consumers import (
     run_expiry_scan,
 )
 from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
+from txmq.broker.ha import Replication
 from txmq.broker.identity import claim_store
 from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
@@ -47,7 +48,6 @@ __all__ = ["Broker", "EmbeddedBroker"]
 log = logging.getLogger("txmq.broker")
 
 VERSION = "0.1.0"
-
 
 
 class Broker(Stoppable):
@@ -93,9 +93,18 @@ class Broker(Stoppable):
             admin=AdminService(ctx, self.runtime_info),
         )
         self.router = request_router(self.services)
+        self.replication = Replication(
+            config, ctx, self.schedule, self.transactions, lambda: self.address
+        )
         self.registration: Registration | None = None
         if config.namesrv_addresses:
-            self.registration = Registration(config, self.topics, lambda: self.address)
+            self.registration = Registration(
+                config,
+                self.topics,
+                lambda: self.address,
+                ha_address=lambda: self.replication.ha_address,
+                on_registered=self.replication.registered,
+            )
         self.acceptor = Acceptor(
             self.router.handle,
             max_frame_size=config.max_frame_size,
@@ -137,7 +146,8 @@ class Broker(Stoppable):
         )
         try:
             self.store.disk.check()  # a disk already full: refuse writes from the start
-            self.transactions.recover()
+            if self.replication.role.is_master:
+                self.transactions.recover()
             listener = await anyio.create_tcp_listener(
                 local_host=self.config.host, local_port=self.config.port, reuse_port=False
             )
@@ -152,8 +162,10 @@ class Broker(Stoppable):
                 tg.start_soon(self._offset_persister)
                 tg.start_soon(self._sample_throughput)
                 tg.start_soon(self._disk_watch)
-                await tg.start(self.schedule.run)
-                await tg.start(self.transaction_checker.run)
+                await tg.start(self.replication.run)
+                if self.replication.role.is_master:
+                    await tg.start(self.schedule.run)
+                    await tg.start(self.transaction_checker.run)
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)

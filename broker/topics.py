@@ -136,6 +136,22 @@ class TopicManager:
             hook(name)
         return True
 
+    def adopt(self, entries: dict[str, TopicEntry]) -> None:
+        """Make the table ``entries`` (a slave copying its master's topics)."""
+        with self._lock:
+            new = {n: TopicConfig(e.name, e.queue_nums, e.system) for n, e in entries.items()}
+            if new == self._topics:
+                return
+            old, self._topics = self._topics, new
+            write_json_atomic(self.path, TopicsFile(dict(entries)))
+        for name, cfg in new.items():
+            if old.get(name) != cfg:
+                for hook in self.on_change:
+                    hook(cfg)
+        for name in old.keys() - new.keys():
+            for delete_hook in self.on_delete:
+                delete_hook(name)
+
     def for_send(
         self, name: str, *, create: bool = True, allow_system: bool = False
     ) -> TopicConfig:

@@ -177,7 +177,11 @@ class TransactionService:
     # -- start-up -------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Rebuild the pending set from the store (the broker calls it once it is open)."""
+        """Rebuild the pending set from the store (the broker calls it once it is open, and
+        again when it becomes its broker set's master)."""
+        self.pending = {}
+        self._resolved.clear()
+        self.ready = False
         saved = load_json(self.path, TransactionOffsetsFile)
         check_offset, op_offset, counts = saved.check_offset, saved.op_offset, saved.check_times
         for topic in (HALF_TOPIC, OP_TOPIC, PARKED_TOPIC):

@@ -22,7 +22,13 @@ def add_parser(sub: SubParsers) -> None:
         examples="  txmq broker start --store /var/lib/txmq\n"
         "  txmq broker start --store ./store --port 0 --flush sync --config broker.toml\n"
         "  txmq broker start --store ./a --port 10911 --namesrv 'ns1:9876;ns2:9876' \\\n"
-        "      --cluster C --broker-name broker-a --advertised-address 10.0.0.5:10911",
+        "      --cluster C --broker-name broker-a --advertised-address 10.0.0.5:10911\n"
+        "  # a broker set of a SYNC_MASTER and a slave (the slave finds the master through\n"
+        "  # the name server; without one, give it --ha-master HOST:HAPORT):\n"
+        "  txmq broker start --store ./a0 --port 10911 --namesrv ns1:9876 --broker-name a \\\n"
+        "      --broker-id 0 --replication sync\n"
+        "  txmq broker start --store ./a1 --port 10921 --namesrv ns1:9876 --broker-name a \\\n"
+        "      --broker-id 1",
     )
     start.add_argument(
         "--store", type=Path, help="storage folder, created if missing (default ./txmq-store)"
@@ -45,12 +51,29 @@ def add_parser(sub: SubParsers) -> None:
         "--broker-name", help="the broker set's name, unique in the cluster (default broker-a)"
     )
     cluster.add_argument(
-        "--broker-id", type=int, help="0: the broker set's master (default; replicas later)"
+        "--broker-id",
+        type=int,
+        help="0: the broker set's master (default); 1, 2, ...: its slaves",
     )
     cluster.add_argument(
         "--advertised-address",
         metavar="HOST:PORT",
         help="the address clients are told (default: --host and the bound port)",
+    )
+    ha = start.add_argument_group(
+        "replication", "a broker set of a master (--broker-id 0) and slaves (ids above 0)"
+    )
+    ha.add_argument(
+        "--replication",
+        choices=["sync", "async"],
+        help="as master, acknowledge a send once a slave has it (sync: SYNC_MASTER) or at "
+        "once (async: ASYNC_MASTER, the default)",
+    )
+    ha.add_argument("--ha-port", type=int, help="the port slaves copy from (default: --port + 1)")
+    ha.add_argument(
+        "--ha-master",
+        metavar="HOST:PORT",
+        help="a slave's master's HA address (default: what the name servers say)",
     )
     start.set_defaults(func=start_broker)
 
@@ -73,6 +96,9 @@ def start_broker(args: argparse.Namespace) -> int:
         "broker_name": args.broker_name,
         "broker_id": args.broker_id,
         "advertised_address": args.advertised_address,
+        "replication": args.replication,
+        "ha_port": args.ha_port,
+        "ha_master_address": args.ha_master,
     }
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False

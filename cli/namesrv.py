@@ -46,5 +46,8 @@ def start_namesrv(args: argparse.Namespace) -> int:
     return run_server(
         server,
         name="namesrv",
-        what="name server", host=config.host, port=config.port, ready_file=args.ready_file
+        what="name server",
+        host=config.host,
+        port=config.port,
+        ready_file=args.ready_file,
     )

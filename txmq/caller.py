@@ -88,9 +88,7 @@ async def in_caller_thread(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs
     return await caller.run(call)
 
 
-async def serving(
-    caller: CallerThread, fn: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
+async def serving(caller: CallerThread, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` (awaited if it returns an awaitable), with ``caller`` as the
     thread :func:`in_caller_thread` hands work to."""
     token = _CALLER.set(caller)

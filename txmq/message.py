@@ -112,6 +112,8 @@ def retry_topic(group: str) -> str:
 def dlq_topic(group: str) -> str:
     """Where consumer group ``group``'s messages go after their last attempt."""
     return f"%DLQ%{group}"
+
+
 _TOPIC_MAX_LEN = 127
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%|.")
 #: the rule of :func:`validate_topic_name` as a regular expression

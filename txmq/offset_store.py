@@ -42,9 +42,7 @@ class RemoteOffsetStore(_Table):
         self.client = client
 
     async def read(self, mq: MessageQueue) -> int:
-        offset = await self.client.fetch_offset(
-            mq.topic, mq.queue_id, broker_name=mq.broker_name
-        )
+        offset = await self.client.fetch_offset(mq.topic, mq.queue_id, broker_name=mq.broker_name)
         if offset >= 0:
             self.table[mq] = offset
         return offset

@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from txmq.client import BrokerClient
-from txmq.errors import BrokerUnavailable, InvalidTopic, MessageTooLarge, TxmqError
+from txmq.errors import (
+    BrokerUnavailable,
+    FlushSlaveTimeout,
+    InvalidTopic,
+    MessageTooLarge,
+    SlaveNotAvailable,
+    TxmqError,
+)
 from txmq.message import Message, Prop, is_system_topic, new_message_id, stable_hash
 from txmq.message import validate_topic_name as _why_bad_topic
 from txmq.route import MessageQueue
@@ -24,6 +31,7 @@ __all__ = [
     "SendOptions",
     "SendResult",
     "check_message",
+    "not_yet_safe",
     "select_by_hash",
     "send_result",
 ]
@@ -62,12 +70,18 @@ class SendOptions(QueueOptions, total=False):
 
     arg: Any
 
+
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 
 
 def select_by_hash(queue_nums: int, message: Message, key: Any) -> int:
     """The sharding-key selector: ``stable_hash(key) % queue_nums`` (same in every process)."""
     return stable_hash(str(key)) % queue_nums
+
+
+#: the status of a message stored and, under SYNC_MASTER, copied to a slave; the others:
+#: FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE (stored on the master only)
+SEND_OK = "SEND_OK"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +103,7 @@ class SendResult:
 def send_result(topic: str, sent: Sent, broker_name: str = "") -> SendResult:
     """The result of a send from the broker's answer."""
     return SendResult(
-        "SEND_OK",
+        sent.status or SEND_OK,
         sent.msg_id,
         sent.offset_msg_id,
         topic,
@@ -100,6 +114,21 @@ def send_result(topic: str, sent: Sent, broker_name: str = "") -> SendResult:
         broker_name=broker_name,
     )
 
+
+def not_yet_safe(result: SendResult) -> TxmqError | None:
+    """For a result whose message is stored but not yet on a slave (FLUSH_SLAVE_TIMEOUT,
+    SLAVE_NOT_AVAILABLE from a SYNC_MASTER), the error that says so; else None."""
+    if result.status == SEND_OK:
+        return None
+    if result.status == "SLAVE_NOT_AVAILABLE":
+        return SlaveNotAvailable(
+            f"message {result.msg_id} is stored on broker set {result.broker_name or '?'}'s "
+            "master, but no slave is connected to copy it"
+        )
+    return FlushSlaveTimeout(
+        f"message {result.msg_id} is stored on broker set {result.broker_name or '?'}'s "
+        f"master, but no slave confirmed a copy in time ({result.status})"
+    )
 
 
 def check_message(msg: Message, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
@@ -114,8 +143,7 @@ def check_message(msg: Message, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
         raise TypeError("message body must be bytes")
     if len(msg.body) > max_message_size:
         raise MessageTooLarge(
-            f"message body of {len(msg.body)} bytes is over the limit of "
-            f"{max_message_size} bytes"
+            f"message body of {len(msg.body)} bytes is over the limit of {max_message_size} bytes"
         )
 
 
@@ -165,9 +193,7 @@ class Producer(BrokerClient):
     def _check(self, msg: Message) -> None:
         check_message(msg, self.max_message_size)
 
-    async def _pick(
-        self, msg: Message, options: QueueOptions
-    ) -> tuple[MessageQueue, int | None]:
+    async def _pick(self, msg: Message, options: QueueOptions) -> tuple[MessageQueue, int | None]:
         """(queue, where a retry starts looking for another queue: None, it may not move)."""
         route = await self.route(msg.topic, create=True)
         queue_id = options.get("queue_id")
@@ -332,11 +358,9 @@ class Producer(BrokerClient):
         request = SendBatchMessage(
             topic=topic, queue_id=mq.queue_id, messages=entries, group=self.group
         )
-        sent = await self.call(
-            request, body, timeout=options.get("timeout"), broker=mq.broker_name
-        )
+        sent = await self.call(request, body, timeout=options.get("timeout"), broker=mq.broker_name)
         return SendResult(
-            "SEND_OK",
+            sent.status or SEND_OK,
             sent.msg_ids[0],
             sent.offset_msg_ids[0],
             topic,

@@ -149,9 +149,7 @@ class PushConsumer(PullConsumer):
         self.consume_concurrency = consume_concurrency
         self._limiter = anyio.CapacityLimiter(consume_concurrency)
         # concurrent consumption: a fixed pool of workers fed by the pull loops
-        self._work: asyncio.Queue[tuple[MessageQueue, ProcessQueue, MessageExt]] = (
-            asyncio.Queue()
-        )
+        self._work: asyncio.Queue[tuple[MessageQueue, ProcessQueue, MessageExt]] = asyncio.Queue()
         self._rebalance_now = anyio.Event()
         self._rebalance_lock = anyio.Lock()
         self._stopping = False
@@ -438,9 +436,7 @@ class PushConsumer(PullConsumer):
                     for m in msgs:
                         self._work.put_nowait((mq, pq, m))
             elif res.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "offset %d of %s is illegal; moving to %d", offset, mq, res.next_offset
-                )
+                log.warning("offset %d of %s is illegal; moving to %d", offset, mq, res.next_offset)
                 self.offsets.update(mq, res.next_offset)
             elif not pq.msgs and not pq.consuming:
                 # an empty answer with nothing in flight: everything up to here is consumed

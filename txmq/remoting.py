@@ -376,7 +376,11 @@ class Connection:
             header, body = reply, b""
         self._enqueue(
             encode_frame(
-                FrameKind.RESPONSE, ResponseCode.SUCCESS, frame.request_id, header, body,
+                FrameKind.RESPONSE,
+                ResponseCode.SUCCESS,
+                frame.request_id,
+                header,
+                body,
                 frame.version,
             )
         )

@@ -86,8 +86,10 @@ class Route:
         masters: dict[str, str] = {}
         for b in answer.brokers:
             addr = b.addresses.get(MASTER_ID)
-            if addr is not None:
-                masters[b.broker_name] = direct or addr
+            if direct is not None and b.addresses:
+                masters[b.broker_name] = direct  # (a slave given directly: it says NOT_MASTER)
+            elif addr is not None:
+                masters[b.broker_name] = addr
         write: list[MessageQueue] = []
         read: list[MessageQueue] = []
         topic = answer.topic

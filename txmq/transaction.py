@@ -50,7 +50,14 @@ from txmq.caller import in_caller_thread
 from txmq.codec import decode_record
 from txmq.errors import TxmqError
 from txmq.message import Message, MessageExt, Prop, new_message_id
-from txmq.producer import Producer, QueueOptions, SendOptions, SendResult, send_result
+from txmq.producer import (
+    Producer,
+    QueueOptions,
+    SendOptions,
+    SendResult,
+    not_yet_safe,
+    send_result,
+)
 from txmq.remoting import Connection, RemotingClient
 from txmq.rpc import Call, Router
 from txmq.wire import CheckTransactionState, EndTransaction, Heartbeat, UnregisterClient
@@ -262,6 +269,13 @@ class TransactionProducer(Producer):
             raise ValueError("set a TransactionListener before sending in a transaction")
         tx_id = transaction_id or new_message_id()
         result = await self.send_half(msg, transaction_id=tx_id, **options)
+        unsafe = not_yet_safe(result)
+        if unsafe is not None:
+            # RocketMQ's rule: a half message not yet on a slave is not safe to build on —
+            # the local transaction does not run, and the half is rolled back
+            log.warning("%s; the local transaction %s does not run", unsafe, tx_id)
+            await self._end_after_local(result, tx_id, LocalTransactionState.ROLLBACK)
+            return TransactionSendResult(result, tx_id, LocalTransactionState.ROLLBACK)
         try:
             state = await self._run(listener.execute_local_transaction, msg, arg)
         except Exception as exc:

@@ -17,6 +17,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ _MAX_QUEUE_ID = 1 << 31
 _I64 = 1 << 63
 _U16 = struct.Struct("<H")
 _NOT_AVAILABLE = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, -1, -1, 0, 0)
+_NOT_MASTER = PutResult(PutStatus.NOT_MASTER, -1, -1, 0, 0)
 _ILLEGAL = PutResult(PutStatus.MESSAGE_ILLEGAL, -1, -1, 0, 0)
 _PROPS_TOO_BIG = PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED, -1, -1, 0, 0)
 _TAGS = Prop.TAGS
@@ -124,6 +126,11 @@ class MessageStore(StoreReads, ReplicaWrites):
         self.last_recovery = RecoveryStats(0, 0, 0, True, 0.0)
         #: what was found damaged (and skipped) since the store opened, recovery included
         self.damage = DamageLedger()
+        #: called after each put / put_batch that stored something (replication wakes
+        #: its waiting transfers); from whichever thread wrote
+        self.on_append: Callable[[], None] | None = None
+        #: False on a slave: put and put_batch refuse (NOT_MASTER)
+        self.writable = True
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -331,6 +338,8 @@ class MessageStore(StoreReads, ReplicaWrites):
         with self._lock:
             if not self._running:
                 return _NOT_AVAILABLE
+            if not self.writable:
+                return _NOT_MASTER
             cq = self._cqs.get((topic, queue_id)) or self._queue_for_put(topic, queue_id)
             if cq is None:
                 return _ILLEGAL
@@ -373,6 +382,8 @@ class MessageStore(StoreReads, ReplicaWrites):
             cq.put(qoff, phy, size, code)
             if props:
                 self._index_keys(props, phy, ts)
+        if self.on_append is not None:
+            self.on_append()
         return PutResult(PutStatus.PUT_OK, phy, qoff, ts, size)
 
     def _index_keys(self, props: dict[str, str], phy: int, ts: int) -> None:
@@ -402,6 +413,8 @@ class MessageStore(StoreReads, ReplicaWrites):
         with self._lock:
             if not self._running:
                 return [_NOT_AVAILABLE] * len(prepared)
+            if not self.writable:
+                return [_NOT_MASTER] * len(prepared)
             if self.disk.full:
                 return [self.disk.refusal()] * len(prepared)
             try:
@@ -411,6 +424,8 @@ class MessageStore(StoreReads, ReplicaWrites):
                     raise
                 refused = self.disk.failed(exc)  # what was written before stays written
                 results = [refused if r is None else r for r in results]
+        if self.on_append is not None:
+            self.on_append()
         return [_ILLEGAL if r is None else r for r in results]
 
     def _put_batch(self, prepared: list[_Prepared | None], results: list[PutResult | None]) -> None:

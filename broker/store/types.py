@@ -75,6 +75,8 @@ class PutStatus(enum.Enum):
     #: the disk holding the store is full (or used over disk_max_used_ratio); nothing was
     #: written; try again once space is freed
     DISK_FULL = "DISK_FULL"
+    #: the store belongs to a slave (or a deposed master): it takes replicated bytes only
+    NOT_MASTER = "NOT_MASTER"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,4 +134,3 @@ class RecoveryStats:
 
 class StoreError(Exception):
     """The store cannot do what was asked (I/O failure, not running, bad directory)."""
-

@@ -120,10 +120,10 @@ def test_a_cut_back_store_recovers_to_the_cut(
     tmp_path: Path,
 ) -> None:
     store = make_store(tmp_path / "s", segment_size=16 * 1024)
-    for i in range(50):
+    for _i in range(50):
         put_msg(store, body=b"k" * 100)
     keep = store.commit_log_max_offset
-    for i in range(200):
+    for _i in range(200):
         put_msg(store, body=b"d" * 100)
     store.truncate_to(keep)
     crash_store(store)
@@ -137,7 +137,7 @@ def test_a_new_slave_starts_at_the_masters_oldest_segment(
     make_store: Callable[..., MessageStore], put_msg: Put, read_queue: Read, tmp_path: Path
 ) -> None:
     master = make_store(tmp_path / "m", segment_size=16 * 1024)
-    for i in range(300):
+    for _i in range(300):
         put_msg(master, "T", 0, b"z" * 200)
     segs = segment_paths(master.root / "commitlog")
     oldest = int(segs[1].name)

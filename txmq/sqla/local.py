@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from txmq.message import Message
-from txmq.producer import SendOptions, SendResult
+from txmq.producer import SendOptions, SendResult, not_yet_safe
 from txmq.sqla.tables import COMMITTED, transaction_log
 from txmq.transaction import LocalTransactionState
 
@@ -248,10 +248,9 @@ class AsyncLocalTransaction(_Base[AsyncTransactionalProducer, AsyncSession]):
         """Send ``msg`` as a half message of this transaction (invisible to consumers
         until the block commits); returns the broker's :class:`SendResult`."""
         self._check_open()
-        result = await self.producer.send_half(
-            msg, transaction_id=self.transaction_id, **options
-        )
+        result = await self.producer.send_half(msg, transaction_id=self.transaction_id, **options)
         self.results.append(result)
+        _raise_if_not_safe(result)
         return result
 
     async def __aexit__(
@@ -340,6 +339,7 @@ class LocalTransaction(_Base[TransactionalProducer, Session]):
         self._check_open()
         result = self.producer.send_half(msg, transaction_id=self.transaction_id, **options)
         self.results.append(result)
+        _raise_if_not_safe(result)
         return result
 
     def __exit__(
@@ -466,3 +466,12 @@ if TYPE_CHECKING:
         aio: _TransactionProducer, blocking: _sync.TransactionProducer
     ) -> tuple[AsyncTransactionalProducer, TransactionalProducer]:
         return aio, blocking  # mypy proves txmq's producers fit transaction()
+
+
+def _raise_if_not_safe(result: SendResult) -> None:
+    """A half message stored on the master only (SYNC_MASTER without a slave's copy) is
+    not safe to build on: raising ends the block, which rolls back the database and the
+    half message alike (RocketMQ's producer does not run the local transaction then)."""
+    unsafe = not_yet_safe(result)
+    if unsafe is not None:
+        raise unsafe

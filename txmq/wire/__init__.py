@@ -64,6 +64,15 @@ from txmq.wire.groups import (
     UnlockBatchMq,
     UnregisterClient,
 )
+from txmq.wire.ha import (
+    EpochEntry,
+    HaBatch,
+    HaGetMetadata,
+    HaHello,
+    HaMetadata,
+    HaTransfer,
+    HaWelcome,
+)
 from txmq.wire.messaging import (
     BatchEntry,
     BatchResult,
@@ -127,6 +136,7 @@ __all__ = [
     "Empty",
     "EndTransaction",
     "Ended",
+    "EpochEntry",
     "ErrorAnswer",
     "Frame",
     "FrameDecoder",
@@ -143,6 +153,12 @@ __all__ = [
     "GetTransactions",
     "GroupOffset",
     "GroupOffsets",
+    "HaBatch",
+    "HaGetMetadata",
+    "HaHello",
+    "HaMetadata",
+    "HaTransfer",
+    "HaWelcome",
     "Heartbeat",
     "Key",
     "LockBatchMq",

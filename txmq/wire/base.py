@@ -140,9 +140,7 @@ def decode(cls: type[T], header: bytes) -> T:
     except msgspec.ValidationError as exc:
         raise BadRequest(clip(f"{cls.__name__}: {_describe(cls, str(exc))}")) from None
     except msgspec.DecodeError as exc:
-        raise BadRequest(
-            clip(f"{cls.__name__}: the header is not valid msgpack ({exc})")
-        ) from None
+        raise BadRequest(clip(f"{cls.__name__}: the header is not valid msgpack ({exc})")) from None
     # msgspec raises these two as they are, not as a DecodeError
     except UnicodeDecodeError:
         raise BadRequest(f"{cls.__name__}: the header has a string that is not UTF-8") from None

@@ -39,6 +39,10 @@ class RequestCode(enum.IntEnum):
     DLQ_LIST = 351
     DLQ_RESEND = 352
     GET_TRANSACTIONS = 353
+    # broker set: a slave -> its master's HA port
+    HA_HELLO = 1101
+    HA_TRANSFER = 1102
+    HA_GET_METADATA = 1103
     # broker -> client
     NOTIFY_CONSUMER_IDS_CHANGED = 40
     CHECK_TRANSACTION_STATE = 39

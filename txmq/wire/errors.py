@@ -15,15 +15,18 @@ __all__ = [
     "BrokerUnavailable",
     "DiskFull",
     "FlushDiskTimeout",
+    "FlushSlaveTimeout",
     "FrameTooLarge",
     "InvalidTopic",
     "MalformedFrame",
     "MessageNotFound",
     "MessageTooLarge",
     "NoPermission",
+    "NotMaster",
     "RequestTimeout",
     "ResponseCode",
     "ServerError",
+    "SlaveNotAvailable",
     "TopicNotFound",
     "TransactionNotFound",
     "TxmqError",
@@ -44,6 +47,8 @@ class ResponseCode(enum.IntEnum):
     VERSION_NOT_SUPPORTED = 6
     BAD_REQUEST = 7
     FLUSH_DISK_TIMEOUT = 10
+    SLAVE_NOT_AVAILABLE = 11
+    FLUSH_SLAVE_TIMEOUT = 12
     MESSAGE_ILLEGAL = 13
     MESSAGE_TOO_LARGE = 14
     NO_PERMISSION = 16
@@ -52,6 +57,7 @@ class ResponseCode(enum.IntEnum):
     DISK_FULL = 19
     QUERY_NOT_FOUND = 22
     TRANSACTION_NOT_FOUND = 23
+    NOT_MASTER = 24
 
 
 class TxmqError(Exception):
@@ -119,6 +125,30 @@ class FlushDiskTimeout(TxmqError):
     """The broker stored the message but could not fsync it in time (SYNC flush)."""
 
     code = ResponseCode.FLUSH_DISK_TIMEOUT
+    retriable = True
+
+
+class SlaveNotAvailable(TxmqError):
+    """The broker (SYNC_MASTER) stored the message but no slave is connected to copy it:
+    one machine lost now would lose it."""
+
+    code = ResponseCode.SLAVE_NOT_AVAILABLE
+    retriable = True
+
+
+class FlushSlaveTimeout(TxmqError):
+    """The broker (SYNC_MASTER) stored the message but no slave confirmed a copy within
+    ``sync_replication_timeout_s``."""
+
+    code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+    retriable = True
+
+
+class NotMaster(TxmqError):
+    """This broker is not (or no longer) its broker set's master: it takes no writes.
+    Refresh the route and send to the master."""
+
+    code = ResponseCode.NOT_MASTER
     retriable = True
 
 
@@ -190,6 +220,9 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         UnsupportedVersion,
         BadRequest,
         FlushDiskTimeout,
+        SlaveNotAvailable,
+        FlushSlaveTimeout,
+        NotMaster,
         DiskFull,
         MessageTooLarge,
         NoPermission,

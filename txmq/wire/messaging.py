@@ -43,6 +43,9 @@ class Sent(Response, frozen=True, kw_only=True, omit_defaults=True):
     queue_offset: int
     store_timestamp: int
     transaction_offset: int = -1
+    #: "" (SEND_OK), or why the message is stored but not yet safe: FLUSH_SLAVE_TIMEOUT,
+    #: SLAVE_NOT_AVAILABLE (SYNC_MASTER)
+    status: str = ""
 
 
 class SendMessage(Request[Sent], frozen=True, kw_only=True, omit_defaults=True):
@@ -72,6 +75,7 @@ class BatchResult(Response, frozen=True, kw_only=True, omit_defaults=True):
     queue_id: int
     queue_offset: int
     store_timestamp: int
+    status: str = ""
 
 
 class SendBatchMessage(Request[BatchResult], frozen=True, kw_only=True, omit_defaults=True):

@@ -1,0 +1,276 @@
+"""The master's side of replication: its HA port's handlers, what each slave has, and the
+waits of SYNC_MASTER (group transfer).
+
+Each slave asks for records from its log's end (:class:`HaTransfer`); that offset is also
+its acknowledgement.  A write that must reach a slave (SYNC_MASTER) waits in a heap until
+some slave acknowledges past its end: one acknowledgement serves every write below it, as
+one fsync serves every write of a group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from txmq.broker.context import BrokerContext
+from txmq.broker.ha.epochs import EpochLog, cut_point
+from txmq.broker.ha.role import Role
+from txmq.broker.store import ReplicaError
+from txmq.errors import BadRequest, NotMaster
+from txmq.rpc import Call, Router
+from txmq.wire import (
+    HaBatch,
+    HaGetMetadata,
+    HaHello,
+    HaMetadata,
+    HaTransfer,
+    HaWelcome,
+    WithBody,
+)
+
+__all__ = ["HaService", "SlaveLink"]
+
+log = logging.getLogger("txmq.broker.ha")
+
+#: what one transfer carries at most
+CHUNK = 1024 * 1024
+
+
+@dataclass(slots=True)
+class SlaveLink:
+    """One slave, as the master sees it."""
+
+    broker_id: int
+    address: str
+    #: the slave has every byte below this offset
+    acked: int
+    #: when it last asked (monotonic)
+    last_seen: float
+    #: when it last had everything the master had written (monotonic; 0: never yet)
+    caught_up_at: float = 0.0
+    #: the master's end when the slave asked (its lag is measured against that)
+    master_offset_then: int = 0
+    connection: object | None = None
+
+    def lag_bytes(self, master_offset: int) -> int:
+        return max(master_offset - self.acked, 0)
+
+
+class HaService:
+    """Serves a broker set's slaves from this broker (when it is the master)."""
+
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        role: Role,
+        epochs: EpochLog,
+        metadata: Callable[[], HaMetadata],
+        *,
+        in_sync_lag_s: float = 15.0,
+    ) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.role = role
+        self.epochs = epochs
+        self.metadata = metadata
+        self.in_sync_lag_s = in_sync_lag_s
+        self.slaves: dict[int, SlaveLink] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._written: anyio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self.router = Router("this broker's HA port")
+        self.router.route(HaHello, self.hello)
+        self.router.route(HaTransfer, self.transfer)
+        self.router.route(HaGetMetadata, self.get_metadata)
+
+    def bind(self) -> None:
+        """Called on the broker's event loop once it runs: the store's writers (some in
+        worker threads) wake waiting transfers through it."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self.store.on_append = self.written
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def hello(self, req: HaHello, call: Call) -> HaWelcome:
+        if not self.role.is_master:
+            raise NotMaster("this broker is not its broker set's master: ask the master")
+        end = self.store.commit_log_max_offset
+        mine = self.epochs.entries
+        truncate_to = start_at = -1
+        if req.offset == 0 and self.store.commit_log_min_offset > 0:
+            start_at = self.store.commit_log_min_offset
+        else:
+            cut = cut_point(req.epochs or mine[:1], req.offset, mine, end)
+            if cut is not None:
+                if not self.role.controlled and cut >= end:
+                    raise BadRequest(
+                        f"slave {req.broker_id} has {req.offset - end} bytes more than this "
+                        f"master ({req.offset} > {end}): without a controller nothing is cut; "
+                        "move that slave's store aside if the master's is the right one"
+                    )
+                truncate_to = cut
+            elif req.offset < self.store.commit_log_min_offset:
+                raise BadRequest(
+                    f"slave {req.broker_id} ends at {req.offset}, before this master's oldest "
+                    f"record ({self.store.commit_log_min_offset}): give it an empty store"
+                )
+        acked = truncate_to if truncate_to >= 0 else max(start_at, req.offset)
+        old = self.slaves.get(req.broker_id)
+        now = time.monotonic()
+        link = SlaveLink(
+            req.broker_id,
+            req.address,
+            acked,
+            now,
+            old.caught_up_at if old is not None else 0.0,
+            end,
+            call.conn,
+        )
+        self.slaves[req.broker_id] = link
+        call.conn.on_close.append(lambda _: self._gone(link))
+        log.info(
+            "slave %d (%s) connected from offset %d%s",
+            req.broker_id,
+            req.address or "?",
+            req.offset,
+            f"; it cuts its log back to {truncate_to}" if truncate_to >= 0 else "",
+        )
+        return HaWelcome(
+            epoch=self.role.epoch,
+            epochs=mine,
+            master_offset=end,
+            truncate_to=truncate_to,
+            start_at=start_at,
+        )
+
+    def transfer(
+        self, req: HaTransfer, call: Call
+    ) -> WithBody[HaBatch] | Awaitable[WithBody[HaBatch]]:
+        link = self.slaves.get(req.broker_id)
+        if link is None or link.connection is not call.conn:
+            raise BadRequest("say hello first (HaHello) on this connection")
+        if not self.role.is_master:
+            raise NotMaster("this broker is no longer its broker set's master")
+        self._acked(link, req.offset)
+        batch = self._batch(req.offset)
+        if batch[1] or req.wait_ms == 0:
+            return batch
+        return self._wait_for_records(req, link)
+
+    async def _wait_for_records(self, req: HaTransfer, link: SlaveLink) -> WithBody[HaBatch]:
+        deadline = time.monotonic() + req.wait_ms / 1000
+        while True:
+            event = self._written
+            if event is None:
+                event = self._written = anyio.Event()
+            batch = self._batch(req.offset)
+            left = deadline - time.monotonic()
+            if batch[1] or left <= 0 or not self.role.is_master:
+                return batch
+            with anyio.move_on_after(left):
+                await event.wait()
+
+    def _batch(self, offset: int) -> WithBody[HaBatch]:
+        try:
+            data = self.store.read_records(offset, CHUNK)
+        except ReplicaError as exc:
+            raise BadRequest(f"cannot send from offset {offset}: {exc}") from None
+        last = self.epochs.last
+        return WithBody(
+            HaBatch(
+                offset=offset,
+                master_offset=self.store.commit_log_max_offset,
+                epoch=self.role.epoch,
+                epoch_start=last.start,
+            ),
+            data,
+        )
+
+    def get_metadata(self, req: HaGetMetadata, call: Call) -> HaMetadata:
+        if not self.role.is_master:
+            raise NotMaster("this broker is no longer its broker set's master")
+        return self.metadata()
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    def _acked(self, link: SlaveLink, offset: int) -> None:
+        now = time.monotonic()
+        link.last_seen = now
+        if offset > link.acked:
+            link.acked = offset
+        if link.acked >= link.master_offset_then:
+            link.caught_up_at = now
+        link.master_offset_then = self.store.commit_log_max_offset
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= link.acked:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+
+    def _gone(self, link: SlaveLink) -> None:
+        if self.slaves.get(link.broker_id) is link:
+            del self.slaves[link.broker_id]
+            log.warning("slave %d (%s) disconnected", link.broker_id, link.address or "?")
+
+    def written(self) -> None:
+        """The store appended something: wake the transfers waiting for it (thread-safe)."""
+        event = self._written
+        if event is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._written = None
+            event.set()
+        elif self._loop is not None:
+            self._loop.call_soon_threadsafe(self.written)
+
+    def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None:
+        """A future set once a slave has everything below ``end_offset``; None if one has
+        it already.  Raises :class:`LookupError` when no slave is connected."""
+        if not self.slaves:
+            raise LookupError("no slave connected")
+        if any(s.acked >= end_offset for s in self.slaves.values()):
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (end_offset, next(self._seq), fut))
+        return fut
+
+    # -- what admin shows -------------------------------------------------------------------
+
+    def in_sync(self) -> list[int]:
+        """The slaves that had everything the master had within the last in_sync_lag_s."""
+        now = time.monotonic()
+        return sorted(
+            s.broker_id
+            for s in self.slaves.values()
+            if s.caught_up_at and now - s.caught_up_at <= self.in_sync_lag_s
+        )
+
+    def lag(self) -> dict[int, tuple[int, float]]:
+        """Each slave's lag: (bytes behind, seconds since it last had everything)."""
+        end = self.store.commit_log_max_offset
+        now = time.monotonic()
+        return {
+            s.broker_id: (
+                s.lag_bytes(end),
+                0.0 if s.acked >= end else now - s.caught_up_at if s.caught_up_at else -1.0,
+            )
+            for s in self.slaves.values()
+        }
+
+    def drop_waiters(self) -> None:
+        """A master deposed: no write still waiting is acknowledged."""
+        waiters, self._waiters = self._waiters, []
+        for _, _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(NotMaster("this broker was deposed before a slave confirmed"))

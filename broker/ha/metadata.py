@@ -1,0 +1,81 @@
+"""Metadata a slave copies from its master (RocketMQ's SlaveSynchronize): topics, consumer
+offsets, delay-level offsets and transaction-check offsets, each in its state file's own
+JSON form (one schema per file, :mod:`txmq.broker.jsonfile`).
+
+Offsets are taken only once the slave's commit log reaches the master's end at the time
+the master took them: an offset past a record the slave lacks would skip that record on
+the slave if it became the master (a delayed message never delivered, a half message
+never checked).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import msgspec
+
+from txmq.broker.context import BrokerContext
+from txmq.broker.jsonfile import write_json_atomic
+from txmq.broker.offsets import OffsetsFile
+from txmq.broker.schedule import DelayOffsetsFile, ScheduleMessageService
+from txmq.broker.topics import TopicEntry, TopicsFile
+from txmq.broker.transaction import TransactionOffsetsFile, TransactionService
+from txmq.wire import HaMetadata
+
+__all__ = ["Metadata"]
+
+log = logging.getLogger("txmq.broker.ha")
+
+
+@dataclass(slots=True)
+class Metadata:
+    ctx: BrokerContext
+    schedule: ScheduleMessageService
+    transactions: TransactionService
+
+    def take(self) -> HaMetadata:
+        """The master's side: its tables now."""
+        ctx = self.ctx
+        end = ctx.store.commit_log_max_offset
+        topics = TopicsFile(
+            {c.name: TopicEntry(c.name, c.queue_nums, c.system) for c in ctx.topics.all()}
+        )
+        tx = b""
+        svc = self.transactions
+        if svc.ready:
+            check_offset, op_offset = svc.offsets()
+            tx = msgspec.json.encode(
+                TransactionOffsetsFile(
+                    check_offset=check_offset,
+                    op_offset=op_offset,
+                    check_times={
+                        h.offset: h.check_times for h in svc.pending.values() if h.check_times
+                    },
+                )
+            )
+        return HaMetadata(
+            log_end=end,
+            topics=msgspec.json.encode(topics),
+            offsets=msgspec.json.encode(OffsetsFile(ctx.offsets.snapshot())),
+            delay_offsets=msgspec.json.encode(DelayOffsetsFile(self.schedule.offsets())),
+            transaction_offsets=tx,
+        )
+
+    def apply(self, meta: HaMetadata) -> bool:
+        """A slave's side: take the master's tables; False if the slave's log has not
+        reached ``meta.log_end`` yet (the topics are taken anyway)."""
+        ctx = self.ctx
+        if meta.topics:
+            ctx.topics.adopt(msgspec.json.decode(meta.topics, type=TopicsFile).topics)
+        if ctx.store.commit_log_max_offset < meta.log_end:
+            return False
+        if meta.offsets:
+            ctx.offsets.adopt(msgspec.json.decode(meta.offsets, type=OffsetsFile).offsets)
+        if meta.delay_offsets:
+            delay = msgspec.json.decode(meta.delay_offsets, type=DelayOffsetsFile)
+            write_json_atomic(self.schedule.path, delay)
+        if meta.transaction_offsets:
+            tx = msgspec.json.decode(meta.transaction_offsets, type=TransactionOffsetsFile)
+            write_json_atomic(self.transactions.path, tx)
+        return True
