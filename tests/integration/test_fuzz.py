@@ -84,13 +84,20 @@ LOG_BOUND = 2 * 1024 * 1024
 NORMAL_TOPIC = "fuzz-normal"
 NORMAL_GROUP = "fuzz-normal-group"
 PROTECTED = NORMAL_TOPIC.encode()  # no fuzzed frame holds it (the group's name starts so)
-#: requests a broker does not serve: broker-to-client ones, and the name server's
+#: requests a broker's client port does not serve: broker-to-client ones, the name
+#: server's, the controller's, and replication's (the HA port's)
 NOT_ROUTED = {
     RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
     RequestCode.CHECK_TRANSACTION_STATE,
     RequestCode.REGISTER_BROKER,
     RequestCode.UNREGISTER_BROKER,
     RequestCode.GET_BROKER_CLUSTER_INFO,
+    RequestCode.HA_HELLO,
+    RequestCode.HA_TRANSFER,
+    RequestCode.HA_GET_METADATA,
+    RequestCode.CONTROLLER_HEARTBEAT,
+    RequestCode.CONTROLLER_ELECT_MASTER,
+    RequestCode.CONTROLLER_GET_REPLICA_INFO,
 }
 
 

@@ -39,6 +39,10 @@ class RequestCode(enum.IntEnum):
     DLQ_LIST = 351
     DLQ_RESEND = 352
     GET_TRANSACTIONS = 353
+    # controller (RocketMQ 5's controller mode)
+    CONTROLLER_HEARTBEAT = 1001
+    CONTROLLER_ELECT_MASTER = 1002
+    CONTROLLER_GET_REPLICA_INFO = 1003
     # broker set: a slave -> its master's HA port
     HA_HELLO = 1101
     HA_TRANSFER = 1102

@@ -1,0 +1,73 @@
+"""A broker under a controller: heartbeat, and take the role the controller gives.
+
+Every ``controller_heartbeat_interval_s`` (0.5 s) the broker tells the controller its
+log's end and newest epoch; the answer says who the set's master is.  Told it is the
+master of a new epoch, the broker promotes itself; told another is, it follows that one
+(cutting back a tail first, if it was the master).  A master's lease is renewed from the
+moment the heartbeat was *sent* (see :mod:`txmq.broker.ha.role`).  A controller that does
+not answer renews nothing: the master stops acknowledging writes when its lease ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import anyio
+
+from txmq.errors import TxmqError
+from txmq.remoting import RemotingClient
+from txmq.wire import ControllerAnswer, ControllerHeartbeat
+
+__all__ = ["ControllerLink"]
+
+log = logging.getLogger("txmq.broker.ha")
+
+
+class ControllerLink:
+    def __init__(
+        self,
+        addresses: tuple[str, ...],
+        interval_s: float,
+        heartbeat: Callable[[], ControllerHeartbeat],
+        apply: Callable[[ControllerAnswer, float], Awaitable[None]],
+    ) -> None:
+        self.addresses = addresses
+        self.interval_s = interval_s
+        self._heartbeat = heartbeat
+        self._apply = apply
+        self._which = 0
+        self.last_answer: ControllerAnswer | None = None
+        self._failing = False
+
+    async def run(self) -> None:
+        async with AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(RemotingClient(a, connect_timeout=1.0))
+                for a in self.addresses
+            ]
+            while True:
+                began = time.monotonic()
+                await self._once(clients)
+                await anyio.sleep(max(self.interval_s - (time.monotonic() - began), 0.01))
+
+    async def _once(self, clients: list[RemotingClient]) -> None:
+        for attempt in range(len(clients)):
+            client = clients[(self._which + attempt) % len(clients)]
+            sent_at = time.monotonic()
+            try:
+                answer = (await client.call(self._heartbeat(), timeout=self.interval_s * 2)).header
+            except TxmqError as exc:
+                if not self._failing:
+                    log.warning("controller %s does not answer (%s)", client.address, exc)
+                continue
+            self._which = (self._which + attempt) % len(clients)
+            if self._failing:
+                log.info("controller %s answers again", client.address)
+            self._failing = False
+            self.last_answer = answer
+            await self._apply(answer, sent_at)
+            return
+        self._failing = True
