@@ -1,7 +1,8 @@
 """NATS JetStream peer: nats-py, one stream with file storage, deleted and recreated at setup.
 
 * produce: ``js.publish`` (a request that returns the stream's PubAck); ``window`` publishes
-  outstanding at once on the publisher connection.
+  outstanding at once on the publisher connection.  Each publish's call-to-PubAck time is
+  kept in ``publish_latencies_ms`` (bench/peer_nats_cluster.py reports it).
 * consume: a durable pull consumer (explicit ack) on a separate connection; ``fetch`` in
   batches of ``FETCH_BATCH``, every message acked individually (``msg.ack()``, a
   fire-and-forget publish like basic.ack); the phase ends after the last ack and a
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 
 import nats
 from nats.aio.client import Client as NATS
@@ -43,12 +45,15 @@ class NatsSystem:
 
     def __init__(
         self,
-        url: str = "nats://127.0.0.1:4222",
+        url: str | Sequence[str] = "nats://127.0.0.1:4222",
         stream: str = "TXMQBENCH",
         window: int = 256,
         timeout: float = 60.0,
+        num_replicas: int = 1,
     ) -> None:
-        self.url = url
+        # One URL, or the client URLs of a cluster (nats-py picks one of them at random).
+        self.url = url if isinstance(url, str) else list(url)
+        self.num_replicas = num_replicas
         self.stream = stream
         self.subject = f"{stream.lower()}.data"
         self.lat_subject = f"{stream.lower()}.lat"
@@ -59,6 +64,7 @@ class NatsSystem:
         self._sub: NATS | None = None
         self._pub_js: JetStreamContext | None = None
         self._sub_js: JetStreamContext | None = None
+        self.publish_latencies_ms: list[float] = []  # of the last produce(), in ms
 
     async def setup(self) -> None:
         self._pub = await nats.connect(self.url, name="txmq-bench-pub")
@@ -74,7 +80,7 @@ class NatsSystem:
                 name=self.stream,
                 subjects=[f"{self.stream.lower()}.>"],
                 storage=StorageType.FILE,
-                num_replicas=1,
+                num_replicas=self.num_replicas,
             )
         )
 
@@ -84,7 +90,15 @@ class NatsSystem:
         await self._pub_js.publish(subject, body, timeout=self.timeout)
 
     async def produce(self, n: int, body: bytes, window: int) -> float:
-        return await run_windowed(n, window, lambda _i: self._publish(self.subject, body))
+        lat: list[float] = []
+        self.publish_latencies_ms = lat
+
+        async def send_one(_i: int) -> None:
+            t0 = time.perf_counter_ns()
+            await self._publish(self.subject, body)
+            lat.append((time.perf_counter_ns() - t0) / 1e6)
+
+        return await run_windowed(n, window, send_one)
 
     async def consume(self, n: int) -> float:
         assert self._sub is not None and self._sub_js is not None
