@@ -25,10 +25,10 @@ import anyio.lowlevel
 import msgspec
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.jsonfile import load_json, write_json_atomic
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageTooLarge, TxmqError
+from txmq.jsonfile import load_json, write_json_atomic
 from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop, is_system_topic
 
 __all__ = ["DelayOffsetsFile", "Delayed", "ScheduleMessageService"]

@@ -24,13 +24,13 @@ from txmq.broker.consumers import (
     run_expiry_scan,
 )
 from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
-from txmq.broker.ha import Replication
 from txmq.broker.identity import claim_store
 from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.processor import Services, request_router
 from txmq.broker.pulling import PullService
 from txmq.broker.registration import Registration
+from txmq.broker.replication import Replication
 from txmq.broker.retry import RetryService
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.sending import SendService
@@ -182,7 +182,8 @@ class Broker(Stoppable):
 
     def _shutdown(self) -> None:
         self._save("consumer offsets", lambda: self.offsets.persist(force=True))
-        self._save("delay-level offsets", lambda: self.schedule.persist(force=True))
+        if self.replication.role.is_master:  # a slave's file is its master's, copied
+            self._save("delay-level offsets", lambda: self.schedule.persist(force=True))
         transactions = self.transaction_checker.snapshot(force=True)
         self.store.shutdown()
         self._save("transaction offsets", lambda: self.transaction_checker.write(transactions))

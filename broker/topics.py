@@ -11,8 +11,8 @@ from typing import Annotated
 
 import msgspec
 
-from txmq.broker.jsonfile import load_json, write_json_atomic
 from txmq.errors import BadRequest, DiskFull, InvalidTopic, NoPermission, TopicNotFound
+from txmq.jsonfile import load_json, write_json_atomic
 from txmq.message import TOPIC_NAME_PATTERN, is_system_topic, validate_topic_name
 
 __all__ = [

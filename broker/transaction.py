@@ -39,11 +39,11 @@ from typing import Annotated
 import msgspec
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.jsonfile import load_json
 from txmq.broker.putting import put_or_raise
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult, PutStatus
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, BrokerBusy, DiskFull, TransactionNotFound
+from txmq.jsonfile import load_json
 from txmq.message import (
     HALF_TOPIC,
     OP_TOPIC,

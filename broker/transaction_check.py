@@ -26,7 +26,6 @@ import anyio.abc
 import anyio.to_thread
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.jsonfile import write_json_atomic
 from txmq.broker.store import CQ_TAG_PROPERTY, PutStatus
 from txmq.broker.transaction import (
     PARKED,
@@ -36,6 +35,7 @@ from txmq.broker.transaction import (
 )
 from txmq.codec import decode_record
 from txmq.errors import TxmqError
+from txmq.jsonfile import write_json_atomic
 from txmq.message import PARKED_TOPIC, Prop
 from txmq.rpc import Call
 from txmq.wire import CheckTransactionState, GetTransactions, TransactionList, TransactionRow

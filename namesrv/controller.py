@@ -30,8 +30,8 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from txmq.broker.jsonfile import load_json, write_json_atomic
 from txmq.errors import BadRequest, TxmqError
+from txmq.jsonfile import load_json, write_json_atomic
 from txmq.rpc import Call, Router
 from txmq.wire import (
     BrokerSetState,

@@ -1,8 +1,10 @@
-"""Replication within a broker set: the master's HA service, the slave's client, the waits
-of SYNC_MASTER, epochs, and the metadata slaves copy (DESIGN.md, "Replication")."""
+"""Replication within a broker set: the master's HA service, the slave's client, roles,
+leases and epochs (DESIGN.md, "Replication"); ``broker/replication.py`` puts them together
+with the broker's tables."""
 
 from txmq.broker.ha.epochs import EpochLog, cut_point
-from txmq.broker.ha.replication import Replication
+from txmq.broker.ha.master import HaService
 from txmq.broker.ha.role import BrokerRole, Role
+from txmq.broker.ha.slave import HaClient
 
-__all__ = ["BrokerRole", "EpochLog", "Replication", "Role", "cut_point"]
+__all__ = ["BrokerRole", "EpochLog", "HaClient", "HaService", "Role", "cut_point"]

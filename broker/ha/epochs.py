@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from txmq.broker.jsonfile import load_json, write_json_atomic
+from txmq.jsonfile import load_json, write_json_atomic
 from txmq.wire import EpochEntry
 
 __all__ = ["FIRST_EPOCH", "EpochLog", "cut_point"]

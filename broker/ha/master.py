@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import anyio
 
-from txmq.broker.context import BrokerContext
 from txmq.broker.ha.epochs import EpochLog, cut_point
 from txmq.broker.ha.role import Role
-from txmq.broker.store import ReplicaError
+from txmq.broker.store import MessageStore, ReplicaError
 from txmq.errors import BadRequest, NotMaster
 from txmq.rpc import Call, Router
 from txmq.wire import (
@@ -69,15 +68,14 @@ class HaService:
 
     def __init__(
         self,
-        ctx: BrokerContext,
+        store: MessageStore,
         role: Role,
         epochs: EpochLog,
         metadata: Callable[[], HaMetadata],
         *,
         in_sync_lag_s: float = 15.0,
     ) -> None:
-        self.ctx = ctx
-        self.store = ctx.store
+        self.store = store
         self.role = role
         self.epochs = epochs
         self.metadata = metadata

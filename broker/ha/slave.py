@@ -17,14 +17,11 @@ from collections.abc import Callable
 import anyio
 import anyio.abc
 
-from txmq.broker.config import BrokerConfig
-from txmq.broker.context import Arrivals
 from txmq.broker.ha.epochs import EpochLog
-from txmq.broker.ha.metadata import Metadata
 from txmq.broker.store import MessageStore, ReplicaError
 from txmq.errors import TxmqError
 from txmq.remoting import RemotingClient
-from txmq.wire import EpochEntry, HaGetMetadata, HaHello, HaTransfer
+from txmq.wire import EpochEntry, HaGetMetadata, HaHello, HaMetadata, HaTransfer
 
 __all__ = ["HaClient"]
 
@@ -40,21 +37,29 @@ class HaClient:
 
     def __init__(
         self,
-        config: BrokerConfig,
         store: MessageStore,
         epochs: EpochLog,
-        arrivals: Arrivals,
-        metadata: Metadata,
+        *,
+        broker_name: str,
+        broker_id: int,
+        master: str,
+        metadata_interval_s: float,
+        notify: Callable[[str, int], None],
+        apply_metadata: Callable[[HaMetadata], object],
         address: Callable[[], str],
     ) -> None:
-        self.config = config
+        """``notify(topic, queue_id)``: a queue got messages (wakes long polls);
+        ``apply_metadata``: take the master's metadata."""
         self.store = store
         self.epochs = epochs
-        self.arrivals = arrivals
-        self.metadata = metadata
+        self.broker_name = broker_name
+        self.broker_id = broker_id
+        self.metadata_interval_s = metadata_interval_s
+        self._notify = notify
+        self._apply_metadata = apply_metadata
         self._address = address
         #: the master's HA address to follow ("" : not known yet)
-        self.master = config.ha_master_address
+        self.master = master
         #: the master's commit-log end at its last answer, and when that answer came
         self.master_offset = 0
         self.last_contact = 0.0
@@ -103,12 +108,11 @@ class HaClient:
             await anyio.sleep(RETRY_S)
 
     async def _follow(self, address: str) -> None:
-        cfg = self.config
         store = self.store
         async with RemotingClient(address, connect_timeout=3.0) as client:
             hello = HaHello(
-                broker_name=cfg.broker_name,
-                broker_id=cfg.broker_id,
+                broker_name=self.broker_name,
+                broker_id=self.broker_id,
                 address=self._address(),
                 offset=store.commit_log_max_offset,
                 epochs=self.epochs.entries,
@@ -142,7 +146,7 @@ class HaClient:
 
     async def _transfer(self, client: RemotingClient) -> None:
         store = self.store
-        broker_id = self.config.broker_id
+        broker_id = self.broker_id
         while True:
             offset = store.commit_log_max_offset
             got = await client.call(
@@ -162,14 +166,14 @@ class HaClient:
                     store.append_replicated, batch.offset, bytes(got.body)
                 )
                 for topic, queue_id in touched:
-                    self.arrivals.notify(topic, queue_id)
+                    self._notify(topic, queue_id)
 
     async def _copy_metadata(self, client: RemotingClient) -> None:
-        broker_id = self.config.broker_id
+        broker_id = self.broker_id
         while True:
             meta = (await client.call(HaGetMetadata(broker_id=broker_id), timeout=10.0)).header
-            self.metadata.apply(meta)  # on the loop: topic changes wake the registration
-            await anyio.sleep(self.config.ha_metadata_sync_interval_s)
+            self._apply_metadata(meta)  # on the loop: topic changes wake the registration
+            await anyio.sleep(self.metadata_interval_s)
 
     def lag_bytes(self) -> int:
         return max(self.master_offset - self.store.commit_log_max_offset, 0)

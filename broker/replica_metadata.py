@@ -1,6 +1,6 @@
 """Metadata a slave copies from its master (RocketMQ's SlaveSynchronize): topics, consumer
 offsets, delay-level offsets and transaction-check offsets, each in its state file's own
-JSON form (one schema per file, :mod:`txmq.broker.jsonfile`).
+JSON form (one schema per file, :mod:`txmq.jsonfile`).
 
 Offsets are taken only once the slave's commit log reaches the master's end at the time
 the master took them: an offset past a record the slave lacks would skip that record on
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import msgspec
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.jsonfile import write_json_atomic
 from txmq.broker.offsets import OffsetsFile
 from txmq.broker.schedule import DelayOffsetsFile, ScheduleMessageService
 from txmq.broker.topics import TopicEntry, TopicsFile
 from txmq.broker.transaction import TransactionOffsetsFile, TransactionService
+from txmq.jsonfile import write_json_atomic
 from txmq.wire import HaMetadata
 
 __all__ = ["Metadata"]

@@ -5,6 +5,7 @@ master's commit log from it.  Broker id 0 starts as the master (ASYNC_MASTER, or
 SYNC_MASTER with ``replication = "sync"``), any other id as a slave; under a controller
 the controller decides (``broker/ha/controlled.py``).  A slave's store takes replicated
 bytes only: sends to it answer NOT_MASTER, pulls are served from its own consume queues.
+The pieces are in ``broker/ha/``; this module joins them to the broker's tables.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from txmq.broker.config import BrokerConfig
 from txmq.broker.context import BrokerContext
 from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.ha.master import HaService
-from txmq.broker.ha.metadata import Metadata
 from txmq.broker.ha.role import Role
 from txmq.broker.ha.slave import HaClient
+from txmq.broker.replica_metadata import Metadata
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.transaction import TransactionService
 from txmq.serving import Acceptor
@@ -54,9 +55,23 @@ class Replication:
         )
         self.metadata = Metadata(ctx, schedule, transactions)
         self.service = HaService(
-            ctx, self.role, self.epochs, self.metadata.take, in_sync_lag_s=config.ha_in_sync_lag_s
+            ctx.store,
+            self.role,
+            self.epochs,
+            self.metadata.take,
+            in_sync_lag_s=config.ha_in_sync_lag_s,
         )
-        self.client = HaClient(config, ctx.store, self.epochs, ctx.arrivals, self.metadata, address)
+        self.client = HaClient(
+            ctx.store,
+            self.epochs,
+            broker_name=config.broker_name,
+            broker_id=config.broker_id,
+            master=config.ha_master_address,
+            metadata_interval_s=config.ha_metadata_sync_interval_s,
+            notify=ctx.arrivals.notify,
+            apply_metadata=self.metadata.apply,
+            address=address,
+        )
         self.acceptor = Acceptor(
             self.service.router.handle,
             max_frame_size=config.max_frame_size,
