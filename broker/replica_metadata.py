@@ -41,19 +41,8 @@ class Metadata:
         topics = TopicsFile(
             {c.name: TopicEntry(c.name, c.queue_nums, c.system) for c in ctx.topics.all()}
         )
-        tx = b""
         svc = self.transactions
-        if svc.ready:
-            check_offset, op_offset = svc.offsets()
-            tx = msgspec.json.encode(
-                TransactionOffsetsFile(
-                    check_offset=check_offset,
-                    op_offset=op_offset,
-                    check_times={
-                        h.offset: h.check_times for h in svc.pending.values() if h.check_times
-                    },
-                )
-            )
+        tx = msgspec.json.encode(svc.offsets_file()) if svc.ready else b""
         return HaMetadata(
             log_end=end,
             topics=msgspec.json.encode(topics),

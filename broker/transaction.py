@@ -289,6 +289,15 @@ class TransactionService:
         # older than the cache: a committed message or parked copy says so; else rolled back
         return self._derived_resolution(offset, msg_id) or ROLLBACK
 
+    def offsets_file(self) -> TransactionOffsetsFile:
+        """Where check rounds resume, as ``transaction_offsets.json`` holds it."""
+        check_offset, op_offset = self.offsets()
+        return TransactionOffsetsFile(
+            check_offset=check_offset,
+            op_offset=op_offset,
+            check_times={h.offset: h.check_times for h in self.pending.values() if h.check_times},
+        )
+
     def offsets(self) -> tuple[int, int]:
         """(check offset, op offset) to persist: the oldest pending half and its op mark."""
         for half in self.pending.values():

@@ -224,13 +224,7 @@ class TransactionChecker:
         if not svc.ready or not (svc.dirty or force):
             return None
         svc.dirty = False
-        check_offset, op_offset = svc.offsets()
-        data = TransactionOffsetsFile(
-            check_offset=check_offset,
-            op_offset=op_offset,
-            check_times={h.offset: h.check_times for h in svc.pending.values() if h.check_times},
-        )
-        return data, self.store.commit_log_max_offset
+        return svc.offsets_file(), self.store.commit_log_max_offset
 
     def _write(self, snap: Snapshot, wait_flush: bool = True) -> None:
         data, upto = snap

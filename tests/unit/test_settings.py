@@ -55,3 +55,21 @@ def test_disk_max_used_ratio_is_a_share_read_from_toml_and_env(tmp_path: Path) -
             BrokerConfig(disk_max_used_ratio=bad)
     with pytest.raises(SettingsError, match="disk_check_interval_s"):
         BrokerConfig(disk_check_interval_s=0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "bad", "says"),
+    [
+        ("replication", "SYNC_MASTER", "replication must be 'async'"),
+        ("ha_port", -2, "ha_port -2"),
+        ("ha_port", 70000, "ha_port 70000"),
+        ("ha_master_address", "nohost", "ha_master_address"),
+        ("sync_replication_timeout_s", 0, "sync_replication_timeout_s must be positive"),
+        ("ha_metadata_sync_interval_s", -1, "ha_metadata_sync_interval_s must be positive"),
+        ("ha_in_sync_lag_s", 0, "ha_in_sync_lag_s must be positive"),
+    ],
+)
+def test_bad_replication_settings_are_clear_errors(setting: str, bad: object, says: str) -> None:
+    with pytest.raises(SettingsError, match=says):
+        BrokerConfig(**{setting: bad})  # type: ignore[arg-type]
+    assert BrokerConfig(replication="sync", ha_port=0).replication == "sync"
