@@ -73,6 +73,12 @@ class BrokerConfig(ConnectionSettings):
     ha_metadata_sync_interval_s: float = 3.0
     #: a slave that had everything within this long counts as in sync
     ha_in_sync_lag_s: float = 15.0
+    #: controllers to heartbeat to, "h1:9878;h2:9878" (empty: roles are fixed by broker_id);
+    #: under a controller it decides which replica is the master (RocketMQ 5's controller
+    #: mode), and broker_id is only this replica's id within its set
+    controller: str = ""
+    #: how often a broker under a controller heartbeats to it
+    controller_heartbeat_interval_s: float = 0.5
     #: the address clients are told to use (default: host:port, the port actually bound)
     advertised_address: str = ""
     #: how often a broker registers with its name servers (RocketMQ: 30 s)
@@ -162,6 +168,9 @@ class BrokerConfig(ConnectionSettings):
         if not self.register_interval_s > 0:
             raise SettingsError("register_interval_s must be positive")
         _ = self.namesrv_addresses  # a bad name-server list fails at start
+        _ = self.controller_addresses
+        if not 0 < self.controller_heartbeat_interval_s <= 10:
+            raise SettingsError("controller_heartbeat_interval_s must be above 0 and at most 10")
         if not self.lock_expiry_s > 0:
             raise SettingsError("lock_expiry_s must be positive")
         if not self.consumer_channel_expiry_s > 0:
@@ -187,6 +196,14 @@ class BrokerConfig(ConnectionSettings):
         """The name servers of :attr:`namesrv`, checked (empty: the broker runs alone)."""
         try:
             return parse_namesrv(self.namesrv, setting="namesrv")
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+
+    @cached_property
+    def controller_addresses(self) -> tuple[str, ...]:
+        """The controllers of :attr:`controller`, checked (empty: no controller)."""
+        try:
+            return parse_namesrv(self.controller, setting="controller")
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
 

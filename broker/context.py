@@ -66,7 +66,7 @@ class Arrivals:
 class ReplicationGate(Protocol):
     """What the acknowledgements need from replication (``broker/ha``)."""
 
-    def may_acknowledge(self) -> bool: ...
+    def may_acknowledge(self, confirmed: bool = False) -> bool: ...
     def sync_replication(self) -> bool: ...
     def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None: ...
 
@@ -95,13 +95,15 @@ class FlushAcks:
         gate = self.gate
         copied: asyncio.Future[None] | None = None
         missing = ""
-        if gate is not None and gate.sync_replication():
+        #: whether a slave's confirmation is what acknowledges this write (SYNC_MASTER)
+        replicated = gate is not None and gate.sync_replication()
+        if gate is not None and replicated:
             try:
                 copied = gate.replicated_future(end_offset)
             except LookupError:
                 missing = "SLAVE_NOT_AVAILABLE"
         if flushed is None and copied is None:
-            return self._final(answer, missing)
+            return self._final(answer, missing, replicated)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[T] = loop.create_future()
         waits = [f for f in (flushed, copied) if f is not None]
@@ -121,7 +123,7 @@ class FlushAcks:
                 result.set_exception(exc or NotMaster("the write's replication was cancelled"))
                 return
             try:
-                result.set_result(self._final(answer, missing))
+                result.set_result(self._final(answer, missing, replicated))
             except TxmqError as exc:
                 result.set_exception(exc)
 
@@ -145,9 +147,9 @@ class FlushAcks:
             copied.add_done_callback(lambda _: settle())
         return result
 
-    def _final(self, answer: T, missing: str) -> T:
+    def _final(self, answer: T, missing: str, replicated: bool = False) -> T:
         gate = self.gate
-        if gate is not None and not gate.may_acknowledge():
+        if gate is not None and not gate.may_acknowledge(replicated and not missing):
             raise NotMaster(
                 "stored, but this broker is no longer sure it is the master (deposed, or its "
                 "controller lease ran out): not acknowledged; send again to the master"

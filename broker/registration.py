@@ -70,11 +70,17 @@ class Registration:
         *,
         ha_address: Callable[[], str] = str,
         on_registered: Callable[[str, str], None] | None = None,
+        broker_id: Callable[[], int] | None = None,
+        epoch: Callable[[], int] = int,
     ) -> None:
         """``address`` gives the address clients are told (known once the broker
         listens), ``ha_address`` the broker's HA port; ``on_registered`` is told each
-        name server's answer: the set's master's address and HA address."""
+        name server's answer: the set's master's address and HA address; ``broker_id``
+        the id to register under (default: the configured one; under a controller it
+        follows the role)."""
         self.config = config
+        self._broker_id = broker_id or (lambda: config.broker_id)
+        self._epoch = epoch
         self.topics = topics
         self._address = address
         self._ha_address = ha_address
@@ -102,12 +108,17 @@ class Registration:
         return RegisterBroker(
             cluster=cfg.cluster,
             broker_name=cfg.broker_name,
-            broker_id=cfg.broker_id,
+            broker_id=self._broker_id(),
             address=self._address(),
             ha_address=self._ha_address(),
             data_version=self.data_version,
             topics=[_topic_data(t) for t in self.topics.all() if is_registered_topic(t.name)],
+            epoch=self._epoch(),
         )
+
+    def refresh(self) -> None:
+        """Register with every name server now (this broker's role changed)."""
+        self._topic_changed("")
 
     def _topic_changed(self, _: TopicConfig | str) -> None:
         self.data_version += 1
@@ -229,7 +240,7 @@ class Registration:
         request = UnregisterBroker(
             cluster=cfg.cluster,
             broker_name=cfg.broker_name,
-            broker_id=cfg.broker_id,
+            broker_id=self._broker_id(),
             address=self._address(),
         )
         try:

@@ -94,17 +94,22 @@ class Broker(Stoppable):
         )
         self.router = request_router(self.services)
         self.replication = Replication(
-            config, ctx, self.schedule, self.transactions, lambda: self.address
+            config, ctx, self.schedule, self.transactions, lambda: self.address, self
         )
         self.registration: Registration | None = None
         if config.namesrv_addresses:
-            self.registration = Registration(
+            registration = self.registration = Registration(
                 config,
                 self.topics,
                 lambda: self.address,
                 ha_address=lambda: self.replication.ha_address,
                 on_registered=self.replication.registered,
+                broker_id=lambda: self.replication.registered_id,
+                epoch=lambda: self.replication.role.epoch,
             )
+            self.replication.on_change.append(registration.refresh)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._duties: anyio.CancelScope | None = None
         self.acceptor = Acceptor(
             self.router.handle,
             max_frame_size=config.max_frame_size,
@@ -162,10 +167,10 @@ class Broker(Stoppable):
                 tg.start_soon(self._offset_persister)
                 tg.start_soon(self._sample_throughput)
                 tg.start_soon(self._disk_watch)
+                self._tg = tg
                 await tg.start(self.replication.run)
                 if self.replication.role.is_master:
-                    await tg.start(self.schedule.run)
-                    await tg.start(self.transaction_checker.run)
+                    await self._start_duties()
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
@@ -173,12 +178,42 @@ class Broker(Stoppable):
                     await tg.start(self.registration.run)
                 task_status.started(self)
                 await self._stop.wait()
+                await self.replication.hand_over()
+                await self.replication.leave()
                 if self.registration is not None:
                     # clients stop routing here before the listener closes
                     await self.registration.stop()
                 tg.cancel_scope.cancel()
         finally:
             self._shutdown()
+
+    # -- what only the master runs (broker.replication.MasterDuties) -----------------------
+
+    async def _start_duties(self) -> None:
+        assert self._tg is not None
+        scope = self._duties = anyio.CancelScope()
+
+        async def duties(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.schedule.run)
+                    await tg.start(self.transaction_checker.run)
+                    task_status.started()
+
+        await self._tg.start(duties)
+
+    async def became_master(self) -> None:
+        """Promoted: take the old master's delay-level and transaction-check offsets (its
+        metadata, copied), find the undecided halves in the log, and run the schedule and
+        the check-back."""
+        self.schedule.reload()
+        self.transactions.recover()
+        await self._start_duties()
+
+    async def became_slave(self) -> None:
+        if self._duties is not None:
+            self._duties.cancel()
+            self._duties = None
 
     def _shutdown(self) -> None:
         self._save("consumer offsets", lambda: self.offsets.persist(force=True))

@@ -28,7 +28,11 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq broker start --store ./a0 --port 10911 --namesrv ns1:9876 --broker-name a \\\n"
         "      --broker-id 0 --replication sync\n"
         "  txmq broker start --store ./a1 --port 10921 --namesrv ns1:9876 --broker-name a \\\n"
-        "      --broker-id 1",
+        "      --broker-id 1\n"
+        "  # automatic failover: a controller (here in the name server, started with\n"
+        "  # --controller-store) elects the master of each broker set; ids are the replicas':\n"
+        "  txmq broker start --store ./b1 --port 10931 --namesrv ns1:9876 --broker-name b \\\n"
+        "      --broker-id 1 --replication sync --controller ns1:9876",
     )
     start.add_argument(
         "--store", type=Path, help="storage folder, created if missing (default ./txmq-store)"
@@ -75,6 +79,12 @@ def add_parser(sub: SubParsers) -> None:
         metavar="HOST:PORT",
         help="a slave's master's HA address (default: what the name servers say)",
     )
+    ha.add_argument(
+        "--controller",
+        metavar="'H:P;H:P'",
+        help="heartbeat to this controller, which elects the set's master (automatic "
+        "failover); --broker-id is then only this replica's id in its set",
+    )
     start.set_defaults(func=start_broker)
 
 
@@ -99,6 +109,7 @@ def start_broker(args: argparse.Namespace) -> int:
         "replication": args.replication,
         "ha_port": args.ha_port,
         "ha_master_address": args.ha_master,
+        "controller": args.controller,
     }
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False

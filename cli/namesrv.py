@@ -1,4 +1,5 @@
-"""``txmq namesrv start``: a name server in the foreground until SIGTERM or SIGINT."""
+"""``txmq namesrv start`` and ``txmq controller start``: a name server, or a controller of
+its own, in the foreground until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def add_parser(sub: SubParsers) -> None:
         examples="  txmq namesrv start                       # 127.0.0.1:9876\n"
         "  txmq namesrv start --host 0.0.0.0 --port 9876 --config namesrv.toml\n"
         "  txmq broker start --store ./a --namesrv 127.0.0.1:9876 --cluster C "
-        "--broker-name broker-a",
+        "--broker-name broker-a\n"
+        "  # with the controller inside (brokers give --controller 127.0.0.1:9876):\n"
+        "  txmq namesrv start --controller-store ./controller",
     )
     start.add_argument("--host", help="address to bind (default 127.0.0.1)")
     start.add_argument("--port", type=int, help="port (default 9876; 0 picks a free one)")
@@ -33,20 +36,70 @@ def add_parser(sub: SubParsers) -> None:
         type=Path,
         help="TOML file with a [namesrv] table (broker_expiry_s, scan_interval_s, ...)",
     )
+    start.add_argument(
+        "--controller-store",
+        metavar="DIR",
+        help="also run the controller (master elections of replicated broker sets) here, "
+        "keeping its state in DIR",
+    )
     start.add_argument("--ready-file", help="write the bound address here once listening")
     start.set_defaults(func=start_namesrv)
+
+    c = add_command(sub, "controller", help="run a controller (automatic failover)")
+    csub = c.add_subparsers(dest="controller_cmd", required=True, metavar="COMMAND")
+    cstart = add_command(
+        csub,
+        "start",
+        help="start a controller in the foreground",
+        description="Start a controller in the foreground.  Brokers started with\n"
+        "--controller heartbeat to it; it elects each broker set's master, and a new one\n"
+        "when the master dies.  Its state (epochs, masters, in-sync replicas) is saved in\n"
+        "--store.  One controller is enough: while it is down, nothing fails over, and\n"
+        "everything else goes on.",
+        examples="  txmq controller start --store ./controller           # 127.0.0.1:9878\n"
+        "  txmq broker start --store ./a1 --namesrv ns1:9876 --broker-name a --broker-id 1 \\\n"
+        "      --replication sync --controller 127.0.0.1:9878",
+    )
+    cstart.add_argument("--store", type=Path, help="state folder (default ./txmq-controller)")
+    cstart.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    cstart.add_argument("--port", type=int, help="port (default 9878; 0 picks a free one)")
+    cstart.add_argument(
+        "--config",
+        type=Path,
+        help="TOML file with a [controller] table (heartbeat_timeout_s, lease_s, ...)",
+    )
+    cstart.add_argument("--ready-file", help="write the bound address here once listening")
+    cstart.set_defaults(func=start_controller)
 
 
 def start_namesrv(args: argparse.Namespace) -> int:
     from txmq.namesrv import NamesrvConfig, NamesrvServer
 
-    config = NamesrvConfig.load(args.config, host=args.host, port=args.port)
+    config = NamesrvConfig.load(
+        args.config, host=args.host, port=args.port, controller_store=args.controller_store
+    )
     server = NamesrvServer(config)
 
     return run_server(
         server,
         name="namesrv",
         what="name server",
+        host=config.host,
+        port=config.port,
+        ready_file=args.ready_file,
+    )
+
+
+def start_controller(args: argparse.Namespace) -> int:
+    from txmq.namesrv import ControllerConfig, ControllerServer
+
+    config = ControllerConfig.load(args.config, host=args.host, port=args.port, store=args.store)
+    server = ControllerServer(config)
+
+    return run_server(
+        server,
+        name="controller",
+        what="controller",
         host=config.host,
         port=config.port,
         ready_file=args.ready_file,

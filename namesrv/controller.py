@@ -1,22 +1,40 @@
 """The controller: elects each broker set's master (RocketMQ 5's controller mode).
 
-Brokers started with ``--controller`` heartbeat to it every ``controller_heartbeat_interval_s``
-(0.5 s) with their log's end and newest epoch.  The controller answers each with its set's
-state.  A master's answer carries a lease (``lease_s``, 2 s, counted by the broker from
-when it *sent* the heartbeat): the master acknowledges writes only while it runs.
+Brokers started with ``--controller`` heartbeat to it every
+``controller_heartbeat_interval_s`` (0.5 s) with their log's end, the newest epoch their log
+has, and whether they act as master or follow one.  The answer tells each its set's master,
+epoch and *sync state set* (the slaves whose confirmations count for SYNC_MASTER; the master
+proposes it in its heartbeats, the controller saves it).
 
-Election.  A set with no master, or whose master was silent for ``heartbeat_timeout_s``
-(3 s, longer than the lease, so the old master has stopped acknowledging by then), gets
-the alive replica whose log holds the current epoch and reaches furthest; the epoch goes up
-by one.  Under SYNC_MASTER every acknowledged write is on some slave, and every slave's
-log is a prefix of the master's: the furthest one holds every acknowledged write.  A
-replica that has not yet taken the current epoch (a deposed master back before it cut its
-tail) is never chosen.
+**Leases.**  A master acknowledges a write that no in-sync slave confirmed (ASYNC_MASTER, or
+SYNC_MASTER's FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE answers) only while its lease runs:
+``lease_s`` (2 s) from when it sent a heartbeat the controller answered, or from when it
+sent the answer an in-sync slave's next request confirmed.  A master whose sync state set
+holds no slave needs no lease: nobody else could be elected.  So a controller that is down
+only pauses elections; the masters go on.
 
-The state (epoch, master, history) is saved in ``<controller store>/controller.json``
-before anyone is told: a restarted controller goes on from it.  One controller is the
-minimum; losing it pauses failovers (not traffic: masters renew nothing and so stop
-acknowledging after their lease — run it where it is safe, see README "Replication").
+**Elections.**  A set's master is replaced when its connection to the controller closes
+and it does not come back within ``reconnect_grace_s``, when it is silent for
+``heartbeat_timeout_s`` (3 s), or when it restarted (it reports no role).  First every
+replica is *fenced*: its answers say ``electing``, a master stops acknowledging and a slave
+stops copying, and each reports so.  Then:
+
+* the old master reported it stopped: its log is final — the replica whose log reaches
+  furthest (on the newest epoch) wins, the old master included;
+* the old master is unreachable: every slave of the sync state set must report it stopped,
+  and the old master's lease must have run out (by the controller's answers and by what
+  each slave says of when the master last answered it).  Every write the old master
+  acknowledged as SEND_OK was confirmed by one of these slaves, and their logs are prefixes
+  of its log, so the furthest one holds them all.  A set whose sync state set has no slave
+  waits for its master to come back (losing one machine loses no acknowledged message).
+
+The winner's epoch is one more than the set's; the new sync state set is the slaves whose
+logs end where the winner's does.  A planned switchover (``txmq admin switchover``) fences
+the master only, lets the target copy the rest, and then hands over.
+
+The state (epoch, master, sync state set, history) is saved in
+``<controller store>/controller.json`` before anyone is told: a restarted controller goes on
+from it.  README "Replication" says how to run it.
 """
 
 from __future__ import annotations
@@ -43,13 +61,16 @@ from txmq.wire import (
     ReplicaState,
 )
 
-__all__ = ["Controller", "ControllerTimings"]
+__all__ = ["Controller", "ControllerTimings", "NoCandidate"]
 
 log = logging.getLogger("txmq.controller")
 
-
-#: a replica reports its log's end every 0.5 s: after this long, every one has once more
+#: a replica reports every 0.5 s: after this long, every live one has once more
 REPORT_AFTER_S = 0.7
+#: how long a master that stops cleanly waits for its successor to catch up
+HANDOVER_S = 5.0
+#: marks a connection whose closing the controller is told about
+_HOOKED = "controller.hooked"
 
 
 class NoCandidate(TxmqError):
@@ -63,6 +84,14 @@ class ControllerTimings:
     heartbeat_timeout_s: float = 3.0
     lease_s: float = 2.0
     scan_interval_s: float = 0.1
+    #: a master whose connection closed gets this long to heartbeat again
+    reconnect_grace_s: float = 0.6
+
+    def check(self) -> None:
+        if not 0 < self.lease_s < self.heartbeat_timeout_s:
+            raise ValueError("the lease must be positive and shorter than the heartbeat time-out")
+        if not (self.scan_interval_s > 0 and self.reconnect_grace_s >= 0):
+            raise ValueError("scan_interval_s must be positive, reconnect_grace_s not negative")
 
 
 @dataclass(slots=True)
@@ -73,12 +102,25 @@ class _Replica:
     offset: int
     epoch: int
     last_seen: float
+    master: bool = False
+    following: bool = False
+    conn: object | None = None
+    #: in the election under way: when it first reported that it stopped (0: not yet), and
+    #: until when the old master's lease from its confirmations may run
+    fenced_at: float = 0.0
+    lease_bound: float = 0.0
+
+    @property
+    def stopped(self) -> bool:
+        """Neither acknowledging nor copying: its log's end is final."""
+        return not self.master and not self.following
 
 
 class _SavedSet(msgspec.Struct):
     cluster: str
     epoch: int = 0
     master_id: int = -1
+    in_sync: list[int] = []
     history: list[tuple[int, int]] = []
 
 
@@ -87,23 +129,32 @@ class _Saved(msgspec.Struct):
 
 
 @dataclass(slots=True)
+class _Election:
+    reason: str
+    since: float
+    old_master: int
+    #: a switchover's target (-1: a failover, the best replica wins)
+    target: int = -1
+    deadline: float = 0.0
+    waiting: str = ""
+
+
+@dataclass(slots=True)
 class _Set:
     cluster: str
     name: str
     epoch: int = 0
     master_id: int = -1
-    history: list[tuple[int, int]] = field(default_factory=list)
     in_sync: list[int] = field(default_factory=list)
+    history: list[tuple[int, int]] = field(default_factory=list)
     replicas: dict[int, _Replica] = field(default_factory=dict)
     #: when the master was last heard from (the controller's start for a saved master)
     master_seen: float = 0.0
-    #: a planned switchover: (target id, deadline); the master gets no lease meanwhile
-    switching: tuple[int, float] | None = None
-    #: the master has confirmed it is master in this epoch (a heartbeat saying so)
+    #: the master has said it acts as master in this epoch
     confirmed: bool = False
-    #: when the master came back from a restart (it lost its role): elect soon
-    lost_at: float = 0.0
-    no_candidate_logged: bool = False
+    #: when the master's connection closed (0: it did not)
+    conn_lost_at: float = 0.0
+    election: _Election | None = None
 
 
 class Controller:
@@ -115,14 +166,21 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.timings = timings or ControllerTimings()
+        self.timings.check()
         self._clock = clock
-        if not self.timings.lease_s < self.timings.heartbeat_timeout_s:
-            raise ValueError("the lease must be shorter than the heartbeat time-out")
         self.path = store / "controller.json"
         store.mkdir(parents=True, exist_ok=True)
         now = self._clock()
         self.sets: dict[str, _Set] = {
-            name: _Set(s.cluster, name, s.epoch, s.master_id, list(s.history), master_seen=now)
+            name: _Set(
+                s.cluster,
+                name,
+                s.epoch,
+                s.master_id,
+                list(s.in_sync),
+                list(s.history),
+                master_seen=now,
+            )
             for name, s in load_json(self.path, _Saved).sets.items()
         }
         self.router = Router("the controller")
@@ -135,64 +193,91 @@ class Controller:
 
     # -- requests -------------------------------------------------------------------------
 
-    def heartbeat(self, req: ControllerHeartbeat, call: Call) -> ControllerAnswer:
+    def heartbeat(self, req: ControllerHeartbeat, call: Call | None) -> ControllerAnswer:
         now = self._clock()
         s = self.sets.get(req.broker_name)
         if s is None:
             s = self.sets[req.broker_name] = _Set(req.cluster, req.broker_name, master_seen=now)
-        s.replicas[req.broker_id] = _Replica(
-            req.broker_id, req.address, req.ha_address, req.offset, req.epoch, now
-        )
-        if req.broker_id == s.master_id and not s.lost_at:
+        conn = call.conn if call is not None else None
+        if conn is not None and not conn.attributes.get(_HOOKED):
+            conn.attributes[_HOOKED] = True
+            conn.on_close.append(self._connection_closed)
+        r = s.replicas.get(req.broker_id)
+        if r is None:
+            r = s.replicas[req.broker_id] = _Replica(
+                req.broker_id, req.address, req.ha_address, req.offset, req.epoch, now
+            )
+        r.address, r.ha_address = req.address, req.ha_address
+        r.offset, r.epoch = req.offset, req.epoch
+        r.last_seen, r.master, r.following, r.conn = now, req.master, req.following, conn
+        if req.leaving:
+            r.last_seen = float("-inf")  # not alive: never chosen, never waited for
+            r.master = r.following = False
+            log.info("broker set %s: broker %d stops", s.name, req.broker_id)
+            if req.broker_id == s.master_id and s.election is None:
+                self._start_election(s, now, f"master {s.master_id} stops")
+            return self._answer(s, req.broker_id)
+        e = s.election
+        if e is not None:
+            if r.stopped and not r.fenced_at:
+                r.fenced_at = now
+                silent = req.master_silent_ms / 1000 if req.master_silent_ms >= 0 else 0.0
+                r.lease_bound = now - silent + self.timings.lease_s
+            return self._answer(s, req.broker_id)
+        if req.broker_id == s.master_id:
             if req.master and req.epoch == s.epoch:
-                s.master_seen = now
-                s.confirmed = True
-                s.in_sync = sorted(i for i in req.in_sync if i != s.master_id)
+                s.master_seen, s.confirmed, s.conn_lost_at = now, True, 0.0
+                self._take_in_sync(s, req.in_sync)
+            elif req.handing_over and r.stopped and (target := self._successor(s)) is not None:
+                # a clean stop: a switchover to the best slave, the master stopped already
+                self._start_election(
+                    s, now, f"master {s.master_id} stops: switchover to broker {target}",
+                    target, now + HANDOVER_S,
+                )  # fmt: skip
+                r.fenced_at = now
             elif not req.master and s.confirmed:
-                # it was the master and restarted: its lease died with it; elect once the
-                # others have reported their logs' ends from after its death
-                s.lost_at = now
-                log.warning("broker set %s: master %d restarted", s.name, s.master_id)
+                # it was the master and restarted (or stopped acting): elect
+                self._start_election(s, now, f"master {s.master_id} lost its role (restarted?)")
             elif not req.master:
                 s.master_seen = now  # elected, not told yet: this answer tells it
-        if s.master_id < 0:
-            self._elect(s, now, reason="no master yet")
+        if s.master_id < 0 and s.election is None:
+            self._start_election(s, now, "the set has no master yet")
         return self._answer(s, req.broker_id)
 
-    async def elect_master(self, req: ElectMaster, call: Call) -> ControllerAnswer:
+    async def elect_master(self, req: ElectMaster, call: Call | None) -> ControllerAnswer:
+        """A planned switchover: fence the master only, let ``req.broker_id`` (or the best
+        in-sync slave) copy the rest, then make it the master."""
         s = self.sets.get(req.broker_name)
         if s is None:
             raise BadRequest(f"the controller knows no broker set {req.broker_name!r}")
-        target = req.broker_id
-        if target < 0:
-            others = [r for i, r in s.replicas.items() if i != s.master_id and self._alive(r)]
-            if not others:
-                raise NoCandidate(f"broker set {s.name} has no alive slave to switch to")
-            target = max(others, key=lambda r: (r.broker_id in s.in_sync, r.offset)).broker_id
+        if s.election is not None:
+            raise NoCandidate(f"broker set {s.name}: an election runs ({s.election.reason})")
+        target = req.broker_id if req.broker_id >= 0 else self._successor(s)
+        if target is None:
+            raise NoCandidate(f"broker set {s.name} has no alive slave to switch to")
         if target == s.master_id:
             return self._answer(s, target)
         if target not in s.replicas or not self._alive(s.replicas[target]):
             raise NoCandidate(f"broker {target} of set {s.name} is not alive")
-        deadline = self._clock() + req.timeout_ms / 1000
-        s.switching = (target, deadline)
-        log.info("switchover of %s to broker %d: the master's lease is not renewed", s.name, target)
-        try:
-            while self._clock() < deadline:
-                master = s.replicas.get(s.master_id)
-                cand = s.replicas[target]
-                fenced_since = (master.last_seen if master else 0) + self.timings.lease_s
-                if master is None or (
-                    (cand.last_seen > fenced_since and cand.offset >= master.offset)
-                    and master.last_seen > fenced_since
-                ):
-                    self._make_master(s, target, "switchover")
-                    return self._answer(s, target)
-                await anyio.sleep(0.05)
-        finally:
-            s.switching = None
-        raise NoCandidate(f"broker {target} of set {s.name} did not catch up in time")
+        now = self._clock()
+        self._start_election(
+            s, now, f"switchover to broker {target}", target, now + req.timeout_ms / 1000
+        )
+        while s.election is not None and s.master_id != target:
+            await anyio.sleep(0.05)
+            self.scan(self._clock())
+        if s.master_id != target:
+            raise NoCandidate(f"broker {target} of set {s.name} did not catch up in time")
+        return self._answer(s, target)
 
-    def replica_info(self, req: GetReplicaInfo, call: Call) -> ReplicaInfo:
+    def _successor(self, s: _Set) -> int | None:
+        """The slave a switchover goes to by default: alive, in sync, furthest."""
+        others = [r for i, r in s.replicas.items() if i != s.master_id and self._alive(r)]
+        if not others:
+            return None
+        return max(others, key=lambda r: (r.broker_id in s.in_sync, r.offset)).broker_id
+
+    def replica_info(self, req: GetReplicaInfo, call: Call | None) -> ReplicaInfo:
         now = self._clock()
         return ReplicaInfo(
             sets=[
@@ -210,103 +295,169 @@ class Controller:
                             offset=r.offset,
                             epoch=r.epoch,
                             silent_s=round(now - r.last_seen, 1),
+                            master=r.master,
+                            following=r.following,
                         )
                         for r in sorted(s.replicas.values(), key=lambda r: r.broker_id)
                     ],
                     history=s.history,
+                    electing=s.election.reason if s.election is not None else "",
                 )
                 for s in sorted(self.sets.values(), key=lambda s: s.name)
                 if not req.broker_name or s.name == req.broker_name
             ]
         )
 
-    # -- elections --------------------------------------------------------------------------
+    # -- watching the masters -------------------------------------------------------------
 
     async def run(self) -> None:
-        """Watch the masters until cancelled."""
+        """Watch the masters and run elections until cancelled."""
         while True:
             await anyio.sleep(self.timings.scan_interval_s)
             self.scan(self._clock())
 
     def scan(self, now: float) -> None:
+        t = self.timings
         for s in self.sets.values():
-            if s.lost_at and now - s.lost_at > REPORT_AFTER_S:
-                self._elect(s, now, reason=f"master {s.master_id} restarted", after=s.lost_at)
-            elif s.master_id >= 0 and now - s.master_seen > self.timings.heartbeat_timeout_s:
-                self._elect(
-                    s,
-                    now,
-                    reason=f"master {s.master_id} silent",
-                    after=s.master_seen + self.timings.lease_s,
+            if s.election is not None:
+                self._decide(s, now)
+            elif s.master_id < 0:
+                continue
+            elif s.conn_lost_at and now - s.conn_lost_at > t.reconnect_grace_s:
+                self._start_election(s, now, f"master {s.master_id}'s connection closed")
+            elif now - s.master_seen > t.heartbeat_timeout_s:
+                self._start_election(
+                    s, now, f"master {s.master_id} silent for {now - s.master_seen:.1f} s"
                 )
+
+    def _connection_closed(self, conn: object) -> None:
+        now = self._clock()
+        for s in self.sets.values():
+            master = s.replicas.get(s.master_id)
+            if master is not None and master.conn is conn and s.election is None:
+                s.conn_lost_at = now
 
     def _alive(self, r: _Replica) -> bool:
         return self._clock() - r.last_seen <= self.timings.heartbeat_timeout_s
 
-    def _elect(self, s: _Set, now: float, reason: str, after: float = 0.0) -> None:
-        """Make the best replica heard from since ``after`` (when the old master stopped
-        acknowledging: their logs' ends are final) the master."""
-        alive = [
-            r
-            for i, r in s.replicas.items()
-            if (i != s.master_id or s.lost_at)
-            and now - r.last_seen <= self.timings.heartbeat_timeout_s
-            and r.last_seen > after
-        ]
-        # only logs that reached the newest epoch any of them has: a replica still on an
-        # older one may hold a deposed master's tail and lack what came after it
-        newest = max((r.epoch for r in alive), default=0)
-        candidates = [r for r in alive if r.epoch == newest]
-        if not candidates:
-            if not s.no_candidate_logged:
-                log.warning(
-                    "broker set %s: %s and no other replica is alive to take over; waiting",
-                    s.name,
-                    reason,
-                )
-                s.no_candidate_logged = True
-            return
-        best = max(candidates, key=lambda r: (r.offset, r.broker_id == 0, -r.broker_id))
-        self._make_master(s, best.broker_id, reason)
+    # -- elections --------------------------------------------------------------------------
 
-    def _make_master(self, s: _Set, broker_id: int, reason: str) -> None:
+    def _start_election(
+        self, s: _Set, now: float, reason: str, target: int = -1, deadline: float = 0.0
+    ) -> None:
+        s.election = _Election(reason, now, s.master_id, target, deadline)
+        s.conn_lost_at = 0.0
+        for r in s.replicas.values():
+            r.fenced_at = 0.0
+        log.warning("broker set %s: electing a master (%s)", s.name, reason)
+
+    def _decide(self, s: _Set, now: float) -> None:
+        e = s.election
+        assert e is not None
+        alive = {i: r for i, r in s.replicas.items() if self._alive(r)}
+        fenced = {i: r for i, r in alive.items() if r.fenced_at and r.stopped}
+        old = s.replicas.get(e.old_master)
+        pool: list[_Replica]
+        if e.target >= 0:  # a switchover: the old master stops, the target catches up
+            target = s.replicas.get(e.target)
+            if now > e.deadline or target is None or not self._alive(target):
+                log.warning("broker set %s: %s abandoned", s.name, e.reason)
+                s.election = None  # the master is told to go on (same epoch)
+                s.master_seen, s.confirmed = now, False
+                return
+            if old is None or e.old_master not in fenced or target.offset < old.offset:
+                return self._wait(s, "the target to catch up with the stopped master")
+            pool = [target]
+        elif e.old_master < 0:  # a new set: whoever reported
+            if now - e.since < REPORT_AFTER_S:
+                return
+            pool = list(alive.values())
+        elif e.old_master in fenced:  # the old master stopped (or restarted): its log is final
+            if now - e.since < REPORT_AFTER_S:
+                return  # the slaves' final ends
+            pool = list(fenced.values())
+        else:  # the old master is unreachable
+            need = [i for i in s.in_sync if i != e.old_master]
+            if not need:
+                return self._wait(s, f"no in-sync slave: master {e.old_master} must come back")
+            missing = [i for i in need if i not in fenced]
+            if missing:
+                return self._wait(s, f"in-sync slave(s) {missing} to report that they stopped")
+            bounds = [fenced[i].lease_bound for i in need]
+            bound = max(s.master_seen + self.timings.lease_s, *bounds)
+            if now < bound:
+                return
+            pool = [fenced[i] for i in need]
+        if not pool:
+            return self._wait(s, "a replica to report")
+        # only logs on the newest epoch any candidate has: one still on an older epoch may
+        # hold a deposed master's tail and lack what came after it
+        newest = max(r.epoch for r in pool)
+        best = max(
+            (r for r in pool if r.epoch == newest),
+            key=lambda r: (r.offset, r.broker_id == e.old_master, r.broker_id == 0, -r.broker_id),
+        )
+        # the new sync state set: the slaves whose logs end where the winner's does (in a
+        # failover only those that stopped: another may still copy from the old master)
+        others = alive if e.target >= 0 else fenced
+        peers = [i for i, r in others.items() if r is not best and r.offset == best.offset]
+        self._make_master(s, best, sorted(peers), e.reason)
+
+    def _wait(self, s: _Set, what: str) -> None:
+        e = s.election
+        assert e is not None
+        if e.waiting != what:
+            e.waiting = what
+            log.warning("broker set %s: election waits for %s", s.name, what)
+
+    def _make_master(self, s: _Set, best: _Replica, in_sync: list[int], reason: str) -> None:
         s.epoch += 1
-        s.master_id = broker_id
-        s.history.append((s.epoch, broker_id))
+        s.master_id = best.broker_id
+        s.in_sync = in_sync
+        s.history.append((s.epoch, best.broker_id))
         s.master_seen = self._clock()
-        s.in_sync = []
         s.confirmed = False
-        s.lost_at = 0.0
-        s.no_candidate_logged = False
+        s.election = None
         self._save()  # saved before anyone is told
-        r = s.replicas[broker_id]
         log.warning(
-            "broker set %s: broker %d (%s) is the master in epoch %d (%s; its log ends at %d)",
+            "broker set %s: broker %d (%s) is the master in epoch %d (%s; its log ends at %d; "
+            "in sync: %s)",
             s.name,
-            broker_id,
-            r.address,
+            best.broker_id,
+            best.address,
             s.epoch,
             reason,
-            r.offset,
+            best.offset,
+            in_sync or "none",
         )
+
+    def _take_in_sync(self, s: _Set, proposed: list[int]) -> None:
+        """The master's proposal of its sync state set (it keeps every write it
+        acknowledged on some member: see ``broker/ha/master.py``)."""
+        wanted = sorted({i for i in proposed if i != s.master_id})
+        if wanted != s.in_sync:
+            log.info("broker set %s: in-sync slaves %s -> %s", s.name, s.in_sync, wanted)
+            s.in_sync = wanted
+            self._save()
 
     def _save(self) -> None:
         write_json_atomic(
             self.path,
             _Saved(
                 {
-                    n: _SavedSet(s.cluster, s.epoch, s.master_id, s.history)
+                    n: _SavedSet(s.cluster, s.epoch, s.master_id, s.in_sync, s.history)
                     for n, s in self.sets.items()
                 }
             ),
         )
 
     def _answer(self, s: _Set, broker_id: int) -> ControllerAnswer:
-        if s.lost_at:
-            return ControllerAnswer(epoch=s.epoch)  # no master until the election
+        e = s.election
+        if e is not None and (e.target < 0 or broker_id == e.old_master):
+            return ControllerAnswer(epoch=s.epoch, electing=True)
         master = s.replicas.get(s.master_id)
         lease = 0
-        if broker_id == s.master_id and s.switching is None:
+        if broker_id == s.master_id and e is None:
             lease = int(self.timings.lease_s * 1000)
         return ControllerAnswer(
             epoch=s.epoch,

@@ -54,6 +54,8 @@ class LiveBroker:
     last_seen: float
     #: the connection its latest registration came on (None: not known, as in unit tests)
     conn: object | None = field(default=None, repr=False)
+    #: the broker set's epoch it registered with
+    epoch: int = 0
 
     def describe(self) -> str:
         return (
@@ -94,21 +96,31 @@ class RouteTable:
                 self._remove(other_key)
         old = self._brokers.get(key)
         if old is not None and old.address != req.address:
+            if req.epoch <= old.epoch and now - old.last_seen <= self.expiry:
+                # two live brokers under one name and id would take turns in the routes
+                # (and mix their consumers' offsets): the one registered first keeps it
+                raise BadRequest(
+                    f"broker {req.broker_name} (id {req.broker_id}) is already registered "
+                    f"at {old.address} by a live broker: give this one ({req.address}) its "
+                    "own --broker-name or --broker-id, or stop the other"
+                )
             log.warning(
-                "broker %s (id %d, cluster %s) registered from %s, but it is registered at %s:"
-                " taking the newer registration (%s); if both run, give each its own "
-                "--broker-name or --broker-id",
+                "broker %s (id %d, cluster %s) registered from %s (epoch %d), but it is "
+                "registered at %s (epoch %d, silent for %.0f s): taking the newer registration",
                 req.broker_name,
                 req.broker_id,
                 req.cluster,
                 req.address,
+                req.epoch,
                 old.address,
-                req.address,
+                old.epoch,
+                now - old.last_seen,
             )
             old = None
         if old is not None and old.data_version == req.data_version and old.cluster == req.cluster:
             old.last_seen = now
             old.ha_address = req.ha_address
+            old.epoch = req.epoch
             if conn is not None:
                 old.conn = conn
         else:
@@ -122,6 +134,7 @@ class RouteTable:
                 topics={t.name: t for t in req.topics},
                 last_seen=now,
                 conn=conn,
+                epoch=req.epoch,
             )
             self._put(key, entry)
             if old is None:

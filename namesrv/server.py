@@ -1,4 +1,6 @@
-"""The name-server process: listener, connections, the expiry scan, clean shutdown.
+"""The name-server process: listener, connections, the expiry scan, clean shutdown — and
+the controller, in a name server (``controller_store``) or alone (:class:`ControllerServer`,
+``txmq controller start``).
 
 Run it with ``txmq namesrv start`` or embed it: ``async with NamesrvServer(config)`` in an
 anyio program, or :class:`EmbeddedNamesrv` (a background thread) from synchronous code.
@@ -7,13 +9,16 @@ Name servers never talk to each other; each learns the whole table from the brok
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from pathlib import Path
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from txmq.namesrv.config import NamesrvConfig
+from txmq.namesrv.config import ControllerConfig, NamesrvConfig
+from txmq.namesrv.controller import Controller
 from txmq.namesrv.routes import RouteTable
 from txmq.remoting import Connection
 from txmq.rpc import Call, Router
@@ -29,7 +34,13 @@ from txmq.wire import (
     UnregisterBroker,
 )
 
-__all__ = ["EmbeddedNamesrv", "NamesrvServer", "request_router"]
+__all__ = [
+    "ControllerServer",
+    "EmbeddedController",
+    "EmbeddedNamesrv",
+    "NamesrvServer",
+    "request_router",
+]
 
 log = logging.getLogger("txmq.namesrv")
 
@@ -82,11 +93,28 @@ def request_router(service: NamesrvService) -> Router:
 class NamesrvServer(Stoppable):
     """A txmq name server. ``await server.serve()`` runs it until :meth:`request_stop`."""
 
-    def __init__(self, config: NamesrvConfig, *, table: RouteTable | None = None) -> None:
+    what = "name server"
+
+    def __init__(
+        self,
+        config: NamesrvConfig,
+        *,
+        table: RouteTable | None = None,
+        controller: Controller | None = None,
+        routes: bool = True,
+    ) -> None:
+        """``controller``: serve the controller's requests too (by default one when
+        ``config.controller_store`` is set); ``routes``: serve a name server's."""
         self.config = config
         self.table = table or RouteTable(expiry=config.broker_expiry_s)
         self.service = NamesrvService(self.table)
-        self.router = request_router(self.service)
+        self.routes = routes
+        self.router = request_router(self.service) if routes else Router(f"a {self.what}")
+        if controller is None and config.controller_store:
+            controller = Controller(Path(config.controller_store))
+        self.controller = controller
+        if controller is not None:
+            controller.route(self.router)
         self.acceptor = Acceptor(
             self.router.handle,
             max_frame_size=config.max_frame_size,
@@ -110,17 +138,21 @@ class NamesrvServer(Stoppable):
         self.port = listener.extra(SocketAttribute.local_port)
         async with listener, anyio.create_task_group() as tg:
             self.acceptor.serve(listener, tg)
-            tg.start_soon(self._expiry_scan)
-            log.info(
-                "name server listening on %s (brokers silent for %g s are dropped)",
-                self.address,
-                self.config.broker_expiry_s,
-            )
+            if self.routes:
+                tg.start_soon(self._expiry_scan)
+                log.info(
+                    "name server listening on %s (brokers silent for %g s are dropped)",
+                    self.address,
+                    self.config.broker_expiry_s,
+                )
+            if self.controller is not None:
+                tg.start_soon(self.controller.run)
+                log.info("controller on %s, state in %s", self.address, self.controller.path.parent)
             task_status.started(self)
             await self._stop.wait()
             self.service.stopping = True
             tg.cancel_scope.cancel()
-        log.info("name server stopped")
+        log.info("%s stopped", self.what)
 
     async def _expiry_scan(self) -> None:
         while True:
@@ -136,3 +168,32 @@ class EmbeddedNamesrv(EmbeddedServer[NamesrvServer]):
     def __init__(self, config: NamesrvConfig | None = None) -> None:
         self.config = config or NamesrvConfig(port=0)
         super().__init__(lambda: NamesrvServer(self.config))
+
+
+class ControllerServer(NamesrvServer):
+    """A controller in a process of its own (``txmq controller start``)."""
+
+    what = "controller"
+
+    def __init__(self, config: ControllerConfig) -> None:
+        shared = {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(NamesrvConfig)
+            if f.name in {g.name for g in dataclasses.fields(ControllerConfig)}
+            and f.name != "store"
+        }
+        super().__init__(
+            NamesrvConfig(**shared),
+            controller=Controller(config.store, config.timings()),
+            routes=False,
+        )
+
+
+class EmbeddedController(EmbeddedServer[ControllerServer]):
+    """A controller running in a background thread with its own event loop."""
+
+    what = "controller"
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        super().__init__(lambda: ControllerServer(self.config))

@@ -195,7 +195,9 @@ class Producer(BrokerClient):
 
     async def _pick(self, msg: Message, options: QueueOptions) -> tuple[MessageQueue, int | None]:
         """(queue, where a retry starts looking for another queue: None, it may not move)."""
-        route = await self.route(msg.topic, create=True)
+        self._task_group()
+        wait = options.get("timeout") or self.request_timeout
+        route = await self.routes.writable(msg.topic, wait, create=True)
         queue_id = options.get("queue_id")
         if queue_id is not None:
             broker = options.get("broker_name")
@@ -272,7 +274,8 @@ class Producer(BrokerClient):
                 if not exc.retriable or attempt + 1 >= attempts:
                     raise
                 log.warning("send to %s failed (%s); retrying on another queue", mq, exc)
-                route = await self.route(msg.topic, create=True, refresh=True)
+                await self.route(msg.topic, create=True, refresh=True)
+                route = await self.routes.writable(msg.topic, timeout or self.request_timeout)
                 if options.get("sharding_key") is None:
                     index = next(self._round_robin)
                 mq = self.routes.pick(route, index or 0, avoid=mq.broker_name)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import anyio
+
 from txmq.errors import BrokerUnavailable, TopicNotFound, TxmqError
 from txmq.remoting import RemotingClient
 from txmq.wire import (
@@ -55,6 +57,8 @@ LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
 NOT_AVAILABLE_S = (0.0, 0.0, 30.0, 60.0, 120.0, 180.0, 600.0)
 #: a failed send counts as this latency: left out for 30 s, then tried again
 FAILURE_LATENCY_MS = 550
+#: how often a send waiting out a failover fetches the route again
+WAIT_FOR_MASTER_S = 0.1
 
 
 class MessageQueue(NamedTuple):
@@ -77,6 +81,8 @@ class Route:
     read_queues: tuple[MessageQueue, ...]
     #: master address of each broker set
     masters: dict[str, str]
+    #: every replica of each broker set, by the id it is registered under (0: the master)
+    replicas: dict[str, dict[int, str]] = field(default_factory=dict)
     fetched_at: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -84,23 +90,27 @@ class Route:
         """``direct``: the address the client was given (a broker alone answers for
         itself, perhaps under a name its clients do not use to reach it)."""
         masters: dict[str, str] = {}
+        replicas: dict[str, dict[int, str]] = {}
         for b in answer.brokers:
             addr = b.addresses.get(MASTER_ID)
             if direct is not None and b.addresses:
                 masters[b.broker_name] = direct  # (a slave given directly: it says NOT_MASTER)
-            elif addr is not None:
+                replicas[b.broker_name] = {MASTER_ID: direct}
+                continue
+            if addr is not None:
                 masters[b.broker_name] = addr
+            if b.addresses:
+                replicas[b.broker_name] = dict(b.addresses)
         write: list[MessageQueue] = []
         read: list[MessageQueue] = []
         topic = answer.topic
         for q in sorted(answer.queues, key=lambda q: q.broker_name):
-            if q.broker_name not in masters:
-                continue
-            if q.perm & PERM_WRITE:
-                write += [MessageQueue(topic, q.broker_name, i) for i in range(q.write_queue_nums)]
-            if q.perm & PERM_READ:
-                read += [MessageQueue(topic, q.broker_name, i) for i in range(q.read_queue_nums)]
-        return cls(answer.topic, tuple(write), tuple(read), masters)
+            name = q.broker_name
+            if q.perm & PERM_WRITE and name in masters:
+                write += [MessageQueue(topic, name, i) for i in range(q.write_queue_nums)]
+            if q.perm & PERM_READ and name in replicas:  # a slave serves reads too
+                read += [MessageQueue(topic, name, i) for i in range(q.read_queue_nums)]
+        return cls(answer.topic, tuple(write), tuple(read), masters, replicas)
 
     def expired(self, ttl: float) -> bool:
         return time.monotonic() - self.fetched_at >= ttl
@@ -172,8 +182,9 @@ class RouteTable:
         self._stale: set[str] = set()
         self._seen: dict[str, tuple[MessageQueue, ...]] = {}
         #: the master of each broker set, as the newest route fetched says (a dict lookup
-        #: per request, however many topics the client knows)
+        #: per request, however many topics the client knows), and all its replicas
         self._masters: dict[str, str] = {}
+        self._replicas: dict[str, dict[int, str]] = {}
         self.faults = LatencyFaultTolerance()
 
     # -- connections -----------------------------------------------------------------------
@@ -219,6 +230,25 @@ class RouteTable:
             raise TopicNotFound(f"topic {topic!r} has no queue on any live broker")
         self._routes[topic] = route
         self._masters.update(route.masters)
+        for name in route.replicas.keys() - route.masters.keys():
+            self._masters.pop(name, None)  # a set without a master now (failing over)
+        self._replicas.update(route.replicas)
+        return route
+
+    async def writable(self, topic: str, wait_s: float, *, create: bool = False) -> Route:
+        """The topic's route with a queue to send to.  While every broker set holding it
+        has replicas but no master (a failover under way) the route is fetched again and
+        again for up to ``wait_s``; then :class:`BrokerUnavailable` (retriable)."""
+        route = await self.route(topic, create=create)
+        deadline = time.monotonic() + wait_s
+        while not route.write_queues and route.read_queues:
+            if time.monotonic() >= deadline:
+                raise BrokerUnavailable(
+                    f"no broker set of {topic} has a master now ({', '.join(route.replicas)}: "
+                    "a failover may be under way); send again"
+                )
+            await anyio.sleep(WAIT_FOR_MASTER_S)
+            route = await self.route(topic, refresh=True)
         return route
 
     async def _fetch(self, topic: str, create: bool) -> TopicRoute:
@@ -307,6 +337,10 @@ class RouteTable:
             return address
         if self.direct is not None:
             return self.direct
+        if broker_name in self._replicas:
+            raise BrokerUnavailable(
+                f"broker set {broker_name!r} has no master now (a failover may be under way)"
+            )
         raise BrokerUnavailable(f"broker {broker_name!r} is in no route this client knows")
 
     # -- choosing a queue to send to ------------------------------------------------------
@@ -315,6 +349,10 @@ class RouteTable:
         """A write queue, round robin from ``index``: the first whose broker set is not
         left out (nor ``avoid``, the one that just failed), else the least bad one."""
         queues = route.write_queues
+        if not queues and route.read_queues:
+            raise BrokerUnavailable(
+                f"no broker set of {route.topic} has a master now (a failover may be under way)"
+            )
         if not queues:
             raise TopicNotFound(f"topic {route.topic!r} has no writable queue")
         n = len(queues)

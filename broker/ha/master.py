@@ -41,6 +41,10 @@ log = logging.getLogger("txmq.broker.ha")
 
 #: what one transfer carries at most
 CHUNK = 1024 * 1024
+#: under a controller, a slave of the sync state set that is not connected (it went, or
+#: it has not reached a newly elected master yet) stays in the set for this long: writes
+#: wait for it rather than being answered SLAVE_NOT_AVAILABLE at once
+RECONNECT_GRACE_S = 3.0
 
 
 @dataclass(slots=True)
@@ -58,6 +62,9 @@ class SlaveLink:
     #: the master's end when the slave asked (its lag is measured against that)
     master_offset_then: int = 0
     connection: object | None = None
+    #: when the master last answered it (monotonic): its next request confirms that
+    #: it still followed this master after that moment
+    answered_at: float = 0.0
 
     def lag_bytes(self, master_offset: int) -> int:
         return max(master_offset - self.acked, 0)
@@ -81,6 +88,13 @@ class HaService:
         self.metadata = metadata
         self.in_sync_lag_s = in_sync_lag_s
         self.slaves: dict[int, SlaveLink] = {}
+        #: the end of the newest write a slave's confirmation acknowledged
+        self.confirmed_end = 0
+        #: when each slave last disconnected, and when this broker became the master
+        self._gone_at: dict[int, float] = {}
+        self.promoted_at = 0.0
+        #: grows with every change of the metadata slaves copy at once (topics)
+        self.meta_version = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._written: anyio.Event | None = None
@@ -101,7 +115,7 @@ class HaService:
     # -- handlers ---------------------------------------------------------------------------
 
     def hello(self, req: HaHello, call: Call) -> HaWelcome:
-        if not self.role.is_master:
+        if not self.role.serves:
             raise NotMaster("this broker is not its broker set's master: ask the master")
         end = self.store.commit_log_max_offset
         mine = self.epochs.entries
@@ -158,10 +172,10 @@ class HaService:
         link = self.slaves.get(req.broker_id)
         if link is None or link.connection is not call.conn:
             raise BadRequest("say hello first (HaHello) on this connection")
-        if not self.role.is_master:
+        if not self.role.serves:
             raise NotMaster("this broker is no longer its broker set's master")
         self._acked(link, req.offset)
-        batch = self._batch(req.offset)
+        batch = self._batch(link, req.offset)
         if batch[1] or req.wait_ms == 0:
             return batch
         return self._wait_for_records(req, link)
@@ -172,14 +186,15 @@ class HaService:
             event = self._written
             if event is None:
                 event = self._written = anyio.Event()
-            batch = self._batch(req.offset)
+            batch = self._batch(link, req.offset)
             left = deadline - time.monotonic()
-            if batch[1] or left <= 0 or not self.role.is_master:
+            if batch[1] or left <= 0 or not self.role.serves:
                 return batch
             with anyio.move_on_after(left):
                 await event.wait()
 
-    def _batch(self, offset: int) -> WithBody[HaBatch]:
+    def _batch(self, link: SlaveLink, offset: int) -> WithBody[HaBatch]:
+        link.answered_at = time.monotonic()  # (the answer leaves after this moment)
         try:
             data = self.store.read_records(offset, CHUNK)
         except ReplicaError as exc:
@@ -191,12 +206,13 @@ class HaService:
                 master_offset=self.store.commit_log_max_offset,
                 epoch=self.role.epoch,
                 epoch_start=last.start,
+                meta_version=self.meta_version,
             ),
             data,
         )
 
     def get_metadata(self, req: HaGetMetadata, call: Call) -> HaMetadata:
-        if not self.role.is_master:
+        if not self.role.serves:
             raise NotMaster("this broker is no longer its broker set's master")
         return self.metadata()
 
@@ -210,15 +226,21 @@ class HaService:
         if link.acked >= link.master_offset_then:
             link.caught_up_at = now
         link.master_offset_then = self.store.commit_log_max_offset
+        if not self.role.counts(link.broker_id):
+            return
+        if self.role.controlled and link.answered_at:
+            self.role.renew(link.answered_at)
         waiters = self._waiters
         while waiters and waiters[0][0] <= link.acked:
-            fut = heapq.heappop(waiters)[2]
+            end, _, fut = heapq.heappop(waiters)
             if not fut.done():
                 fut.set_result(None)
+                self.confirmed_end = max(self.confirmed_end, end)
 
     def _gone(self, link: SlaveLink) -> None:
         if self.slaves.get(link.broker_id) is link:
             del self.slaves[link.broker_id]
+            self._gone_at[link.broker_id] = time.monotonic()
             log.warning("slave %d (%s) disconnected", link.broker_id, link.address or "?")
 
     def written(self) -> None:
@@ -235,9 +257,15 @@ class HaService:
     def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None:
         """A future set once a slave has everything below ``end_offset``; None if one has
         it already.  Raises :class:`LookupError` when no slave is connected."""
-        if not self.slaves:
-            raise LookupError("no slave connected")
-        if any(s.acked >= end_offset for s in self.slaves.values()):
+        if self.role.controlled:
+            ids = self.role.in_sync & self.role.proposed  # connected or not (yet)
+        else:
+            ids = frozenset(self.slaves)
+        if not ids:
+            raise LookupError("no slave (of the sync state set) connected")
+        counting = [self.slaves[i] for i in ids if i in self.slaves]
+        if any(s.acked >= end_offset for s in counting):
+            self.confirmed_end = max(self.confirmed_end, end_offset)
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_offset, next(self._seq), fut))
@@ -246,13 +274,35 @@ class HaService:
     # -- what admin shows -------------------------------------------------------------------
 
     def in_sync(self) -> list[int]:
-        """The slaves that had everything the master had within the last in_sync_lag_s."""
+        """The slaves that had everything the master had within the last in_sync_lag_s
+        (under a controller also those of the sync state set not connected for less than
+        RECONNECT_GRACE_S since they went or since this broker became the master)."""
         now = time.monotonic()
-        return sorted(
+        out = {
             s.broker_id
             for s in self.slaves.values()
             if s.caught_up_at and now - s.caught_up_at <= self.in_sync_lag_s
-        )
+        }
+        if self.role.controlled:
+            for i in self.role.in_sync - self.slaves.keys():
+                if now - max(self.promoted_at, self._gone_at.get(i, 0.0)) <= RECONNECT_GRACE_S:
+                    out.add(i)
+        return sorted(out)
+
+    def propose(self) -> frozenset[int]:
+        """The sync state set this master asks its controller for: the slaves in sync now,
+        and of those approved but no longer in sync, those it cannot drop yet — every
+        write acknowledged so far must stay on some slave of the set (the election picks
+        the slave of the set that reaches furthest), unless the set is left with no slave
+        (then only the master can be elected)."""
+        now_in_sync = frozenset(self.in_sync())
+        approved = self.role.in_sync
+        dropped = approved - now_in_sync
+        if dropped and now_in_sync:
+            furthest = max(self.slaves[i].acked if i in self.slaves else 0 for i in now_in_sync)
+            if furthest < self.confirmed_end:
+                return now_in_sync | dropped  # not yet: the rest lacks a write they confirmed
+        return now_in_sync
 
     def lag(self) -> dict[int, tuple[int, float]]:
         """Each slave's lag: (bytes behind, seconds since it last had everything)."""

@@ -1,18 +1,21 @@
 """A broker's role in its broker set: master or slave, the epoch, and (under a controller)
-the lease that lets a master acknowledge writes.
+the sync state set and the lease that let a master acknowledge writes.
 
-Epoch fencing: under a controller a master acknowledges a write only while its lease runs
-— ``lease_s`` from the moment it *sent* the heartbeat the controller confirmed.  The
-controller elects a new master only after hearing nothing for ``heartbeat_timeout_s``
-(longer than the lease) since the last heartbeat it *received*, so by then the old master
-has stopped acknowledging: a deposed master never acknowledges a write.
+Epoch fencing under a controller (``namesrv/controller.py`` has the whole argument): a
+SYNC_MASTER write confirmed by a slave of the sync state set is acknowledged — a fenced
+slave confirms nothing, so a deposed master gets no confirmation.  Any other answer (an
+ASYNC_MASTER's, or SYNC_MASTER's FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE) needs the
+lease: ``lease_s`` from when the broker *sent* a heartbeat the controller answered, or
+from when it sent the answer that a slave of the sync state set confirmed next.  The
+controller elects a new master only after that lease has run out.  A master whose sync
+state set has no slave (and that proposed none) needs no lease: no one else can be elected.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["BrokerRole", "Role"]
 
@@ -37,9 +40,24 @@ class Role:
     master_address: str = ""
     master_ha_address: str = ""
     lease_until: float = 0.0
-    #: set when the role changed (a master deposed, a slave promoted): wakes the loops
-    changes: int = 0
-    history: list[str] = field(default_factory=list)
+    #: the lease's length, as the controller last gave it
+    lease_s: float = 0.0
+    #: under a controller: the slaves whose confirmations count (approved by the
+    #: controller), and what this master proposed last
+    in_sync: frozenset[int] = frozenset()
+    proposed: frozenset[int] = frozenset()
+    #: the broker id the set's master has in its own configuration (-1: not known)
+    master_id: int = -1
+    #: a master that stopped acknowledging for an election still serves its log to the
+    #: slaves (a switchover's target catches up from it) until it follows another master
+    stepped_down: bool = False
+    #: a master stopping cleanly, handing its role to a slave
+    handing_over: bool = False
+
+    @property
+    def serves(self) -> bool:
+        """Whether slaves may copy from this broker."""
+        return self.is_master or self.stepped_down
 
     @property
     def name(self) -> BrokerRole:
@@ -47,11 +65,22 @@ class Role:
             return BrokerRole.SLAVE
         return BrokerRole.SYNC_MASTER if self.replication == "sync" else BrokerRole.ASYNC_MASTER
 
-    def may_acknowledge(self) -> bool:
-        """Whether a write may be acknowledged now."""
+    def may_acknowledge(self, confirmed: bool = False) -> bool:
+        """Whether a write may be acknowledged now (``confirmed``: a slave of the sync
+        state set has it)."""
         if not self.is_master:
             return False
-        return not self.controlled or time.monotonic() < self.lease_until
+        if not self.controlled or confirmed or not (self.in_sync or self.proposed):
+            return True
+        return time.monotonic() < self.lease_until
 
-    def renew(self, sent_at: float, lease_s: float) -> None:
-        self.lease_until = max(self.lease_until, sent_at + lease_s)
+    def counts(self, broker_id: int) -> bool:
+        """Whether this slave's confirmations count (every slave's without a controller;
+        with one, those of the sync state set that this master still proposes)."""
+        if not self.controlled:
+            return True
+        return broker_id in self.in_sync and broker_id in self.proposed
+
+    def renew(self, sent_at: float, lease_s: float | None = None) -> None:
+        length = self.lease_s if lease_s is None else lease_s
+        self.lease_until = max(self.lease_until, sent_at + length)

@@ -19,7 +19,7 @@ import anyio.abc
 
 from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store import MessageStore, ReplicaError
-from txmq.errors import TxmqError
+from txmq.errors import NotMaster, TxmqError
 from txmq.remoting import RemotingClient
 from txmq.wire import EpochEntry, HaGetMetadata, HaHello, HaMetadata, HaTransfer
 
@@ -29,7 +29,8 @@ log = logging.getLogger("txmq.broker.ha")
 
 #: how long the master may hold a transfer that finds nothing new
 WAIT_MS = 1000
-RETRY_S = 1.0
+#: a master that is down, refuses, or is not the master of the epoch yet: try again after
+RETRY_S = 0.25
 
 
 class HaClient:
@@ -64,15 +65,44 @@ class HaClient:
         self.master_offset = 0
         self.last_contact = 0.0
         self.connected = False
+        #: under a controller: a master of an older epoch is not followed
+        self.min_epoch = 0
         self._changed = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
         self._last_error = ""
+        #: the master's metadata version last seen, and an event to copy it at once
+        self._meta_version = -1
+        self._copy_now = anyio.Event()
 
-    def follow(self, ha_address: str) -> None:
+    @property
+    def following(self) -> bool:
+        """Whether it copies (or tries to copy) from a master."""
+        return bool(self.master) or not self._idle.is_set()
+
+    def silent_ms(self) -> int:
+        """How long since the master last answered (-1: never)."""
+        if not self.last_contact:
+            return -1
+        return int((time.monotonic() - self.last_contact) * 1000)
+
+    def follow(self, ha_address: str, min_epoch: int = 0) -> None:
         """Follow this master from now on (a change drops the current connection)."""
+        self.min_epoch = max(self.min_epoch, min_epoch)
         if ha_address and ha_address != self.master:
             log.info("following master %s", ha_address)
             self.master = ha_address
             self._changed.set()
+
+    async def stop(self) -> None:
+        """Stop copying (fenced, or about to be the master); returns once no append is
+        under way and none will start."""
+        if self.master:
+            log.info("no longer following master %s", self.master)
+        self.master = ""
+        self.connected = False
+        self._changed.set()
+        await self._idle.wait()
 
     async def run(self) -> None:
         """Follow the master until cancelled."""
@@ -81,10 +111,15 @@ class HaClient:
             if not self.master:
                 await self._changed.wait()
                 continue
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._follow_until_changed)
-                await self._changed.wait()
-                tg.cancel_scope.cancel()
+            self._idle = anyio.Event()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._follow_until_changed)
+                    await self._changed.wait()
+                    tg.cancel_scope.cancel()
+            finally:
+                self.connected = False
+                self._idle.set()
 
     async def _follow_until_changed(self) -> None:
         while True:
@@ -118,6 +153,10 @@ class HaClient:
                 epochs=self.epochs.entries,
             )
             welcome = (await client.call(hello, timeout=10.0)).header
+            if welcome.epoch < self.min_epoch:
+                raise NotMaster(
+                    f"{address} is the master of epoch {welcome.epoch}, not yet of {self.min_epoch}"
+                )
             if welcome.truncate_to >= 0:
                 removed = await anyio.to_thread.run_sync(store.truncate_to, welcome.truncate_to)
                 log.warning(
@@ -161,6 +200,9 @@ class HaClient:
                     [*self.epochs.entries, EpochEntry(epoch=batch.epoch, start=batch.epoch_start)],
                     offset,
                 )
+            if batch.meta_version != self._meta_version:
+                self._meta_version = batch.meta_version
+                self._copy_now.set()
             if got.body:
                 touched = await anyio.to_thread.run_sync(
                     store.append_replicated, batch.offset, bytes(got.body)
@@ -171,9 +213,11 @@ class HaClient:
     async def _copy_metadata(self, client: RemotingClient) -> None:
         broker_id = self.broker_id
         while True:
+            self._copy_now = anyio.Event()
             meta = (await client.call(HaGetMetadata(broker_id=broker_id), timeout=10.0)).header
             self._apply_metadata(meta)  # on the loop: topic changes wake the registration
-            await anyio.sleep(self.metadata_interval_s)
+            with anyio.move_on_after(self.metadata_interval_s):
+                await self._copy_now.wait()
 
     def lag_bytes(self) -> int:
         return max(self.master_offset - self.store.commit_log_max_offset, 0)

@@ -1,19 +1,27 @@
-"""The controller's elections on a clock the test moves: the first replica of a new set
-becomes master; a silent master is replaced only after its lease ran out, by the alive
-replica that reaches furthest on the newest epoch; a deposed master back with an old tail
-is never chosen; a restarted master loses its role; the state survives a restart."""
+"""The controller's elections on a clock the test moves.
+
+A new set's furthest replica becomes master; only the master gets a lease; the master's
+proposal of its in-sync slaves is what counts.  A master that goes silent (or whose
+connection closes) is replaced only after every in-sync slave stopped copying from it and
+its lease ran out, by the in-sync slave that reaches furthest; a set without an in-sync
+slave waits for its master; a replica on an older epoch is never chosen; a restarted
+master is considered with the rest; a switchover waits for its target to catch up; the
+state survives a restart.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from txmq.namesrv.controller import Controller, ControllerTimings
-from txmq.wire import ControllerAnswer, ControllerHeartbeat
+from txmq.namesrv.controller import Controller, ControllerTimings, NoCandidate
+from txmq.wire import ControllerAnswer, ControllerHeartbeat, ElectMaster, GetReplicaInfo
 
-TIMINGS = ControllerTimings(heartbeat_timeout_s=3.0, lease_s=2.0)
+TIMINGS = ControllerTimings(heartbeat_timeout_s=3.0, lease_s=2.0, reconnect_grace_s=0.6)
 
 
 class Clock:
@@ -24,13 +32,37 @@ class Clock:
         return self.now
 
 
+@dataclass
+class FakeConn:
+    attributes: dict[str, object] = field(default_factory=dict)
+    on_close: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for hook in self.on_close:
+            hook(self)
+
+
+@dataclass
+class FakeCall:
+    conn: FakeConn
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
 
 
 def beat(
-    c: Controller, broker_id: int, offset: int, epoch: int, *, master: bool = False
+    c: Controller,
+    broker_id: int,
+    offset: int,
+    epoch: int,
+    *,
+    master: bool = False,
+    following: bool = False,
+    silent_ms: int = -1,
+    in_sync: list[int] | None = None,
+    conn: FakeConn | None = None,
 ) -> ControllerAnswer:
     req = ControllerHeartbeat(
         cluster="C",
@@ -41,88 +73,222 @@ def beat(
         offset=offset,
         epoch=epoch,
         master=master,
+        following=following,
+        master_silent_ms=silent_ms,
+        in_sync=in_sync or [],
     )
-    call: Any = None
+    call: Any = FakeCall(conn) if conn is not None else None
     return c.heartbeat(req, call)
 
 
-def test_first_replica_becomes_master_and_only_it_gets_a_lease(
-    tmp_path: Path, clock: Clock
-) -> None:
-    c = Controller(tmp_path, TIMINGS, clock=clock)
-    a0 = beat(c, 0, 0, 1)
-    assert (a0.master_id, a0.epoch, a0.lease_ms) == (0, 1, 2000)
-    a1 = beat(c, 1, 0, 1)
-    assert (a1.master_id, a1.lease_ms, a1.master_ha_address) == (0, 0, "127.0.0.1:10912")
-
-
-def test_a_silent_master_is_replaced_by_the_furthest_replica_after_its_lease(
-    tmp_path: Path, clock: Clock
-) -> None:
-    c = Controller(tmp_path, TIMINGS, clock=clock)
-    beat(c, 0, 0, 1)
-    beat(c, 0, 500, 1, master=True)
-    for _ in range(5):  # the master dies at the 5th step; the slaves keep reporting
-        clock.now += 0.5
-        beat(c, 1, 400, 1)
-        beat(c, 2, 450, 1)
-        c.scan(clock.now)
-    assert c.sets["a"].master_id == 0  # 2.5 s of silence: not yet (the lease may run)
-    clock.now += 0.6
-    beat(c, 1, 400, 1)
-    beat(c, 2, 450, 1)
+def elect_first(c: Controller, clock: Clock, offsets: dict[int, int]) -> None:
+    """A new set: every replica reports, and after a heartbeat's time the election."""
+    for i, off in offsets.items():
+        assert beat(c, i, off, 1).electing
+    clock.now += 0.8
+    for i, off in offsets.items():
+        beat(c, i, off, 1)
     c.scan(clock.now)
+
+
+def steady(c: Controller, clock: Clock, master: int, offset: int, slaves: dict[int, int]) -> None:
+    """One heartbeat round of a healthy set: the master proposes the slaves as in sync."""
+    beat(c, master, offset, c.sets["a"].epoch, master=True, in_sync=sorted(slaves))
+    for i, off in slaves.items():
+        beat(c, i, off, c.sets["a"].epoch, following=True, silent_ms=100)
+
+
+def test_a_new_sets_furthest_replica_becomes_master_and_only_it_gets_a_lease(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 100, 1: 300, 2: 300})
+    s = c.sets["a"]
+    assert (s.master_id, s.epoch) == (1, 1)  # furthest; of equals, the lower id
+    a1 = beat(c, 1, 300, 1)
+    assert (a1.master_id, a1.lease_ms, a1.electing) == (1, 2000, False)
+    a0 = beat(c, 0, 100, 1)
+    assert (a0.master_id, a0.lease_ms, a0.master_ha_address) == (1, 0, "127.0.0.1:10922")
+    assert s.in_sync == [2]  # its log ends where the master's does
+
+
+def test_the_masters_proposal_is_the_sync_state_set(tmp_path: Path, clock: Clock) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0, 1: 0})
+    steady(c, clock, 0, 50, {1: 50, 2: 40})
+    assert beat(c, 1, 50, 1, following=True).in_sync == [1, 2]
+    # a slave's proposal counts for nothing
+    beat(c, 2, 40, 1, in_sync=[])
+    assert c.sets["a"].in_sync == [1, 2]
+    beat(c, 0, 60, 1, master=True, in_sync=[2])
+    assert c.sets["a"].in_sync == [2]
+
+
+def test_a_silent_master_is_replaced_once_the_in_sync_slaves_stopped_and_its_lease_ran_out(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0, 1: 0, 2: 0})
+    steady(c, clock, 0, 500, {1: 450, 2: 480})
+    for _ in range(7):  # the master falls silent; the slaves keep copying (nothing new)
+        clock.now += 0.5
+        beat(c, 1, 450, 1, following=True, silent_ms=int((clock.now - 1000.8) * 1000))
+        beat(c, 2, 480, 1, following=True, silent_ms=int((clock.now - 1000.8) * 1000))
+        c.scan(clock.now)
+    s = c.sets["a"]
+    assert s.election is not None and s.master_id == 0  # silent over 3 s: fencing
+    told = beat(c, 1, 450, 1, following=True, silent_ms=3500)
+    assert told.electing and told.master_id == -1
+    # the slaves stop copying and say when the master last answered them
+    beat(c, 1, 460, 1, silent_ms=3500)
+    c.scan(clock.now)
+    assert s.master_id == 0  # slave 2 has not stopped yet
+    beat(c, 2, 480, 1, silent_ms=3500)
+    c.scan(clock.now)
+    # the lease the old master got from its last heartbeat (received at 1000.8) ran out
+    # at 1002.8; from slave confirmations it ran out by now as well
     s = c.sets["a"]
     assert (s.master_id, s.epoch, s.history) == (2, 2, [(1, 0), (2, 2)])
-    told = beat(c, 2, 450, 1)
+    assert s.in_sync == []  # slave 1 ends elsewhere: it must catch up first
+    told = beat(c, 2, 480, 1)
     assert told.master_id == 2 and told.epoch == 2 and told.lease_ms == 2000
-    # the old master comes back with a tail nobody has; it is told to follow broker 2
-    back = beat(c, 0, 900, 1)
+    back = beat(c, 0, 900, 1, master=True)  # the old master, back with a tail nobody has
     assert back.master_id == 2 and back.lease_ms == 0
+
+
+def test_the_decision_waits_for_the_lease_a_slaves_confirmation_gave(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0, 1: 0})
+    steady(c, clock, 0, 100, {1: 100})
+    clock.now += 3.1  # silent: an election; the slave still copied a moment ago
+    c.scan(clock.now)
+    assert c.sets["a"].election is not None
+    beat(c, 1, 100, 1, silent_ms=200)  # the master answered it 0.2 s ago
+    c.scan(clock.now)
+    clock.now += 1.7
+    c.scan(clock.now)
+    assert c.sets["a"].master_id == 0  # 1.8 s after that answer: the lease may still run
+    clock.now += 0.3
+    beat(c, 1, 100, 1, silent_ms=2200)
+    c.scan(clock.now)
+    assert (c.sets["a"].master_id, c.sets["a"].epoch) == (1, 2)
+
+
+def test_without_an_in_sync_slave_the_set_waits_for_its_master(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0})
+    beat(c, 0, 700, 1, master=True)
+    beat(c, 1, 100, 1, following=True)  # a slave that never caught up
+    clock.now += 3.5
+    beat(c, 1, 100, 1)
+    c.scan(clock.now)
+    clock.now += 5
+    beat(c, 1, 100, 1)
+    c.scan(clock.now)
+    assert c.sets["a"].master_id == 0 and c.sets["a"].epoch == 1  # waits: 1 lacks 600 bytes
+    beat(c, 0, 700, 1)  # back (restarted): it has everything
+    clock.now += 0.8
+    beat(c, 1, 100, 1)
+    c.scan(clock.now)
+    assert (c.sets["a"].master_id, c.sets["a"].epoch) == (0, 2)
+
+
+def test_a_closed_connection_starts_the_election_after_a_grace(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    conn = FakeConn()
+    elect_first(c, clock, {0: 0, 1: 0})
+    beat(c, 0, 100, 1, master=True, in_sync=[1], conn=conn)
+    beat(c, 1, 100, 1, following=True, silent_ms=10)
+    conn.close()  # SIGKILLed: its socket closed
+    clock.now += 0.5
+    c.scan(clock.now)
+    assert c.sets["a"].election is None  # within the grace
+    clock.now += 0.2
+    c.scan(clock.now)
+    assert c.sets["a"].election is not None
+    beat(c, 1, 100, 1, silent_ms=700)
+    clock.now += 1.4
+    c.scan(clock.now)
+    assert (c.sets["a"].master_id, c.sets["a"].epoch) == (1, 2)
+
+
+def test_a_master_back_on_a_new_connection_within_the_grace_keeps_its_role(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    conn = FakeConn()
+    elect_first(c, clock, {0: 0, 1: 0})
+    beat(c, 0, 100, 1, master=True, in_sync=[1], conn=conn)
+    conn.close()
+    clock.now += 0.3
+    beat(c, 0, 100, 1, master=True, in_sync=[1], conn=FakeConn())
+    clock.now += 1
+    c.scan(clock.now)
+    assert c.sets["a"].election is None and c.sets["a"].epoch == 1
 
 
 def test_a_replica_still_on_an_older_epoch_is_never_chosen(tmp_path: Path, clock: Clock) -> None:
     c = Controller(tmp_path, TIMINGS, clock=clock)
-    beat(c, 1, 0, 1)  # broker 1 first: the master of epoch 1
-    beat(c, 1, 100, 1, master=True)
-    clock.now += 3.5  # broker 1 silent
-    beat(c, 2, 100, 1)
-    c.scan(clock.now)
-    assert c.sets["a"].master_id == 2 and c.sets["a"].epoch == 2
-    beat(c, 2, 300, 2, master=True)
-    beat(c, 1, 250, 1)  # back with its own tail (offset 250 of epoch 1), not cut yet
-    beat(c, 0, 290, 2)  # a slave of broker 2
-    clock.now += 3.5  # broker 2 silent now
-    beat(c, 1, 250, 1)
-    beat(c, 0, 290, 2)
-    c.scan(clock.now)
-    assert c.sets["a"].master_id == 0  # epoch 2's furthest, not broker 1's longer epoch 1
-
-
-def test_a_restarted_master_loses_its_role_and_the_election_waits_for_fresh_reports(
-    tmp_path: Path, clock: Clock
-) -> None:
-    c = Controller(tmp_path, TIMINGS, clock=clock)
-    beat(c, 0, 0, 1)
-    beat(c, 0, 500, 1, master=True)
-    beat(c, 1, 500, 1)
-    clock.now += 0.5
-    again = beat(c, 0, 500, 1)  # back as a slave (a restart), before any time-out
-    assert again.master_id == -1  # no master until the election
-    c.scan(clock.now)
-    assert c.sets["a"].epoch == 1  # not yet: broker 1's report is older than the restart
+    elect_first(c, clock, {0: 0, 1: 0, 2: 0})
+    # epoch 2: broker 2 is master; broker 0 (epoch 1's) is back with its old tail, not
+    # cut yet, and broker 1 copies from 2
+    c.sets["a"].epoch, c.sets["a"].master_id = 2, 2
+    beat(c, 2, 300, 2, master=True, in_sync=[1])
+    beat(c, 1, 290, 2, following=True, silent_ms=50)
+    beat(c, 0, 350, 1)
+    clock.now += 1
+    beat(c, 0, 350, 1)
+    beat(c, 2, 300, 2)  # broker 2 restarted: it lost its role
     clock.now += 0.8
-    beat(c, 1, 500, 1)
+    for i, off, epoch in ((0, 350, 1), (1, 290, 2), (2, 300, 2)):
+        beat(c, i, off, epoch)
     c.scan(clock.now)
     s = c.sets["a"]
-    assert s.epoch == 2 and s.master_id in (0, 1)
+    assert s.master_id == 2 and s.epoch == 3  # epoch 2's furthest, not 0's longer epoch 1
+
+
+def test_a_switchover_waits_for_the_target_to_catch_up(tmp_path: Path, clock: Clock) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0, 1: 0})
+    steady(c, clock, 0, 100, {1: 90})
+
+    async def switch() -> ControllerAnswer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(heartbeats)
+            answer = await c.elect_master(ElectMaster(broker_name="a", broker_id=1), None)
+            tg.cancel_scope.cancel()
+        return answer
+
+    async def heartbeats() -> None:
+        await anyio.sleep(0.1)
+        told = beat(c, 0, 120, 1, master=True, in_sync=[1])
+        assert told.electing  # the master stops acknowledging
+        assert not beat(c, 1, 100, 1, following=True).electing  # the target goes on copying
+        beat(c, 0, 120, 1)  # stopped at 120
+        await anyio.sleep(0.2)
+        assert c.sets["a"].master_id == 0  # the target lacks 20 bytes
+        beat(c, 1, 120, 1, following=True)
+
+    answer = anyio.run(switch)
+    assert (answer.master_id, answer.epoch) == (1, 2)
+    assert c.sets["a"].in_sync == [0]  # the old master has exactly the same log
+    with pytest.raises(NoCandidate):
+        anyio.run(c.elect_master, ElectMaster(broker_name="a", broker_id=7), None)
 
 
 def test_the_state_survives_a_controller_restart(tmp_path: Path, clock: Clock) -> None:
     c = Controller(tmp_path, TIMINGS, clock=clock)
-    beat(c, 0, 0, 1)
-    beat(c, 0, 10, 1, master=True)
+    elect_first(c, clock, {0: 0, 1: 0})
+    beat(c, 0, 10, 1, master=True, in_sync=[1])
     again = Controller(tmp_path, TIMINGS, clock=clock)
     s = again.sets["a"]
-    assert (s.master_id, s.epoch, s.history) == (0, 1, [(1, 0)])
-    assert beat(again, 0, 10, 1, master=True).lease_ms == 2000
+    assert (s.master_id, s.epoch, s.history, s.in_sync) == (0, 1, [(1, 0)], [1])
+    assert beat(again, 0, 10, 1, master=True, in_sync=[1]).lease_ms == 2000
+    info = again.replica_info(GetReplicaInfo(), None)
+    assert [(b.broker_name, b.master_id, b.in_sync) for b in info.sets] == [("a", 0, [1])]

@@ -8,6 +8,7 @@ import logging
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from txmq.errors import BadRequest, InvalidTopic, TopicNotFound
@@ -157,20 +158,30 @@ def test_a_silent_broker_expires(
         table.route("T")
 
 
-def test_same_name_and_id_at_another_address_takes_the_newer(
-    table: RouteTable, caplog: pytest.LogCaptureFixture
+def test_same_name_and_id_at_another_address_is_refused_while_the_first_lives(
+    table: RouteTable, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     table.register(reg("broker-a", "10.0.0.1:10911", topics={"T": 4}, version=5))
-    with caplog.at_level(logging.WARNING, logger="txmq.namesrv"):
+    with pytest.raises(BadRequest, match=r"already registered at 10\.0\.0\.1:10911 .*10\.0\.0\.7"):
         table.register(reg("broker-a", "10.0.0.7:10911", topics={"T": 4}, version=5))
+    assert table.route("T").brokers[0].addresses == {0: "10.0.0.1:10911"}
+    # a master elected later (a higher epoch) takes the place at once
+    newer = msgspec.structs.replace(
+        reg("broker-a", "10.0.0.8:10911", topics={"T": 4}, version=5), epoch=2
+    )
+    with caplog.at_level(logging.WARNING, logger="txmq.namesrv"):
+        table.register(newer)
     [line] = [r.getMessage() for r in caplog.records]
-    assert "broker-a" in line and "10.0.0.1:10911" in line and "10.0.0.7:10911" in line
+    assert "10.0.0.1:10911" in line and "10.0.0.8:10911" in line
     assert "taking the newer registration" in line
-    assert table.route("T").brokers[0].addresses == {0: "10.0.0.7:10911"}
+    assert table.route("T").brokers[0].addresses == {0: "10.0.0.8:10911"}
     # the old one's clean stop does not remove the newer registration
     old = UnregisterBroker(cluster="C", broker_name="broker-a", address="10.0.0.1:10911")
     assert table.unregister(old) is False
-    assert table.route("T").brokers[0].addresses == {0: "10.0.0.7:10911"}
+    # one silent for longer than the expiry gives way too
+    clock.now += 121
+    table.register(reg("broker-a", "10.0.0.9:10911", topics={"T": 4}, version=5))
+    assert table.route("T").brokers[0].addresses == {0: "10.0.0.9:10911"}
 
 
 def test_a_broker_set_with_a_slave(table: RouteTable) -> None:

@@ -1,9 +1,12 @@
 """The controller (RocketMQ 5's controller mode): brokers heartbeat to it, it elects each
 broker set's master and bumps the set's epoch, and it tells every broker its role.
 
-A master's heartbeat answer renews its lease (``lease_ms`` from when the heartbeat was
-sent): a master acknowledges writes only while its lease runs, and the controller elects a
-new one only after a longer silence, so a deposed master never acknowledges a write.
+How a deposed master is kept from acknowledging (the details are in
+``namesrv/controller.py``): an election first *fences* the set — every replica's answer says
+``electing``, and a fenced slave stops copying from the old master, so that master cannot
+get a SYNC_MASTER write confirmed any more — and it decides only once the old master's
+lease (renewed by the controller's answers and by its in-sync slaves' confirmations) has
+run out.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ Offset = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ControllerAnswer(Response, frozen=True, kw_only=True, omit_defaults=True):
-    """A broker set's state as the controller decided it.  ``master_id`` -1: no master
-    (none alive that may be elected); ``lease_ms``: how long the addressed broker, if it is
-    the master, may acknowledge writes from the moment it sent its heartbeat."""
+    """A broker set's state as the controller decided it.  ``master_id`` -1: no master yet;
+    ``electing``: an election runs — stop acknowledging (a master) or copying (a slave) and
+    report; ``lease_ms``: how long the addressed broker, if it is the master, may
+    acknowledge writes no slave confirmed, from the moment it sent its heartbeat;
+    ``in_sync``: the slaves (ids) whose confirmations count (the sync state set)."""
 
     epoch: int
     master_id: int = -1
@@ -40,11 +45,14 @@ class ControllerAnswer(Response, frozen=True, kw_only=True, omit_defaults=True):
     master_ha_address: str = ""
     lease_ms: int = 0
     in_sync: list[int] = []
+    electing: bool = False
 
 
 class ControllerHeartbeat(Request[ControllerAnswer], frozen=True, kw_only=True, omit_defaults=True):
     """A broker's heartbeat: who and where it is, its commit log's end, the newest epoch
-    its log has, and (a master) its in-sync slaves."""
+    its log has; whether it acts as the master (may acknowledge) or follows one (copies
+    from it); a slave's ``master_silent_ms``, how long since its master last answered it
+    (-1: never); and a master's proposal of its in-sync slaves."""
 
     CODE = RequestCode.CONTROLLER_HEARTBEAT
     cluster: Name
@@ -55,7 +63,13 @@ class ControllerHeartbeat(Request[ControllerAnswer], frozen=True, kw_only=True, 
     offset: Offset
     epoch: Annotated[int, msgspec.Meta(ge=0)]
     master: bool = False
+    following: bool = False
+    master_silent_ms: Annotated[int, msgspec.Meta(ge=-1)] = -1
     in_sync: list[int] = []
+    #: the broker stops (cleanly): count it as gone at once
+    leaving: bool = False
+    #: the master stopped acknowledging to hand its role to a slave (it is stopping)
+    handing_over: bool = False
 
 
 class ElectMaster(Request[ControllerAnswer], frozen=True, kw_only=True, omit_defaults=True):
@@ -76,6 +90,8 @@ class ReplicaState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     epoch: int = 0
     #: seconds since its last heartbeat
     silent_s: float = 0.0
+    master: bool = False
+    following: bool = False
 
 
 class BrokerSetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -85,6 +101,8 @@ class BrokerSetState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     master_id: int
     in_sync: list[int] = []
     replicas: list[ReplicaState] = []
+    #: why an election runs now ("" : none)
+    electing: str = ""
     #: epoch -> the broker id that was master in it (the newest last)
     history: list[tuple[int, int]] = []
 

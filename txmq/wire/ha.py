@@ -69,6 +69,8 @@ class HaBatch(Response, frozen=True, kw_only=True, omit_defaults=True):
     master_offset: int
     epoch: int
     epoch_start: int
+    #: grows when the master's topics change: the slave copies the metadata at once
+    meta_version: int = 0
 
 
 class HaTransfer(Request[HaBatch], frozen=True, kw_only=True, omit_defaults=True):

@@ -108,6 +108,9 @@ class RegisterBroker(Request[Registered], frozen=True, kw_only=True, omit_defaul
     ha_address: str = ""
     data_version: int = 0
     topics: list[TopicConfigData] = []
+    #: the broker set's epoch as this broker knows it (a master elected later has a higher
+    #: one, and takes the place of a live broker registered under the same id)
+    epoch: int = 0
 
 
 class UnregisterBroker(Request[Empty], frozen=True, kw_only=True, omit_defaults=True):
