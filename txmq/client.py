@@ -17,7 +17,14 @@ import anyio
 from txmq.errors import BrokerUnavailable, TxmqError
 from txmq.remoting import Connection, Handler, RemotingClient, parse_address, parse_namesrv
 from txmq.route import MessageQueue, Route, RouteTable
-from txmq.wire import DEFAULT_MAX_FRAME_SIZE, Heartbeat, Request, WithBody
+from txmq.wire import (
+    DEFAULT_MAX_FRAME_SIZE,
+    MASTER_ID,
+    GetClusterInfo,
+    Heartbeat,
+    Request,
+    WithBody,
+)
 from txmq.wire.base import R
 
 __all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address", "endpoints"]
@@ -67,6 +74,11 @@ class BrokerClient:
 
     Runs on asyncio (which SQLAlchemy's async engines need too).
     """
+
+    #: through name servers, heartbeat the master of every broker set they know (asked
+    #: again at each heartbeat), not only the brokers this client has talked to: a
+    #: transactional producer, so that any broker set's check-backs reach it
+    heartbeat_every_master = False
 
     def __init__(
         self,
@@ -220,19 +232,38 @@ class BrokerClient:
             conn.send_oneway(heartbeat)
 
     async def _heartbeat(self) -> None:
-        """Heartbeat the broker (every broker this client talks to, through name servers:
-        a broker checks a transaction back with a producer that heartbeats it)."""
+        """Heartbeat the broker (through name servers: every broker this client talks to,
+        and with :attr:`heartbeat_every_master` every broker set's master; a broker checks
+        a transaction back with a producer that heartbeats it)."""
         heartbeat = self._heartbeat_request()
         if heartbeat is None:
             return
         if self.direct is not None:
             await self.call(heartbeat)
             return
-        for remote in self.broker_remotes():
-            try:
-                await remote.call(heartbeat, timeout=self.request_timeout)
-            except TxmqError as exc:
-                log.warning("heartbeat to broker %s failed: %s", remote.address, exc)
+        remotes = self.broker_remotes()
+        if self.heartbeat_every_master:
+            known = {r.address for r in remotes}
+            remotes += [self.routes.remote(a) for a in await self._masters() if a not in known]
+        async with anyio.create_task_group() as tg:  # a broker that is down holds up no other
+            for remote in remotes:
+                tg.start_soon(self._heartbeat_one, remote, heartbeat)
+
+    async def _heartbeat_one(self, remote: RemotingClient, heartbeat: Heartbeat) -> None:
+        try:
+            await remote.call(heartbeat, timeout=self.request_timeout)
+        except TxmqError as exc:
+            log.warning("heartbeat to broker %s failed: %s", remote.address, exc)
+
+    async def _masters(self) -> list[str]:
+        """The master address of every broker set the name servers know (none if no name
+        server answers: then the brokers already known are heartbeated alone)."""
+        try:
+            info = await self.routes.ask_namesrv(GetClusterInfo())
+        except TxmqError as exc:
+            log.warning("asking the name servers for the cluster's brokers failed: %s", exc)
+            return []
+        return sorted({a for b in info.brokers if (a := b.addresses.get(MASTER_ID)) is not None})
 
     def broker_remotes(self) -> list[RemotingClient]:
         """The connections to brokers (not to name servers) this client has made."""

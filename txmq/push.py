@@ -144,6 +144,8 @@ class PushConsumer(PullConsumer):
         self.instance_name = instance_name or str(os.getpid())
         self.client_id = _client_id(self.instance_name)
         self.subscriptions: dict[str, str] = {}
+        #: subscribed topics with no route (warned about once, until they have one)
+        self._unrouted: set[str] = set()
         self.queues_held: dict[MessageQueue, ProcessQueue] = {}
         self._scopes: dict[MessageQueue, anyio.CancelScope] = {}
         self.consume_concurrency = consume_concurrency
@@ -264,8 +266,9 @@ class PushConsumer(PullConsumer):
                 try:
                     route = await self.route(topic, refresh=True)
                 except TopicNotFound:
-                    log.debug("topic %s does not exist yet", topic)
+                    self._no_route(topic)
                     continue
+                self._unrouted.discard(topic)
                 mqs = sorted(route.read_queues)
                 await self._reach(route.masters.values())
                 if self.message_model is MessageModel.BROADCASTING:
@@ -276,6 +279,19 @@ class PushConsumer(PullConsumer):
                     cids = await self._members(sorted({mq.broker_name for mq in mqs}))
                     mine = set(self.allocate(self.group, self.client_id, mqs, cids))
                 await self._update_queues(topic, mine)
+
+    def _no_route(self, topic: str) -> None:
+        """Say once (a WARNING; again only after it had a route) that a subscribed topic
+        has none; its own retry topic, made on first use, only at DEBUG."""
+        if topic in self._unrouted or topic not in self.subscriptions:
+            log.debug("topic %s has no route yet", topic)
+            return
+        self._unrouted.add(topic)
+        log.warning(
+            "topic %s has no route: no broker holds it (yet); group %s consumes it once one does",
+            topic,
+            self.group,
+        )
 
     async def _members(self, brokers: list[str]) -> list[str]:
         """The group's members as the first broker of the topic that answers knows them

@@ -131,7 +131,13 @@ class TransactionProducer(Producer):
     every ``heartbeat_interval`` seconds) so that the broker can check back with it; at
     most ``check_concurrency`` checks run at once, never blocking sends.  ``listener`` may
     be set after construction.
+
+    Through name servers it heartbeats the master of every broker set they know (asked
+    again at every heartbeat), whether it has sent there or not: a producer restarted
+    gets the check-backs of the halves its group left undecided on any broker set.
     """
+
+    heartbeat_every_master = True
 
     def __init__(
         self,

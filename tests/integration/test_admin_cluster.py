@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +147,26 @@ def test_every_admin_view_answers_for_the_whole_cluster(
     offsets = wait_for(consumed, timeout=30, interval=0.2)
     assert {o["broker_name"] for o in offsets} == set(address)
     assert all(o["lag"] == 0 and o["topic"] == "ledger" for o in offsets)
+    # each broker's consume rate shows the pulls; its lag grows by what arrives that the
+    # groups have not consumed yet
+    rows = admin(namesrv, "cluster")
+    assert all(r["get_tps"] > 0 for r in rows), rows
+    lag_before = {r["broker_name"]: r["lag"] for r in rows}
+    with Producer(namesrv=namesrv) as producer:
+        late = Counter(producer.send(Message("ledger", b"late")).broker_name for _ in range(6))
+    assert set(late) == set(address)
+    lag_now = {b: lag_before[b] + late[b] for b in address}
+
+    def lagging() -> list[Any] | None:
+        rows = admin(namesrv, "cluster")
+        return rows if {r["broker_name"]: r["lag"] for r in rows} == lag_now else None
+
+    wait_for(lagging, timeout=15, interval=0.2)
+    table = txmq("admin", "cluster", "--namesrv", namesrv).stdout.splitlines()
+    assert table[0].split()[-3:] == ["PUT/S", "GET/S", "LAG"]
+    shown = {line.split()[1]: line.split()[-3:] for line in table[2:]}
+    assert {b: int(cols[2]) for b, cols in shown.items()} == lag_now
+    assert all(float(cols[0]) > 0 and float(cols[1]) > 0 for cols in shown.values()), table
     assert admin(namesrv, "dlq", "resend", "--group", "refuser", "--all") == [
         {"group": "refuser", "resent": 8}
     ]

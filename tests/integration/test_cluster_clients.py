@@ -1,7 +1,8 @@
 """Clients through name servers, as real processes: producers spread over two broker sets
 and steer around a killed one, push consumers rebalance over every queue of every broker
 set, a topic is created on first send, a broker added later takes traffic, a name server
-stopped changes nothing."""
+stopped changes nothing, a transactional producer restarted gets the check-backs of every
+broker set."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import txmq
 from tests.conftest import ROOT, BrokerProcess, NamesrvProcess, ask, wait_for
 from txmq import Message
 from txmq.errors import TopicNotFound, TxmqError
-from txmq.message import MessageExt
-from txmq.sync import Producer, PullConsumer, PushConsumer
-from txmq.wire import GetTopicRoute, UpdateAndCreateTopic
+from txmq.message import MessageExt, Prop
+from txmq.sync import AdminClient, Producer, PullConsumer, PushConsumer, TransactionProducer
+from txmq.transaction import LocalTransactionState
+from txmq.wire import GetClusterInfo, GetTopicRoute, UpdateAndCreateTopic
 
 NamesrvFactory = Callable[..., NamesrvProcess]
 BrokerFactory = Callable[..., BrokerProcess]
@@ -67,6 +69,20 @@ def _stop(names: list[NamesrvProcess], brokers: list[BrokerProcess]) -> None:
     for proc in [*brokers, *names]:
         if proc.alive():
             assert proc.terminate() == 0, proc.output()[-2000:]
+
+
+def _topic_create(namesrv: str, topic: str, cluster: str) -> dict[str, int]:
+    """``txmq admin topic-create TOPIC --queues 2 --cluster CLUSTER --namesrv NAMESRV``;
+    the queue count it made on each broker set."""
+    out = subprocess.run(
+        [sys.executable, "-m", "txmq.cli", "admin", "topic-create", topic, "--queues", "2",
+         "--cluster", cluster, "--namesrv", namesrv, "--json"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    [created] = json.loads(out.stdout)
+    assert created["topic"] == topic
+    return dict(created["brokers"])
 
 
 class Collector:
@@ -145,7 +161,7 @@ def test_one_name_server_stopped_changes_nothing_and_a_new_broker_takes_traffic(
     namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory
 ) -> None:
     names, brokers, namesrv = _cluster(namesrv_process, cluster_broker, brokers=1)
-    ask(brokers[0].address, UpdateAndCreateTopic(topic="grow", queue_nums=2))
+    assert _topic_create(namesrv, "grow", "C") == {"broker-a": 2}
     _routed(names, "grow", 1)
     received = Collector()
     consumer = PushConsumer(namesrv=namesrv, group="grow-g", listener=received,
@@ -157,7 +173,8 @@ def test_one_name_server_stopped_changes_nothing_and_a_new_broker_takes_traffic(
         assert producer.send(Message("grow", b"2")).broker_name == "broker-a"
         # scaling out: one more broker set with the same name servers, the topic on it
         added = cluster_broker("broker-b", [ns.address for ns in names]).start()
-        ask(added.address, UpdateAndCreateTopic(topic="grow", queue_nums=2))
+        # as an operator does it (one of the name servers listed is down)
+        assert _topic_create(namesrv, "grow", "C") == {"broker-a": 2, "broker-b": 2}
         on_b: list[str] = []
 
         def reaches_b() -> bool:
@@ -340,3 +357,75 @@ def test_half_messages_steer_around_a_dead_broker_set_too(
     assert brokers[0].terminate() == 0
     for ns in names:
         assert ns.terminate() == 0
+
+
+class Checks:
+    """A transaction listener that answers every check-back with ``answer`` and records
+    the transaction id of each."""
+
+    def __init__(self, answer: LocalTransactionState) -> None:
+        self.answer = answer
+        self.lock = threading.Lock()
+        self.checked: list[str] = []
+
+    def execute_local_transaction(self, msg: Message, arg: object) -> LocalTransactionState:
+        return LocalTransactionState.UNKNOWN
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        with self.lock:
+            self.checked.append(msg.get_property(Prop.TRANSACTION_ID) or "")
+        return self.answer
+
+    def ids(self) -> set[str]:
+        with self.lock:
+            return set(self.checked)
+
+
+def test_a_restarted_transaction_producer_gets_the_check_backs_of_every_broker_set(
+    namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory
+) -> None:
+    # quick check-backs: a round every 0.2 s, a half message checked once 0.5 s old
+    fast = {"TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "0.2",
+            "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "0.5"}  # fmt: skip
+    names = [namesrv_process("ns0").start()]
+    namesrv = names[0].address
+    brokers = [cluster_broker(f"broker-{c}", [namesrv], env=fast).start() for c in "ab"]
+    _topic(names, brokers, "undecided", 2)
+    with AdminClient(namesrv=namesrv) as admin:
+
+        def pending() -> dict[str, str]:
+            return {r.transaction_id: r.broker_name for r in admin.transactions()}
+
+        # a producer leaves one undecided half on each broker set, then is gone
+        undecided = Checks(LocalTransactionState.UNKNOWN)
+        with TransactionProducer(namesrv=namesrv, group="restart-tx", listener=undecided) as gone:
+            for b in ("broker-a", "broker-b"):
+                r = gone.send_half(Message("undecided", b"x"), transaction_id=f"on-{b}",
+                                   broker_name=b, queue_id=0)  # fmt: skip
+                assert r.broker_name == b
+        assert pending() == {"on-broker-a": "broker-a", "on-broker-b": "broker-b"}
+        # broker-b stops too, and comes back only after the new producer has started
+        assert brokers[1].terminate() == 0
+        checks = Checks(LocalTransactionState.COMMIT)
+        with TransactionProducer(namesrv=namesrv, group="restart-tx", listener=checks,
+                                 heartbeat_interval=0.3) as fresh:  # fmt: skip
+            # it has sent nothing and knows no route, yet broker-a checks back with it
+            wait_for(lambda: "on-broker-a" in checks.ids(), timeout=20)
+            wait_for(lambda: "on-broker-a" not in pending(), timeout=20, interval=0.1)
+            assert "on-broker-b" not in checks.ids()
+            brokers[1].start()  # on another port: the name server's cluster info says where
+            assert any(b.broker_name == "broker-b" for b in ask(namesrv, GetClusterInfo()).brokers)
+            # within a heartbeat interval the producer heartbeats it: its check-back too
+            wait_for(lambda: "on-broker-b" in checks.ids(), timeout=20)
+            wait_for(lambda: not pending(), timeout=20, interval=0.1)
+            assert fresh.aio.routes.cached("undecided") is None
+        assert checks.ids() == {"on-broker-a", "on-broker-b"}
+    # both committed: each delivered from the broker set that held its half
+    with PullConsumer(namesrv=namesrv) as pc:
+        got = {}
+        for q in pc.message_queues("undecided"):
+            pulled = pc.pull(q.topic, q.queue_id, 0, long_poll=0, broker_name=q.broker_name)
+            for m in pulled.messages:
+                got[m.get_property(Prop.TRANSACTION_ID)] = q.broker_name
+    assert got == {"on-broker-a": "broker-a", "on-broker-b": "broker-b"}
+    _stop(names, brokers)

@@ -3,6 +3,7 @@ orderly per-key order across a restart, broadcasting, long polling when idle."""
 
 from __future__ import annotations
 
+import logging
 import select
 import signal
 import subprocess
@@ -390,3 +391,41 @@ async def test_a_topic_created_after_subscribing_is_consumed_at_once(
         with anyio.fail_after(10):
             while len([q for q in consumer.queues_held if q.topic == "born-later"]) != 6:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
+
+
+async def test_a_subscription_to_a_topic_with_no_route_warns_once(
+    embedded_broker: Callable[..., EmbeddedBroker], caplog: pytest.LogCaptureFixture
+) -> None:
+    b = embedded_broker()
+    got = anyio.Event()
+
+    async def listener(msg: MessageExt) -> None:
+        got.set()
+
+    consumer = PushConsumer(b.address, "unrouted-g", listener=listener,
+                            consume_from="FIRST_OFFSET", rebalance_interval=60.0)  # fmt: skip
+    consumer.subscribe("unrouted")
+
+    def no_route_warnings() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "has no route" in r.getMessage()
+        ]
+
+    with caplog.at_level(logging.DEBUG, logger="txmq.consumer"):
+        async with consumer:
+            for _ in range(3):  # rebalance after rebalance finds no route: said once
+                await consumer.rebalance()
+            assert no_route_warnings() == [
+                "topic unrouted has no route: no broker holds it (yet); group unrouted-g "
+                "consumes it once one does"
+            ]
+            await _create(b.address, "unrouted", 2)
+            await consumer.rebalance()
+            assert _held(consumer, "unrouted") == 2
+            async with Producer(b.address) as producer:
+                await producer.send(Message("unrouted", b"at last"))
+            with anyio.fail_after(10):
+                await got.wait()
+    assert len(no_route_warnings()) == 1
