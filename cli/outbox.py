@@ -19,6 +19,7 @@ from txmq.cli.options import (
     add_endpoints,
     endpoints,
     non_negative_float,
+    share,
 )
 from txmq.db import describe_db_error, with_connection
 from txmq.fmt import format_table, span
@@ -26,6 +27,25 @@ from txmq.fmt import format_table, span
 __all__ = ["add_parser", "run_outbox"]
 
 log = logging.getLogger("txmq.outbox")
+
+#: the commands that print rows (and take --json)
+ROW_COMMANDS = ("stats", "parked")
+
+
+def _db(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--db``: every outbox command's database (a :data:`~txmq.cli.options.Shared`)."""
+    parser.add_argument(
+        "--db", "--url", dest="db", default=default, help="SQLAlchemy database URL (required)"
+    )
+
+
+def _json(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="print JSON",
+    )
 
 
 def add_parser(sub: SubParsers) -> None:
@@ -92,12 +112,13 @@ def add_parser(sub: SubParsers) -> None:
         default=24.0,
         help="delete rows sent longer ago than this (default 24)",
     )
-    for p in (r, st, pk, rq, cl):
-        p.add_argument("--db", "--url", dest="db", required=True, help="SQLAlchemy database URL")
+    # every option is accepted before or after the subcommand: --db (all of them), --json
+    # (the commands that print rows), where the relay sends (the other commands only touch
+    # the database)
+    share(o, _db)
+    _json(o, None)
     for p in (st, pk):
-        p.add_argument("--json", action="store_true", help="print JSON")
-    # where the relay sends: accepted before or after 'relay' (the other commands only
-    # touch the database)
+        _json(p, argparse.SUPPRESS)
     add_endpoints(o, None)
     add_endpoints(r, argparse.SUPPRESS)
     o.set_defaults(func=run_outbox)
@@ -108,8 +129,13 @@ def run_outbox(args: argparse.Namespace) -> int:
 
     from txmq.outbox.relay import OutboxNotReady
 
+    cmd = args.outbox_cmd
+    if not args.db:
+        return _usage_error(cmd, "the following arguments are required: --db/--url")
+    if args.json and cmd not in ROW_COMMANDS:
+        return _usage_error(cmd, f"--json is for {' and '.join(ROW_COMMANDS)}, not {cmd}")
     try:
-        if args.outbox_cmd == "relay":
+        if cmd == "relay":
             return _relay(args)
         return _table_command(args)
     except (SQLAlchemyError, ArgumentError) as exc:
@@ -117,6 +143,12 @@ def run_outbox(args: argparse.Namespace) -> int:
     except OutboxNotReady as exc:
         print(f"txmq: error: {exc}", file=sys.stderr)
     return 1
+
+
+def _usage_error(cmd: str, message: str) -> int:
+    """What argparse says of a bad command line (its exit code, 2)."""
+    print(f"txmq outbox {cmd}: error: {message}", file=sys.stderr)
+    return 2
 
 
 def _table_command(args: argparse.Namespace) -> int:

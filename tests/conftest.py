@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -33,7 +34,6 @@ from txmq.wire.base import R
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 if importlib.util.find_spec("xdist") is not None:  # scripts/test.sh runs the suite with -n
     from xdist.scheduler import LoadScopeScheduling
 
@@ -48,6 +48,7 @@ if importlib.util.find_spec("xdist") is not None:  # scripts/test.sh runs the su
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SparkTogether:
         return SparkTogether(config, log)
+
 
 @contextlib.contextmanager
 def running_async(service: AbstractAsyncContextManager[Any]) -> Iterator[None]:
@@ -181,19 +182,25 @@ class BrokerProcess(ServerProcess):
     env: dict[str, str] = field(default_factory=dict)
     #: the process's limit on open files (soft and hard: it cannot raise it)
     max_files: int | None = None
+    #: the process's soft limit on open files only (the hard one is left: it may raise it)
+    soft_max_files: int | None = None
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         command = ["broker", "start", "--store", str(self.store), "--port", "0", *self.args]
         ready = self.store.parent / f"{self.store.name}.ready"
-        limit = self._limit_files if self.max_files else None
+        limit = self._limit_files if self.max_files or self.soft_max_files else None
         self._launch(command, ready, "broker", timeout, limit)
         return self
 
     def _limit_files(self) -> None:
         import resource
 
-        assert self.max_files is not None
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_files, self.max_files))
+        if self.max_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_files, self.max_files))
+        else:
+            assert self.soft_max_files is not None
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.soft_max_files, hard))
 
     def rss_mib(self) -> float:
         """The broker process's resident memory (VmRSS), in MiB."""
@@ -202,6 +209,36 @@ class BrokerProcess(ServerProcess):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmRSS in /proc/<pid>/status")
+
+
+class PeakRss:
+    """A broker process's resident memory, sampled every 20 ms while the block runs: the
+    value before it (``before``), the highest seen (``peak``) and their difference."""
+
+    def __init__(self, bp: BrokerProcess) -> None:
+        self.bp = bp
+        self.before = self.peak = bp.rss_mib()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.02):
+            with contextlib.suppress(OSError, AssertionError):
+                self.peak = max(self.peak, self.bp.rss_mib())
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        with contextlib.suppress(OSError, AssertionError):  # the last moment counts too
+            self.peak = max(self.peak, self.bp.rss_mib())
+
+    @property
+    def growth(self) -> float:
+        return self.peak - self.before
 
 
 @pytest.fixture
@@ -279,7 +316,6 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30.0) -
                 raise AssertionError(f"process exited ({proc.wait()}) before {prefix!r}")
             if line.startswith(prefix):
                 return line.strip()
-
 
 
 # -- clusters: name servers and brokers that register with them ------------------------------

@@ -103,6 +103,9 @@ class Known:
     offsets: list[int] = field(default_factory=lambda: [0])
     half_offsets: list[int] = field(default_factory=list)
     msg_ids: list[str] = field(default_factory=list)
+    #: the most queues each topic had at any time (a topic's queue count may shrink; the
+    #: offsets saved for the queues it had stay, as RocketMQ keeps them)
+    queue_counts: dict[str, int] = field(default_factory=dict)
 
 
 class Gen:

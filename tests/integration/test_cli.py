@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
-from tests.conftest import ROOT, BrokerProcess, read_line
+from tests.conftest import ROOT, BrokerProcess, read_line, wait_for
+from txmq import outbox
+from txmq.db import with_connection
 from txmq.fmt import ms_time
 from txmq.message import Message
 from txmq.sync import Producer, PullConsumer
@@ -97,6 +101,77 @@ def test_options_work_before_and_after_the_subcommand(
     parked = json.loads(txmq("admin", "transactions", "--parked", "--broker", bp.address,
                              "--json").stdout)  # fmt: skip
     assert parked == []
+
+
+def _outbox_row(url: str, body: bytes) -> None:
+    """A row in the outbox, added as an application adds it."""
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session, session.begin():
+            outbox.add(session, Message("outbox-either-side", body))
+    finally:
+        engine.dispose()
+
+
+def test_outbox_options_work_before_and_after_the_subcommand(
+    broker_process: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    bp = broker_process().start()
+    url = f"sqlite:///{tmp_path}/app.db"
+    txmq("db", "upgrade", "--url", url)
+    _outbox_row(url, b"waiting")
+    for args in [
+        ("outbox", "stats", "--db", url, "--json"),
+        ("outbox", "--db", url, "stats", "--json"),
+        ("outbox", "--json", "stats", "--db", url),
+        ("outbox", "--db", url, "--json", "stats", "--log-level", "WARNING"),
+        ("--log-level", "WARNING", "outbox", "--url", url, "stats", "--json"),
+    ]:
+        assert json.loads(txmq(*args).stdout)["backlog"] == 1, args
+    assert json.loads(txmq("outbox", "--db", url, "--json", "parked").stdout) == []
+    assert json.loads(txmq("outbox", "parked", "--max", "5", "--json", "--db", url).stdout) == []
+    said = txmq("outbox", "--db", url, "requeue", "--all").stdout
+    assert said.strip() == "requeued 0 parked row(s)"
+    said = txmq("outbox", "--db", url, "cleanup", "--older-than-hours", "2").stdout
+    assert said.strip() == "deleted 0 sent outbox row(s) older than 2 h"
+    # the relay: where it sends (--broker) and its database (--db) on either side
+    relays = [
+        ("outbox", "relay", "--db", url, "--broker", bp.address),
+        ("outbox", "--broker", bp.address, "relay", "--db", url),
+        ("outbox", "--db", url, "relay", "--broker", bp.address, "--stats-interval", "0"),
+        ("outbox", "--db", url, "--broker", bp.address, "relay", "--log-level", "WARNING"),
+    ]
+    for sent, args in enumerate(relays, 1):
+        if sent > 1:
+            _outbox_row(url, b"row %d" % sent)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "txmq.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            started = read_line(proc, "txmq outbox relay:")
+            assert started.endswith(f"-> {bp.address} (polling every 0.1 s)"), (args, started)
+
+            def all_sent(count: int = sent) -> bool:
+                stats = with_connection(url, outbox.stats)
+                return stats.sent == count and stats.backlog == 0
+
+            wait_for(all_sent, timeout=30)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            assert proc.stdout is not None
+            proc.stdout.close()
+    # --db is still required, and --json is for the commands that print rows
+    missing = txmq("outbox", "stats", "--json", check=False)
+    assert missing.returncode == 2 and "--db" in missing.stderr, missing.stderr
+    assert "Traceback" not in missing.stderr
+    misplaced = txmq("outbox", "--json", "--db", url, "requeue", "--all", check=False)
+    assert misplaced.returncode == 2 and "--json" in misplaced.stderr, misplaced.stderr
 
 
 def test_first_contact_mistakes_get_one_line_each(

@@ -13,10 +13,12 @@ one broker while a normal producer and push consumer use it beside them.  What m
 * a malformed or oversized frame (byte-level mutations, each on a connection of its own)
   is answered with MALFORMED_FRAME or FRAME_TOO_LARGE and closes that connection only;
 * the broker stays up, logs no stack trace and little in all, and its RSS stays under a
-  bound (printed before and after);
+  bound all along (sampled every 20 ms while fuzzing: printed before, at its peak, after);
 * every message of the normal producer reaches the normal consumer; after a clean stop the
-  broker starts again on the same store without setting any state file aside, and every
-  acknowledged message reads back.
+  state files hold only what is valid (topics with valid names; offsets of groups on topics
+  that exist, of queue ids each topic has, none negative), the broker starts again on the
+  same store without setting any state file aside, and every acknowledged message reads
+  back.
 
 Fuzzed frames never name the normal topic or group (deleting a topic, moving a group's
 offsets, locking its queues: a client may do all that).  The run is deterministic for a
@@ -40,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BrokerProcess, wait_for
+from tests.conftest import BrokerProcess, PeakRss, wait_for
 from tests.fuzzing import Gen, Known, mutate, pack
 from tests.raw_client import still_serving
 from txmq import Message
@@ -56,6 +58,7 @@ from txmq.wire import (
     FrameKind,
     RequestCode,
     Sent,
+    TopicList,
     decode,
     encode_frame,
     request_class,
@@ -175,6 +178,17 @@ class FuzzConnection:
     def next_id(self) -> int:
         self.rid += 1
         return self.rid
+
+    def note_queue_counts(self, known: Known) -> None:
+        """Ask for every topic's queue count (GET_ALL_TOPIC_CONFIG) and keep the most each
+        topic had in ``known``."""
+        rid = self.next_id()
+        self.sock.sendall(encode_frame(FrameKind.REQUEST, RequestCode.GET_ALL_TOPIC_CONFIG, rid))
+        answer = self.answer(rid)
+        assert answer.code == ResponseCode.SUCCESS, error_message(answer)
+        counts = known.queue_counts
+        for row in decode(TopicList, answer.header).topics:
+            counts[row.topic] = max(counts.get(row.topic, 0), row.queue_nums)
 
     def answer(self, rid: int) -> Frame:
         """The response to request ``rid`` (the broker's own requests skipped)."""
@@ -358,6 +372,8 @@ def fuzz(address: str, rng: random.Random, known: Known, tally: Tally) -> tuple[
             header, what = gen.header(request_class(code, 1))
         head = pack(header)
         version = rng.choice([1] * 30 + [0, 2, 255])
+        if code == RequestCode.UPDATE_AND_CREATE_TOPIC:
+            conn.note_queue_counts(known)  # before a topic's queue count may shrink
         kind = rng.choice([FrameKind.REQUEST] * 30 + [FrameKind.ONEWAY, FrameKind.RESPONSE])
         rid = conn.next_id()
         frame = encode_frame(kind, code, rid, head, gen.body(code, header), version)
@@ -398,11 +414,11 @@ def test_fuzzed_frames_get_errors_and_the_broker_serves_on(broker: BrokerProcess
     pid, address = broker.proc.pid, broker.address
     known = Known()
     warm_up(address, known)
-    rss_before = rss_mb(pid)
     tally = Tally()
     started = time.monotonic()
     with NormalTraffic(address) as normal:
-        sent, mutated = fuzz(address, random.Random(SEED), known, tally)
+        with PeakRss(broker) as rss:
+            sent, mutated = fuzz(address, random.Random(SEED), known, tally)
         took = time.monotonic() - started
         assert broker.proc.poll() is None, broker.output()[-3000:]
         rss_after = rss_mb(pid)
@@ -415,21 +431,25 @@ def test_fuzzed_frames_get_errors_and_the_broker_serves_on(broker: BrokerProcess
         f"fuzzed {sent} frames {dict(tally.kinds)} and {mutated} mutated ones in {took:.1f}s; "
         f"answers: {dict(sorted(tally.codes.items()))}"
     )
-    print(f"broker RSS {rss_before:.1f} MB before, {rss_after:.1f} MB after, bound {RSS_BOUND_MB}")
+    print(
+        f"broker RSS {rss.before:.1f} MB before, peak {rss.peak:.1f} MB while fuzzing, "
+        f"{rss_after:.1f} MB after, bound {RSS_BOUND_MB}"
+    )
     print(f"normal traffic: {len(normal.acked)} messages sent and received")
     never = sorted(set(codes_served()) - set(tally.ok))
     print(f"request codes never answered SUCCESS: {never or 'none'}")
     if sent < FRAMES:
         print(f"(the time budget of {BUDGET_S:g}s ran out after {sent} of {FRAMES} frames)")
     assert not tally.problems, "\n".join(tally.problems)
-    assert rss_after < RSS_BOUND_MB
+    assert rss.peak < RSS_BOUND_MB and rss_after < RSS_BOUND_MB
     log = broker.output()
     assert "Traceback" not in log, log[log.index("Traceback") - 500 :][:3000]
     assert len(log) < LOG_BOUND, f"the broker logged {len(log)} bytes"
 
     # a clean stop, and a start on the same store: nothing invalid was persisted
     assert broker.terminate() == 0, log[-3000:]
-    check_store(broker.store)
+    saved = check_store(broker.store, known.queue_counts)
+    print(f"offsets.json: {saved} saved offsets checked against topics.json")
     first = len(broker.output())
     broker.start()
     again = broker.output()[first:]
@@ -451,14 +471,39 @@ def codes_served() -> list[int]:
     return sorted(int(c) for c, _ in requests() if c not in NOT_ROUTED)
 
 
-def check_store(store: Path) -> None:
-    """No state file set aside; every saved topic a valid name; consume queues only under
-    ``consumequeue/<valid topic>/<queue id>/``."""
+def check_store(store: Path, queue_counts: dict[str, int]) -> int:
+    """No state file set aside; every saved topic a valid name; every saved offset a
+    group's on a saved topic, of a queue id the topic has (or had: ``queue_counts``, the
+    most queues each topic had before its count was changed), not negative; consume queues
+    only under ``consumequeue/<valid topic>/<queue id>/``.  The number of saved offsets."""
     config = store / "config"
     assert not [p.name for p in config.iterdir() if ".bad-" in p.name]
     topics = json.loads((config / "topics.json").read_text())["topics"]
     assert [t for t in topics if validate_topic_name(t) is not None] == []
+    queue_nums = {name: entry["queue_nums"] for name, entry in topics.items()}
+    assert all(type(n) is int and n >= 1 for n in queue_nums.values()), queue_nums
+    had = {name: max(n, queue_counts.get(name, 0)) for name, n in queue_nums.items()}
+    offsets = json.loads((config / "offsets.json").read_text())["offsets"]
+    assert offsets, "the normal consumer's offsets were saved"
+    bad, saved = [], 0
+    for group, by_topic in offsets.items():
+        for topic, by_queue in by_topic.items():
+            for queue_id, offset in by_queue.items():
+                saved += 1
+                # JSON keys are strings: a queue id must read back as the int it was
+                if not (
+                    group
+                    and topic in queue_nums
+                    and queue_id.isdigit()
+                    and queue_id == str(int(queue_id))
+                    and int(queue_id) < had[topic]
+                    and type(offset) is int
+                    and offset >= 0
+                ):
+                    bad.append((group, topic, queue_id, offset))
+    assert bad == [], f"offsets.json holds offsets the broker should have refused: {bad[:20]}"
     for topic_dir in (store / "consumequeue").iterdir():
         assert validate_topic_name(topic_dir.name) is None, topic_dir
         assert all(q.is_dir() and q.name.isdigit() for q in topic_dir.iterdir()), topic_dir
     assert not [p for p in store.iterdir() if p.name.isdigit()]
+    return saved

@@ -128,9 +128,7 @@ def _seed_faults(w: World) -> None:
         )
         with AdminClient(w.address) as admin:
             wait_for(
-                lambda: any(
-                    t.transaction_id == "parked-1" for t in admin.transactions("parked")
-                ),
+                lambda: any(t.transaction_id == "parked-1" for t in admin.transactions("parked")),
                 timeout=30,
             )
     w.expected["parked"].add("parked-1")
@@ -372,3 +370,30 @@ def test_spark_submit_local_2_finds_the_same(world: World, tmp_path: Path) -> No
     assert summary["counts"] == {c: len(v) for c, v in world.expected.items()}
     assert summary["facts"]["master"] == "local[2]"
     assert "needs attention: 8 anomalies" in r.stdout
+
+
+def test_the_txmq_reconcile_command_finds_the_same(
+    world: World, spark: Any, tmp_path: Path
+) -> None:
+    """``txmq reconcile`` as the README writes it, end to end in a process of its own (its
+    own Spark session: --master, --conf): the summary, a table per class holding exactly
+    the seeded anomalies, and exit code 1 (something needs attention)."""
+    out = tmp_path / "reconcile-out"
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "txmq"),
+            "reconcile",
+            *_job_args(world, out),
+            *("--master", "local[2]", "--conf", "spark.driver.memory=1g"),
+            *("--conf", "spark.ui.enabled=false"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "needs attention: 8 anomalies" in r.stdout, r.stdout[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"] == {c: len(v) for c, v in world.expected.items()}
+    assert summary["facts"]["master"] == "local[2]"
+    assert _found(spark, out) == world.expected
