@@ -235,7 +235,9 @@ class Replication:
                 await self.client.stop()
                 changed = True
         elif answer.master_id == self.config.broker_id:
-            role.in_sync = frozenset(answer.in_sync)
+            if role.in_sync != (approved := frozenset(answer.in_sync)):
+                role.in_sync = approved
+                self.service.recheck()
             if answer.lease_ms:
                 role.lease_s = answer.lease_ms / 1000
                 role.renew(sent_at)

@@ -295,6 +295,7 @@ class Producer(BrokerClient):
             if exc.retriable:
                 took = (time.monotonic() - began) * 1000
                 self.routes.faults.update(mq.broker_name, took, failed=True)
+                self.routes.failed(mq)
             raise
         self.routes.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
         return sent

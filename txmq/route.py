@@ -18,7 +18,9 @@ When every broker set is left out, the one available soonest is used anyway.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -144,6 +146,9 @@ class LatencyFaultTolerance:
         elif not failed:
             self._until.pop(broker_name, None)
 
+    def forget(self, broker_name: str) -> None:
+        self._until.pop(broker_name, None)
+
     def available(self, broker_name: str) -> bool:
         until = self._until.get(broker_name)
         return until is None or until <= self._clock()
@@ -203,6 +208,13 @@ class RouteTable:
     def cached(self, topic: str) -> Route | None:
         return self._routes.get(topic)
 
+    def failed(self, mq: MessageQueue) -> None:
+        """A request to ``mq``'s broker set failed: fetch the topic's route again before
+        its next use (its master may have changed)."""
+        route = self._routes.get(mq.topic)
+        if route is not None:
+            self._routes[mq.topic] = dataclasses.replace(route, fetched_at=-math.inf)
+
     async def route(self, topic: str, *, create: bool = False, refresh: bool = False) -> Route:
         """The topic's route (fetched when not cached, older than ``ttl`` or ``refresh``)."""
         cached = self._routes.get(topic)
@@ -229,6 +241,9 @@ class RouteTable:
         if not route.write_queues and not route.read_queues:
             raise TopicNotFound(f"topic {topic!r} has no queue on any live broker")
         self._routes[topic] = route
+        for name, address in route.masters.items():
+            if self._masters.get(name, address) != address:
+                self.faults.forget(name)  # a new master (a failover): nothing against it yet
         self._masters.update(route.masters)
         for name in route.replicas.keys() - route.masters.keys():
             self._masters.pop(name, None)  # a set without a master now (failing over)

@@ -230,12 +230,25 @@ class HaService:
             return
         if self.role.controlled and link.answered_at:
             self.role.renew(link.answered_at)
+        self._release(link.acked)
+
+    def _release(self, acked: int) -> None:
+        """Acknowledge the writes waiting for a confirmation below ``acked``."""
         waiters = self._waiters
-        while waiters and waiters[0][0] <= link.acked:
+        while waiters and waiters[0][0] <= acked:
             end, _, fut = heapq.heappop(waiters)
             if not fut.done():
                 fut.set_result(None)
                 self.confirmed_end = max(self.confirmed_end, end)
+
+    def _just_promoted(self) -> bool:
+        return self.role.controlled and time.monotonic() - self.promoted_at <= RECONNECT_GRACE_S
+
+    def recheck(self) -> None:
+        """The sync state set changed: a slave that counts now may have confirmed already."""
+        counting = [s.acked for s in self.slaves.values() if self.role.counts(s.broker_id)]
+        if counting:
+            self._release(max(counting))
 
     def _gone(self, link: SlaveLink) -> None:
         if self.slaves.get(link.broker_id) is link:
@@ -261,7 +274,8 @@ class HaService:
             ids = self.role.in_sync & self.role.proposed  # connected or not (yet)
         else:
             ids = frozenset(self.slaves)
-        if not ids:
+        # a slave catching up may join the set soon, and a new master's slaves come
+        if not ids and not self.slaves and not self._just_promoted():
             raise LookupError("no slave (of the sync state set) connected")
         counting = [self.slaves[i] for i in ids if i in self.slaves]
         if any(s.acked >= end_offset for s in counting):

@@ -206,7 +206,8 @@ class CommitLog:
         assert seg is not None
         pos = self.write_pos
         _pwrite_all(seg.fd, data, pos - seg.start)
-        seg.last_ts = last_ts
+        if last_ts:  # (0: no record with a time, a blank alone: the segment's time stays)
+            seg.last_ts = last_ts
         self.write_pos = pos + len(data)
 
     def roll(self) -> None:

@@ -151,3 +151,18 @@ def test_a_new_slave_starts_at_the_masters_oldest_segment(
     assert got[0].commit_log_offset == oldest
     with pytest.raises(ReplicaError, match="empty store"):
         slave.start_replica_at(0)
+
+
+def test_replicated_segments_keep_their_times_for_retention(
+    make_store: Callable[..., MessageStore], put_msg: Put, tmp_path: Path
+) -> None:
+    """A segment's time is its newest record's, also when its last transfer held only the
+    segment-end blank (a bug once made retention delete such segments on slaves)."""
+    master = make_store(tmp_path / "m", segment_size=16 * 1024)
+    slave = make_store(tmp_path / "s", segment_size=16 * 1024)
+    for _ in range(200):
+        put_msg(master, "T", 0, b"x" * 300)
+    copy_all(master, slave, chunk=1)  # one record a transfer: each blank goes alone
+    assert len(segment_paths(slave.root / "commitlog")) >= 3
+    assert slave.delete_expired() == master.delete_expired() == 0
+    assert log_bytes(slave) == log_bytes(master)

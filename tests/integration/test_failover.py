@@ -1,0 +1,120 @@
+"""Automatic failover on real processes: a name server with the controller inside, one
+broker set of a SYNC_MASTER and two slaves, producers sending numbered messages through the
+name server.  The master is SIGKILLed; a slave takes over within seconds, the old master
+comes back as a slave (cutting a tail nobody else has), and afterwards every acknowledged
+message is in the set's consume queues exactly once and the replicas' commit logs are
+byte-identical up to the shortest."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NamesrvProcess, wait_for
+from tests.replicaset import ReplicaSet, Sender, consume_all
+
+TOPIC = "jepsen"
+
+
+@pytest.fixture
+def replica_set(
+    tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
+) -> Iterator[Callable[..., ReplicaSet]]:
+    made: list[ReplicaSet] = []
+
+    def make(replication: str = "sync") -> ReplicaSet:
+        ns = namesrv_process("ns")
+        ns.args = ["--controller-store", str(tmp_path / "controller")]
+        ns.start()
+        rs = ReplicaSet(tmp_path, ns, replication)
+        made.append(rs)
+        return rs.start()
+
+    yield make
+    for rs in made:
+        for b in rs.brokers.values():
+            if b.alive():
+                b.kill()
+
+
+def check_everything_acknowledged_is_there_once(rs: ReplicaSet, sender: Sender) -> int:
+    """The replicas converge; their logs are byte-identical up to the shortest; every
+    acknowledged number is in the consume queues exactly once (none is there twice)."""
+    master = rs.wait_healthy()
+    end = rs.runtime(master)[1]
+    wait_for(lambda: all(rs.runtime(i)[1] == end for i in rs.brokers), timeout=60)
+    assert {rs.runtime(i)[0] for i in rs.brokers} == {0}  # (retention deleted nothing)
+    shortest = min(rs.runtime(i)[1] for i in rs.brokers)
+    logs = {i: rs.log_bytes(i, shortest) for i in rs.brokers}
+    assert len({len(b) for b in logs.values()}) == 1 and len(logs[master]) == shortest
+    assert all(b == logs[master] for b in logs.values()), "the replicas' logs differ"
+    seen = consume_all(rs.namesrv.address, TOPIC)
+    twice = sorted(n for n, c in seen.items() if c > 1)
+    missing = sorted(set(sender.acked) - set(seen))
+    assert not twice, f"stored twice: {twice[:20]}"
+    assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:20]}"
+    return len(seen)
+
+
+def test_a_killed_master_is_replaced_and_rejoins_as_a_slave(
+    replica_set: Callable[..., ReplicaSet],
+) -> None:
+    rs = replica_set("sync")
+    first = rs.wait_healthy()
+    sender = Sender(rs.namesrv.address, TOPIC).start()
+    try:
+        wait_for(lambda: sender.acked_count() >= 300, timeout=60)
+        killed_at = time.monotonic()
+        rs.kill(first)
+        wait_for(lambda: sender.acked_since(killed_at), timeout=30)
+        took = time.monotonic() - killed_at
+        new = rs.master()
+        assert new not in (-1, first)
+        print(f"failover: first acknowledged send on broker {new} {took:.2f} s after the kill")
+        rs.restart(first)
+        assert rs.wait_healthy() == new  # the old master is a slave of the new one now
+        before = sender.acked_count()
+        wait_for(lambda: sender.acked_count() >= before + 300, timeout=60)
+    finally:
+        sender.stop()
+    stored = check_everything_acknowledged_is_there_once(rs, sender)
+    assert stored >= len(sender.acked) >= 600
+    assert "now the SYNC_MASTER" in rs.brokers[new].output()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_twenty_master_kills_lose_no_acknowledged_message(
+    replica_set: Callable[..., ReplicaSet],
+) -> None:
+    """Jepsen-style: the master is SIGKILLed at a random moment 20 times, each time once
+    the set is whole again, and started again (it rejoins as a slave)."""
+    rng = random.Random(18)
+    rs = replica_set("sync")
+    sender = Sender(rs.namesrv.address, TOPIC).start()
+    failovers: list[float] = []
+    try:
+        for _ in range(20):
+            master = rs.wait_healthy()
+            before = sender.acked_count()
+            wait_for(lambda before=before: sender.acked_count() > before, timeout=60)  # type: ignore[misc]
+            time.sleep(rng.uniform(0.0, 1.0))  # a random moment while messages flow
+            killed_at = time.monotonic()
+            rs.kill(master)
+            wait_for(lambda t=killed_at: sender.acked_since(t), timeout=60)  # type: ignore[misc]
+            failovers.append(time.monotonic() - killed_at)
+            rs.restart(master)
+    finally:
+        sender.stop()
+    stored = check_everything_acknowledged_is_there_once(rs, sender)
+    failovers.sort()
+    print(
+        f"20 kills: {len(sender.acked)} acknowledged, {stored} stored, "
+        f"{len(sender.unsafe)} answered not-yet-safe, {len(sender.failed)} failed; "
+        f"failover p50 {failovers[len(failovers) // 2]:.2f} s, max {failovers[-1]:.2f} s"
+    )
+    assert len(sender.acked) > 1000

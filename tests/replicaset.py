@@ -1,0 +1,177 @@
+"""A replicated broker set on real processes, for the failover tests: a name server with
+the controller inside, and a master and slaves (``txmq broker start --controller``) that
+the tests SIGKILL and start again; producers that send numbered messages and remember
+which were acknowledged; the checks made afterwards."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
+from txmq import Message
+from txmq.broker.store.commitlog import segment_paths
+from txmq.errors import TxmqError
+from txmq.sync import Producer, PullConsumer
+from txmq.wire import BrokerSetState, GetBrokerRuntimeInfo, GetReplicaInfo
+
+SET = "a"
+SEGMENT = 1024 * 1024
+
+
+@dataclass
+class ReplicaSet:
+    """``n`` replicas of broker set ``a`` under the controller of ``namesrv``."""
+
+    tmp: Path
+    namesrv: NamesrvProcess
+    replication: str = "sync"
+    n: int = 3
+    brokers: dict[int, BrokerProcess] = field(default_factory=dict)
+
+    def start(self) -> ReplicaSet:
+        for i in range(self.n):
+            self.brokers[i] = BrokerProcess(
+                self.tmp / f"store-{SET}{i}",
+                [
+                    "--namesrv", self.namesrv.address, "--cluster", "C", "--broker-name", SET,
+                    "--broker-id", str(i), "--replication", self.replication,
+                    "--controller", self.namesrv.address, "--segment-size", str(SEGMENT),
+                ],
+                self.tmp / f"{SET}{i}.log",
+                env={"TXMQ_BROKER_MAX_MESSAGE_SIZE": str(64 * 1024)},
+            )  # fmt: skip
+            self.brokers[i].start()
+        self.wait_healthy()
+        return self
+
+    def state(self) -> BrokerSetState | None:
+        info = ask(self.namesrv.address, GetReplicaInfo(broker_name=SET))
+        return info.sets[0] if info.sets else None
+
+    def master(self) -> int:
+        """The master now (-1: none, an election runs)."""
+        s = self.state()
+        if s is None or s.electing or s.master_id < 0:
+            return -1
+        m = self.brokers.get(s.master_id)
+        return s.master_id if m is not None and m.alive() else -1
+
+    def wait_healthy(self, timeout: float = 60.0) -> int:
+        """Until a master leads every other replica in its sync state set; its id."""
+
+        def healthy() -> int | None:
+            s = self.state()
+            if s is None or s.electing or s.master_id < 0:
+                return None
+            others = {i for i, b in self.brokers.items() if b.alive() and i != s.master_id}
+            alive = {r.broker_id for r in s.replicas if r.alive}
+            if others <= set(s.in_sync) and others | {s.master_id} <= alive:
+                return s.master_id + 1  # (truthy for id 0 too)
+            return None
+
+        found: int = wait_for(healthy, timeout)
+        return found - 1
+
+    def kill(self, i: int) -> None:
+        self.brokers[i].kill()
+
+    def restart(self, i: int) -> None:
+        self.brokers[i].start()
+
+    def runtime(self, i: int) -> tuple[int, int]:
+        """(commit-log min offset, max offset) of replica ``i``."""
+        info = ask(self.brokers[i].address, GetBrokerRuntimeInfo())
+        return info.commit_log_min_offset, info.commit_log_max_offset
+
+    def log_bytes(self, i: int, end: int) -> bytes:
+        """Replica ``i``'s commit log from offset 0 up to ``end``."""
+        out = bytearray()
+        for path in segment_paths(self.brokers[i].store / "commitlog"):
+            out += path.read_bytes()
+            if len(out) >= end:
+                break
+        return bytes(out[:end])
+
+
+@dataclass
+class Sender:
+    """Producers (one per thread) that send numbered messages to ``topic`` until stopped,
+    each number once (``retry_times=0``: a send that fails is not sent again, so nothing
+    acknowledged can be stored twice by a retry)."""
+
+    namesrv: str
+    topic: str
+    threads: int = 4
+    acked: dict[int, str] = field(default_factory=dict)
+    #: numbers answered but not safe (SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT), or failed
+    unsafe: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    #: (when its send began, monotonic; number) of every acknowledgement
+    times: list[tuple[float, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _workers: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> Sender:
+        for t in range(self.threads):
+            worker = threading.Thread(target=self._run, args=(t,), daemon=True)
+            worker.start()
+            self._workers.append(worker)
+        return self
+
+    def _run(self, t: int) -> None:
+        n = t
+        with Producer(namesrv=self.namesrv, retry_times=0, send_timeout=5.0) as producer:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                try:
+                    r = producer.send(Message(self.topic, str(n).encode(), keys=[str(n)]))
+                except TxmqError:
+                    with self._lock:
+                        self.failed.add(n)
+                    time.sleep(0.02)
+                else:
+                    with self._lock:
+                        if r.status == "SEND_OK":
+                            self.acked[n] = r.msg_id
+                            self.times.append((began, n))
+                        else:
+                            self.unsafe.add(n)
+                n += self.threads
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def acked_since(self, moment: float) -> bool:
+        """Whether a send that began after ``moment`` was acknowledged."""
+        with self._lock:
+            return any(t > moment for t, _ in self.times[-50:])
+
+    def stop(self) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(30)
+
+
+def consume_all(namesrv: str, topic: str, group: str = "jepsen-check") -> Counter[int]:
+    """Every message of ``topic`` in the set's consume queues, read from the master: how
+    many times each number is there."""
+    seen: Counter[int] = Counter()
+    with PullConsumer(namesrv=namesrv, group=group) as consumer:
+        for mq in consumer.message_queues(topic, refresh=True):
+            offset = 0
+            while True:
+                res = consumer.pull(
+                    topic, mq.queue_id, offset, max_msgs=512, long_poll=0,
+                    broker_name=mq.broker_name,
+                )  # fmt: skip
+                if not res.messages:
+                    break
+                seen.update(int(m.body) for m in res.messages)
+                offset = res.next_offset
+    return seen
