@@ -73,6 +73,9 @@ class BrokerConfig(ConnectionSettings):
     ha_metadata_sync_interval_s: float = 3.0
     #: a slave that had everything within this long counts as in sync
     ha_in_sync_lag_s: float = 15.0
+    #: a consumer reading this share of the machine's memory (or more) behind the commit
+    #: log's end is sent to a slave (RocketMQ's accessMessageInMemoryMaxRatio, 40 %)
+    access_message_in_memory_max_ratio: float = 0.40
     #: controllers to heartbeat to, "h1:9878;h2:9878" (empty: roles are fixed by broker_id);
     #: under a controller it decides which replica is the master (RocketMQ 5's controller
     #: mode), and broker_id is only this replica's id within its set
@@ -169,6 +172,8 @@ class BrokerConfig(ConnectionSettings):
             raise SettingsError("register_interval_s must be positive")
         _ = self.namesrv_addresses  # a bad name-server list fails at start
         _ = self.controller_addresses
+        if not 0 <= self.access_message_in_memory_max_ratio <= 1:
+            raise SettingsError("access_message_in_memory_max_ratio must be between 0 and 1")
         if not 0 < self.controller_heartbeat_interval_s <= 10:
             raise SettingsError("controller_heartbeat_interval_s must be above 0 and at most 10")
         if not self.lock_expiry_s > 0:

@@ -31,7 +31,7 @@ from txmq.errors import (
     TxmqError,
 )
 
-__all__ = ["Arrivals", "BrokerContext", "FlushAcks", "ReplicationGate"]
+__all__ = ["Arrivals", "BrokerContext", "FlushAcks", "ReplicaView", "ReplicationGate"]
 
 T = TypeVar("T")
 
@@ -61,6 +61,25 @@ class Arrivals:
     def waiting(self, topic: str, queue_id: int) -> bool:
         """Whether a pull waits for this queue now."""
         return (topic, queue_id) in self._events
+
+
+class ReplicaView(Protocol):
+    """What the pulls need from replication: whether this broker is its set's master, and
+    where a reader that many bytes behind the log's end should pull next (0: the master,
+    1: a slave)."""
+
+    def is_master(self) -> bool: ...
+    def read_from(self, behind: int) -> int: ...
+
+
+class _Alone:
+    """A broker without replication: the master, read from it."""
+
+    def is_master(self) -> bool:
+        return True
+
+    def read_from(self, behind: int) -> int:
+        return 0
 
 
 class ReplicationGate(Protocol):
@@ -181,3 +200,4 @@ class BrokerContext:
     arrivals: Arrivals
     acks: FlushAcks
     throughput: Throughput = field(default_factory=Throughput)
+    replica: ReplicaView = field(default_factory=_Alone)

@@ -36,11 +36,43 @@ class ConsumerOffsetManager:
         self._lock = threading.Lock()
         self._offsets: dict[str, dict[str, dict[int, int]]] = load_json(path, OffsetsFile).offsets
         self._dirty = False
+        #: a slave's: offsets committed here while its master was away, not yet handed
+        #: back to a master (group, topic, queue id) -> offset
+        self._pending: dict[tuple[str, str, int], int] = {}
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def commit(
+        self, group: str, topic: str, queue_id: int, offset: int, *, hand_back: bool = False
+    ) -> None:
+        """Commit an offset; ``hand_back``: on a slave (its master is away), kept until a
+        master has it too."""
         with self._lock:
             self._offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
             self._dirty = True
+            if hand_back:
+                self._pending[(group, topic, queue_id)] = offset
+
+    def commit_larger(self, offsets: dict[str, dict[str, dict[int, int]]]) -> int:
+        """A master takes offsets a slave kept while it was away, where they are further
+        than its own; returns how many it took."""
+        taken = 0
+        with self._lock:
+            for group, topics in offsets.items():
+                for topic, queues in topics.items():
+                    mine = self._offsets.setdefault(group, {}).setdefault(topic, {})
+                    for queue_id, offset in queues.items():
+                        if offset > mine.get(queue_id, -1):
+                            mine[queue_id] = offset
+                            taken += 1
+            self._dirty = self._dirty or taken > 0
+        return taken
+
+    def pending(self) -> dict[str, dict[str, dict[int, int]]]:
+        """The offsets this slave still has to hand back to a master."""
+        out: dict[str, dict[str, dict[int, int]]] = {}
+        with self._lock:
+            for (group, topic, queue_id), offset in self._pending.items():
+                out.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+        return out
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 if the group never committed one for that queue."""
@@ -52,12 +84,21 @@ class ConsumerOffsetManager:
 
     def adopt(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
         """Take a master's offsets (each one it has replaces ours; ours it lacks stay, as
-        RocketMQ's slaves do)."""
+        RocketMQ's slaves do) — but not where this slave keeps one committed while the
+        master was away and the master is not as far yet (it gets it handed back)."""
         with self._lock:
+            pending = self._pending
             for group, topics in offsets.items():
                 mine = self._offsets.setdefault(group, {})
                 for topic, queues in topics.items():
-                    mine.setdefault(topic, {}).update(queues)
+                    kept = mine.setdefault(topic, {})
+                    for queue_id, offset in queues.items():
+                        key = (group, topic, queue_id)
+                        if key in pending:
+                            if offset < pending[key]:
+                                continue
+                            del pending[key]  # the master has it now
+                        kept[queue_id] = offset
             self._dirty = True
 
     def remove_topic(self, topic: str) -> None:

@@ -8,7 +8,6 @@ from collections.abc import Awaitable
 import anyio
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.stats import Throughput
 from txmq.broker.store import GetResult, GetStatus
 from txmq.broker.topics import check_queue_id
 from txmq.errors import BadRequest, TopicNotFound
@@ -62,13 +61,17 @@ def parse_subscription(expression: str | None) -> set[int] | None:
     return {tag_hash(t) for t in tags}
 
 
-def _answer(result: GetResult, throughput: Throughput) -> Answer:
-    throughput.got += len(result.records)
+def _answer(result: GetResult, ctx: BrokerContext) -> Answer:
+    ctx.throughput.got += len(result.records)
+    suggest = 0
+    if result.first_phy_offset >= 0:
+        suggest = ctx.replica.read_from(ctx.store.commit_log_max_offset - result.first_phy_offset)
     pulled = Pulled(
         status=_PULL_STATUS[result.status],
         next_offset=result.next_begin_offset,
         min_offset=result.min_offset,
         max_offset=result.max_offset,
+        suggest_broker_id=suggest,
     )
     return WithBody(pulled, b"".join(result.records))
 
@@ -89,7 +92,7 @@ class PullService:
             # runs it as a task), and a message stored meanwhile must still wake it
             arrival = self.ctx.arrivals.event(topic, queue_id)
             return self._long_poll(req, max_msgs, tag_codes, arrival)
-        return _answer(result, self.ctx.throughput)
+        return _answer(result, self.ctx)
 
     async def _long_poll(
         self,
@@ -108,7 +111,7 @@ class PullService:
                     await arrival.wait()
             result = self.store.get_messages(topic, queue_id, offset, max_msgs, tag_codes=tag_codes)
             if result.status not in _WAITABLE or remaining <= 0:
-                return _answer(result, self.ctx.throughput)
+                return _answer(result, self.ctx)
             arrival = self.ctx.arrivals.event(topic, queue_id)  # same step as the empty read
 
     # -- offsets ----------------------------------------------------------------------------
@@ -118,7 +121,9 @@ class PullService:
         self._check_queue(req.topic, req.queue_id)
         if req.offset < 0:
             raise BadRequest(f"offset {req.offset} is negative")
-        self.ctx.offsets.commit(req.group, req.topic, req.queue_id, req.offset)
+        # a slave takes commits while its master is away, and hands them back later
+        hand_back = not self.ctx.replica.is_master()
+        self.ctx.offsets.commit(req.group, req.topic, req.queue_id, req.offset, hand_back=hand_back)
         return Empty()
 
     def _check_queue(self, topic: str, queue_id: int) -> None:

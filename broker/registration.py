@@ -120,6 +120,12 @@ class Registration:
         """Register with every name server now (this broker's role changed)."""
         self._topic_changed("")
 
+    def register_now(self) -> None:
+        """Register with every name server now (a heartbeat: nothing changed)."""
+        for link in self._links:
+            if link.wake is not None:
+                link.wake.set()
+
     def _topic_changed(self, _: TopicConfig | str) -> None:
         self.data_version += 1
         for link in self._links:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -40,12 +41,20 @@ from txmq.errors import TxmqError
 from txmq.serving import Acceptor
 from txmq.wire import ControllerAnswer, ControllerHeartbeat
 
-__all__ = ["MasterDuties", "Replication"]
+__all__ = ["MasterDuties", "Replication", "physical_memory"]
 
 log = logging.getLogger("txmq.broker.ha")
 
 #: the id a slave registers under while its own is 0 and its master is not known
 UNKNOWN_SLOT = 1024
+#: without a controller, a slave that cannot reach its master asks the name servers where
+#: the master is (a registration) this often
+REDISCOVER_S = 2.0
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class MasterDuties(Protocol):
@@ -85,6 +94,7 @@ class Replication:
             self.epochs,
             self.metadata.take,
             in_sync_lag_s=config.ha_in_sync_lag_s,
+            take_offsets=self._take_offsets,
         )
         self.client = HaClient(
             ctx.store,
@@ -96,6 +106,7 @@ class Replication:
             notify=ctx.arrivals.notify,
             apply_metadata=self.metadata.apply,
             address=address,
+            pending_offsets=ctx.offsets.pending,
         )
         self.link: ControllerLink | None = None
         if controlled:
@@ -116,10 +127,17 @@ class Replication:
         self.ha_port = 0
         self.store.writable = self.role.is_master
         ctx.acks.gate = self
+        ctx.replica = self
+        #: a reader this far behind the log's end reads what the master no longer has in
+        #: memory: its pull answer sends it to a slave (RocketMQ's
+        #: accessMessageInMemoryMaxRatio of the machine's memory)
+        self.slow_read_bytes = int(config.access_message_in_memory_max_ratio * physical_memory())
         #: told when this broker's role or registered id changed (the registration)
         self.on_change: list[Callable[[], object]] = []
         #: set when another broker is the master (a clean stop waits for it)
         self._successor = anyio.Event()
+        #: register with the name servers now (their answer names the set's master)
+        self.rediscover: Callable[[], object] | None = None
 
     @property
     def ha_address(self) -> str:
@@ -140,6 +158,24 @@ class Replication:
         if own:
             return own
         return self.role.master_id if self.role.master_id > 0 else UNKNOWN_SLOT
+
+    # -- what the pulls ask (broker.context.ReplicaView) ----------------------------------
+
+    def is_master(self) -> bool:
+        return self.role.is_master
+
+    def read_from(self, behind: int) -> int:
+        """Where a reader ``behind`` bytes before the log's end pulls next: 0 the master, 1 a
+        slave (RocketMQ's suggestWhichBrokerId)."""
+        slow = behind > self.slow_read_bytes
+        if self.role.is_master:
+            return 1 if slow and self.service.slaves else 0
+        return 1 if slow else 0  # a slave sends a reader that caught up back to the master
+
+    def _take_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
+        taken = self.ctx.offsets.commit_larger(offsets)
+        if taken:
+            log.info("took %d consumer offset(s) a slave kept while this broker was away", taken)
 
     # -- the gate of acknowledgements (broker.context.ReplicationGate) ---------------------
 
@@ -174,6 +210,8 @@ class Replication:
             )
             if self.link is not None:
                 tg.start_soon(self.link.run)
+            else:
+                tg.start_soon(self._rediscover_loop)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -193,6 +231,14 @@ class Replication:
             return await anyio.create_tcp_listener(
                 local_host=cfg.host, local_port=0, reuse_port=False
             )
+
+    async def _rediscover_loop(self) -> None:
+        """A slave whose master is unreachable (it may have come back elsewhere) asks the
+        name servers every REDISCOVER_S seconds rather than at the next registration."""
+        while True:
+            await anyio.sleep(REDISCOVER_S)
+            if not self.role.is_master and not self.client.connected and self.rediscover:
+                self.rediscover()
 
     def registered(self, master_address: str, master_ha_address: str) -> None:
         """What a name server answered this broker's registration: its set's master."""

@@ -108,6 +108,7 @@ class Broker(Stoppable):
                 epoch=lambda: self.replication.role.epoch,
             )
             self.replication.on_change.append(registration.refresh)
+            self.replication.rediscover = registration.register_now
         self._tg: anyio.abc.TaskGroup | None = None
         self._duties: anyio.CancelScope | None = None
         self.acceptor = Acceptor(

@@ -8,15 +8,23 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
 from txmq import Message
 from txmq.broker.store.commitlog import segment_paths
 from txmq.errors import TxmqError
 from txmq.sync import Producer, PullConsumer
-from txmq.wire import BrokerSetState, GetBrokerRuntimeInfo, GetReplicaInfo
+from txmq.wire import (
+    MASTER_ID,
+    BrokerSetState,
+    GetBrokerRuntimeInfo,
+    GetClusterInfo,
+    GetReplicaInfo,
+)
 
 SET = "a"
 SEGMENT = 1024 * 1024
@@ -30,6 +38,8 @@ class ReplicaSet:
     namesrv: NamesrvProcess
     replication: str = "sync"
     n: int = 3
+    #: broker settings (TXMQ_BROKER_*) for every replica
+    env: dict[str, str] = field(default_factory=dict)
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
 
     def start(self) -> ReplicaSet:
@@ -42,7 +52,7 @@ class ReplicaSet:
                     "--controller", self.namesrv.address, "--segment-size", str(SEGMENT),
                 ],
                 self.tmp / f"{SET}{i}.log",
-                env={"TXMQ_BROKER_MAX_MESSAGE_SIZE": str(64 * 1024)},
+                env={"TXMQ_BROKER_MAX_MESSAGE_SIZE": str(64 * 1024), **self.env},
             )  # fmt: skip
             self.brokers[i].start()
         self.wait_healthy()
@@ -69,9 +79,15 @@ class ReplicaSet:
                 return None
             others = {i for i, b in self.brokers.items() if b.alive() and i != s.master_id}
             alive = {r.broker_id for r in s.replicas if r.alive}
-            if others <= set(s.in_sync) and others | {s.master_id} <= alive:
-                return s.master_id + 1  # (truthy for id 0 too)
-            return None
+            acting = {r.broker_id for r in s.replicas if r.master and r.alive}
+            if not (others <= set(s.in_sync) and others | {s.master_id} <= alive):
+                return None
+            if acting != {s.master_id}:
+                return None  # elected, but not told yet
+            brokers = ask(self.namesrv.address, GetClusterInfo()).brokers
+            if not any(b.addresses.get(MASTER_ID) for b in brokers):
+                return None  # not registered as the master with the name server yet
+            return s.master_id + 1  # (truthy for id 0 too)
 
         found: int = wait_for(healthy, timeout)
         return found - 1
@@ -158,10 +174,15 @@ class Sender:
             worker.join(30)
 
 
-def consume_all(namesrv: str, topic: str, group: str = "jepsen-check") -> Counter[int]:
+def consume_all(
+    namesrv: str,
+    topic: str,
+    group: str = "jepsen-check",
+    body: Callable[[bytes], Any] = int,
+) -> Counter[Any]:
     """Every message of ``topic`` in the set's consume queues, read from the master: how
-    many times each number is there."""
-    seen: Counter[int] = Counter()
+    many times each body (``body(bytes)``: a number by default) is there."""
+    seen: Counter[Any] = Counter()
     with PullConsumer(namesrv=namesrv, group=group) as consumer:
         for mq in consumer.message_queues(topic, refresh=True):
             offset = 0
@@ -172,6 +193,6 @@ def consume_all(namesrv: str, topic: str, group: str = "jepsen-check") -> Counte
                 )  # fmt: skip
                 if not res.messages:
                     break
-                seen.update(int(m.body) for m in res.messages)
+                seen.update(body(m.body) for m in res.messages)
                 offset = res.next_offset
     return seen

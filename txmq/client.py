@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import anyio
 
@@ -27,7 +27,10 @@ from txmq.wire import (
 )
 from txmq.wire.base import R
 
-__all__ = ["DEFAULT_ADDRESS", "BrokerClient", "default_address", "endpoints"]
+__all__ = ["DEFAULT_ADDRESS", "BrokerClient", "Replica", "default_address", "endpoints"]
+
+#: which replica of a broker set a request goes to (see :meth:`BrokerClient.call`)
+Replica = Literal["master", "any", "slave"]
 
 DEFAULT_ADDRESS = "127.0.0.1:10911"
 
@@ -112,6 +115,8 @@ class BrokerClient:
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self.heartbeat_interval = 30.0
+        #: brokers whose last heartbeat failed (said once, not at every interval)
+        self._unreachable: set[str] = set()
         self._stop_event: anyio.Event | None = None
         self._lifetime: asyncio.Task[None] | None = None
 
@@ -241,7 +246,10 @@ class BrokerClient:
         if self.direct is not None:
             await self.call(heartbeat)
             return
-        remotes = self.broker_remotes()
+        # the brokers of the routes known now (not one that has gone: a master replaced,
+        # a broker restarted elsewhere), and those this client still talks to
+        known_now = self.routes.known_addresses()
+        remotes = [r for r in self.broker_remotes() if r.address in known_now]
         if self.heartbeat_every_master:
             known = {r.address for r in remotes}
             remotes += [self.routes.remote(a) for a in await self._masters() if a not in known]
@@ -253,7 +261,13 @@ class BrokerClient:
         try:
             await remote.call(heartbeat, timeout=self.request_timeout)
         except TxmqError as exc:
-            log.warning("heartbeat to broker %s failed: %s", remote.address, exc)
+            if remote.address not in self._unreachable:  # once per outage
+                self._unreachable.add(remote.address)
+                log.warning("heartbeat to broker %s failed: %s", remote.address, exc)
+            return
+        if remote.address in self._unreachable:
+            self._unreachable.discard(remote.address)
+            log.info("heartbeat to broker %s works again", remote.address)
 
     async def _masters(self) -> list[str]:
         """The master address of every broker set the name servers know (none if no name
@@ -298,10 +312,16 @@ class BrokerClient:
         *,
         timeout: float | None = None,
         broker: str | None = None,
+        replica: Replica = "master",
     ) -> R:
         """Send a typed request to a broker set's master (``broker``: its name; None: the
-        broker given directly); its typed answer (error answers raise)."""
-        return (await self.call_with_body(request, body, timeout=timeout, broker=broker)).header
+        broker given directly); its typed answer (error answers raise).  ``replica`` for
+        reads: "any" (the master, or a slave while the set has none), "slave" (a slave if
+        the set has one)."""
+        answer = await self.call_with_body(
+            request, body, timeout=timeout, broker=broker, replica=replica
+        )
+        return answer.header
 
     async def call_with_body(
         self,
@@ -310,10 +330,15 @@ class BrokerClient:
         *,
         timeout: float | None = None,
         broker: str | None = None,
+        replica: Replica = "master",
     ) -> WithBody[R]:
         """Send a typed request; its typed answer and the answer's body (records)."""
         self._task_group()
-        return await self.remote(broker).call(
+        if replica == "master":
+            remote = self.remote(broker)
+        else:
+            remote = self.routes.remote(self.routes.read_address(broker, slave=replica == "slave"))
+        return await remote.call(
             request, body, timeout=self.request_timeout if timeout is None else timeout
         )
 

@@ -295,7 +295,7 @@ class Producer(BrokerClient):
             if exc.retriable:
                 took = (time.monotonic() - began) * 1000
                 self.routes.faults.update(mq.broker_name, took, failed=True)
-                self.routes.failed(mq)
+                self.routes.failed(mq, unreachable=not getattr(exc, "sent", True))
             raise
         self.routes.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
         return sent

@@ -14,7 +14,9 @@ from typing import Any
 
 from txmq.client import BrokerClient
 from txmq.codec import CorruptRecord, decode_records
+from txmq.errors import BrokerUnavailable
 from txmq.message import MessageExt, tag_hash
+from txmq.route import MessageQueue
 from txmq.wire import (
     GetMaxOffset,
     GetMinOffset,
@@ -59,6 +61,8 @@ class PullConsumer(BrokerClient):
     ) -> None:
         super().__init__(address, **kwargs)
         self.group = group
+        #: the queues a broker advised to read from a slave next (topic, broker, queue id)
+        self._from_slave: dict[tuple[str, str | None, int], bool] = {}
 
     async def pull(
         self,
@@ -87,9 +91,26 @@ class PullConsumer(BrokerClient):
             suspend_ms=int(long_poll * 1000),
             subscription=subscription,
         )
-        pulled, body = await self.call_with_body(
-            request, timeout=long_poll + self.request_timeout, broker=broker_name
-        )
+        key = (topic, broker_name, queue_id)
+        from_slave = self._from_slave.get(key, False)
+        try:
+            pulled, body = await self.call_with_body(
+                request,
+                timeout=long_poll + self.request_timeout,
+                broker=broker_name,
+                replica="slave" if from_slave else "any",
+            )
+        except BrokerUnavailable:
+            if from_slave or not broker_name:
+                raise
+            # the master is down (its route not refreshed yet): read from a slave
+            self.routes.failed(MessageQueue(topic, broker_name, queue_id), unreachable=True)
+            pulled, body = await self.call_with_body(
+                request, timeout=long_poll + self.request_timeout, broker=broker_name,
+                replica="slave",
+            )  # fmt: skip
+        if broker_name:  # the broker's advice for the next pull (RocketMQ's suggestWhichBrokerId)
+            self._from_slave[key] = pulled.suggest_broker_id != 0
         messages = decode_records(body, on_corrupt=self._corrupt(topic, queue_id)) if body else []
         if broker_name:
             for m in messages:
@@ -119,19 +140,20 @@ class PullConsumer(BrokerClient):
         request = UpdateConsumerOffset(
             group=self.group, topic=topic, queue_id=queue_id, offset=offset
         )
-        await self.call(request, broker=broker_name)
+        # the master; while the set has none, a slave keeps it and hands it back later
+        await self.call(request, broker=broker_name, replica="any")
 
     async def fetch_offset(
         self, topic: str, queue_id: int, *, broker_name: str | None = None
     ) -> int:
         """The group's committed offset, or -1 if it never committed one."""
         request = QueryConsumerOffset(group=self.group, topic=topic, queue_id=queue_id)
-        return (await self.call(request, broker=broker_name)).offset
+        return (await self.call(request, broker=broker_name, replica="any")).offset
 
     async def max_offset(self, topic: str, queue_id: int, *, broker_name: str | None = None) -> int:
         request = GetMaxOffset(topic=topic, queue_id=queue_id)
-        return (await self.call(request, broker=broker_name)).offset
+        return (await self.call(request, broker=broker_name, replica="any")).offset
 
     async def min_offset(self, topic: str, queue_id: int, *, broker_name: str | None = None) -> int:
         request = GetMinOffset(topic=topic, queue_id=queue_id)
-        return (await self.call(request, broker=broker_name)).offset
+        return (await self.call(request, broker=broker_name, replica="any")).offset

@@ -255,7 +255,7 @@ class PushConsumer(PullConsumer):
         """The group's members, as a broker of the group's topics knows them (every member
         heartbeats every broker of its subscriptions)."""
         request = GetConsumerListByGroup(group=self.group)
-        return sorted((await self.call(request, broker=broker_name)).client_ids)
+        return sorted((await self.call(request, broker=broker_name, replica="any")).client_ids)
 
     async def rebalance(self) -> None:
         """Recompute which queues this member consumes, and start or stop their pulls."""
@@ -270,7 +270,7 @@ class PushConsumer(PullConsumer):
                     continue
                 self._unrouted.discard(topic)
                 mqs = sorted(route.read_queues)
-                await self._reach(route.masters.values())
+                await self._reach(self.routes.replica_addresses(route))
                 if self.message_model is MessageModel.BROADCASTING:
                     mine = set(mqs)
                 elif not mqs:

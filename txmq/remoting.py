@@ -535,7 +535,9 @@ class RemotingClient:
                 with anyio.fail_after(self.connect_timeout):
                     stream = await anyio.connect_tcp(self.host, self.port)
             except (OSError, TimeoutError) as exc:
-                raise BrokerUnavailable(f"cannot connect to broker {self.address}: {exc}") from exc
+                unreachable = BrokerUnavailable(f"cannot connect to broker {self.address}: {exc}")
+                unreachable.sent = False
+                raise unreachable from exc
             conn = Connection(
                 stream, self.handler, max_frame_size=self.max_frame_size, name=self.address
             )

@@ -208,12 +208,28 @@ class RouteTable:
     def cached(self, topic: str) -> Route | None:
         return self._routes.get(topic)
 
-    def failed(self, mq: MessageQueue) -> None:
+    def failed(self, mq: MessageQueue, *, unreachable: bool = False) -> None:
         """A request to ``mq``'s broker set failed: fetch the topic's route again before
-        its next use (its master may have changed)."""
+        its next use (its master may have changed).  ``unreachable``: no connection could
+        be made to its master (the process is gone): until a route says otherwise the set
+        has no master here, so that sends wait for a new one rather than try it again."""
         route = self._routes.get(mq.topic)
-        if route is not None:
-            self._routes[mq.topic] = dataclasses.replace(route, fetched_at=-math.inf)
+        if route is None:
+            return
+        route = dataclasses.replace(route, fetched_at=-math.inf)
+        name = mq.broker_name
+        gone = route.masters.get(name)
+        if unreachable and gone is not None:
+            replicas = {i: a for i, a in route.replicas.get(name, {}).items() if a != gone}
+            route = dataclasses.replace(
+                route,
+                write_queues=tuple(q for q in route.write_queues if q.broker_name != name),
+                masters={n: a for n, a in route.masters.items() if n != name},
+                replicas={**route.replicas, name: replicas},
+            )
+            if self._masters.get(name) == gone:
+                del self._masters[name]
+        self._routes[mq.topic] = route
 
     async def route(self, topic: str, *, create: bool = False, refresh: bool = False) -> Route:
         """The topic's route (fetched when not cached, older than ``ttl`` or ``refresh``)."""
@@ -254,17 +270,24 @@ class RouteTable:
         """The topic's route with a queue to send to.  While every broker set holding it
         has replicas but no master (a failover under way) the route is fetched again and
         again for up to ``wait_s``; then :class:`BrokerUnavailable` (retriable)."""
-        route = await self.route(topic, create=create)
         deadline = time.monotonic() + wait_s
-        while not route.write_queues and route.read_queues:
-            if time.monotonic() >= deadline:
-                raise BrokerUnavailable(
-                    f"no broker set of {topic} has a master now ({', '.join(route.replicas)}: "
-                    "a failover may be under way); send again"
-                )
+        refresh = False
+        while True:
+            try:
+                route = await self.route(topic, create=create, refresh=refresh)
+            except BrokerUnavailable:  # e.g. a new topic while its broker set has no master
+                if time.monotonic() >= deadline:
+                    raise
+            else:
+                if route.write_queues or not route.read_queues:
+                    return route
+                if time.monotonic() >= deadline:
+                    raise BrokerUnavailable(
+                        f"no broker set of {topic} has a master now "
+                        f"({', '.join(route.replicas)}: a failover may be under way); send again"
+                    )
             await anyio.sleep(WAIT_FOR_MASTER_S)
-            route = await self.route(topic, refresh=True)
-        return route
+            refresh = True
 
     async def _fetch(self, topic: str, create: bool) -> TopicRoute:
         request = GetTopicRoute(topic=topic, create=create)
@@ -303,9 +326,11 @@ class RouteTable:
         queues: list[QueueData] = []
         brokers: list[BrokerData] = []
         refused: list[str] = []
+        masterless: list[str] = []
         for b in cluster.brokers:
             master = b.addresses.get(MASTER_ID)
             if master is None:
+                masterless.append(b.broker_name)
                 continue
             try:
                 answer = await self.remote(master).call(
@@ -318,6 +343,11 @@ class RouteTable:
             brokers += [BrokerData(cluster=d.cluster, broker_name=d.broker_name,
                                    addresses={**d.addresses, MASTER_ID: master})
                         for d in answer.header.brokers]  # fmt: skip
+        if not queues and masterless:
+            raise BrokerUnavailable(
+                f"topic {topic!r} is not known yet and broker set(s) {', '.join(masterless)} "
+                "have no master now (a failover may be under way)"
+            )
         if not queues:
             why = "; ".join(refused) or "the name servers know no broker"
             raise TopicNotFound(f"topic {topic!r} does not exist and no broker created it ({why})")
@@ -357,6 +387,34 @@ class RouteTable:
                 f"broker set {broker_name!r} has no master now (a failover may be under way)"
             )
         raise BrokerUnavailable(f"broker {broker_name!r} is in no route this client knows")
+
+    def read_address(self, broker_name: str | None, *, slave: bool = False) -> str:
+        """Where to read from broker set ``broker_name``: its master, or (``slave``: the
+        master's advice, or no master now) one of its slaves — the lowest id, so that a
+        group's members meet on one."""
+        if broker_name is None or self.direct is not None:
+            return self.address_of(broker_name)
+        master = self._masters.get(broker_name)
+        if master is not None and not slave:
+            return master
+        slaves = sorted(
+            (i, a) for i, a in self._replicas.get(broker_name, {}).items() if i != MASTER_ID
+        )
+        if slaves:
+            return slaves[0][1]
+        return self.address_of(broker_name)
+
+    def known_addresses(self) -> set[str]:
+        """Every broker address of the routes this client knows now."""
+        out = set(self._masters.values())
+        for replicas in self._replicas.values():
+            out.update(replicas.values())
+        return out
+
+    def replica_addresses(self, route: Route) -> list[str]:
+        """Every replica of every broker set of ``route`` (a consumer heartbeats them all,
+        so that a slave it reads from while the master is away knows the group)."""
+        return sorted({a for replicas in route.replicas.values() for a in replicas.values()})
 
     # -- choosing a queue to send to ------------------------------------------------------
 

@@ -48,7 +48,7 @@ import anyio.to_thread
 
 from txmq.caller import in_caller_thread
 from txmq.codec import decode_record
-from txmq.errors import TxmqError
+from txmq.errors import BrokerUnavailable, TxmqError
 from txmq.message import Message, MessageExt, Prop, new_message_id
 from txmq.producer import (
     Producer,
@@ -213,7 +213,15 @@ class TransactionProducer(Producer):
         mq, _ = await self._pick(msg, options)
         request = self._send_request(msg.topic, mq.queue_id, props)
         # not retried (a second half), but a broker set that failed is left out of the next
-        sent = await self._send_to(mq, request, bytes(msg.body), options.get("timeout"))
+        try:
+            sent = await self._send_to(mq, request, bytes(msg.body), options.get("timeout"))
+        except BrokerUnavailable as exc:
+            if exc.sent:
+                raise
+            # it never left (the master was gone: a failover?): once more, on a fresh route
+            mq, _ = await self._pick(msg, options)
+            request = self._send_request(msg.topic, mq.queue_id, props)
+            sent = await self._send_to(mq, request, bytes(msg.body), options.get("timeout"))
         return send_result(msg.topic, sent, mq.broker_name)
 
     async def end_transaction(

@@ -28,6 +28,7 @@ from txmq.rpc import Call, Router
 from txmq.wire import (
     HaBatch,
     HaGetMetadata,
+    HaHandBackOffsets,
     HaHello,
     HaMetadata,
     HaTransfer,
@@ -81,11 +82,15 @@ class HaService:
         metadata: Callable[[], HaMetadata],
         *,
         in_sync_lag_s: float = 15.0,
+        take_offsets: Callable[[dict[str, dict[str, dict[int, int]]]], object],
     ) -> None:
+        """``metadata()``: what slaves copy; ``take_offsets``: keep the consumer offsets a
+        slave took while this broker was away, where further than its own."""
         self.store = store
         self.role = role
         self.epochs = epochs
         self.metadata = metadata
+        self.take_offsets = take_offsets
         self.in_sync_lag_s = in_sync_lag_s
         self.slaves: dict[int, SlaveLink] = {}
         #: the end of the newest write a slave's confirmation acknowledged
@@ -104,6 +109,7 @@ class HaService:
         self.router.route(HaHello, self.hello)
         self.router.route(HaTransfer, self.transfer)
         self.router.route(HaGetMetadata, self.get_metadata)
+        self.router.route(HaHandBackOffsets, self.hand_back_offsets)
 
     def bind(self) -> None:
         """Called on the broker's event loop once it runs: the store's writers (some in
@@ -214,6 +220,12 @@ class HaService:
     def get_metadata(self, req: HaGetMetadata, call: Call) -> HaMetadata:
         if not self.role.serves:
             raise NotMaster("this broker is no longer its broker set's master")
+        return self.metadata()
+
+    def hand_back_offsets(self, req: HaHandBackOffsets, call: Call) -> HaMetadata:
+        if not self.role.is_master:
+            raise NotMaster("this broker is not its broker set's master")
+        self.take_offsets(req.offsets)
         return self.metadata()
 
     # -- acknowledgements -------------------------------------------------------------------

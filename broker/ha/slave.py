@@ -21,7 +21,14 @@ from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store import MessageStore, ReplicaError
 from txmq.errors import NotMaster, TxmqError
 from txmq.remoting import RemotingClient
-from txmq.wire import EpochEntry, HaGetMetadata, HaHello, HaMetadata, HaTransfer
+from txmq.wire import (
+    EpochEntry,
+    HaGetMetadata,
+    HaHandBackOffsets,
+    HaHello,
+    HaMetadata,
+    HaTransfer,
+)
 
 __all__ = ["HaClient"]
 
@@ -48,6 +55,7 @@ class HaClient:
         notify: Callable[[str, int], None],
         apply_metadata: Callable[[HaMetadata], object],
         address: Callable[[], str],
+        pending_offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] = dict,
     ) -> None:
         """``notify(topic, queue_id)``: a queue got messages (wakes long polls);
         ``apply_metadata``: take the master's metadata."""
@@ -59,6 +67,7 @@ class HaClient:
         self._notify = notify
         self._apply_metadata = apply_metadata
         self._address = address
+        self._pending_offsets = pending_offsets
         #: the master's HA address to follow ("" : not known yet)
         self.master = master
         #: the master's commit-log end at its last answer, and when that answer came
@@ -214,13 +223,25 @@ class HaClient:
         broker_id = self.broker_id
         while True:
             self._copy_now = anyio.Event()
-            meta = (await client.call(HaGetMetadata(broker_id=broker_id), timeout=10.0)).header
+            pending = self._pending_offsets()
+            if pending:  # consumers committed here while the master was away: hand back
+                request: HaGetMetadata | HaHandBackOffsets = HaHandBackOffsets(
+                    broker_id=broker_id, offsets=pending
+                )
+                log.info("handing %d consumer offset(s) back to the master", _count(pending))
+            else:
+                request = HaGetMetadata(broker_id=broker_id)
+            meta = (await client.call(request, timeout=10.0)).header
             self._apply_metadata(meta)  # on the loop: topic changes wake the registration
             with anyio.move_on_after(self.metadata_interval_s):
                 await self._copy_now.wait()
 
     def lag_bytes(self) -> int:
         return max(self.master_offset - self.store.commit_log_max_offset, 0)
+
+
+def _count(offsets: dict[str, dict[str, dict[int, int]]]) -> int:
+    return sum(len(q) for topics in offsets.values() for q in topics.values())
 
 
 def _single(exc: BaseException) -> BaseException:

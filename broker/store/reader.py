@@ -87,7 +87,7 @@ def get_from_queue(
         status = GetStatus.FOUND
     elif picked:
         status = GetStatus.OFFSET_FOUND_NULL
-    return GetResult(status, records, cur, lo, hi)
+    return GetResult(status, records, cur, lo, hi, picked[0][0] if records else -1)
 
 
 def _checked(

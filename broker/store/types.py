@@ -117,6 +117,9 @@ class GetResult:
     next_begin_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
+    #: the commit-log offset of the first record read (-1: none): how far behind the
+    #: log's end the reader is
+    first_phy_offset: int = -1
 
 
 @dataclass(frozen=True)

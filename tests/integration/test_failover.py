@@ -13,9 +13,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
 
 from tests.conftest import NamesrvProcess, wait_for
 from tests.replicaset import ReplicaSet, Sender, consume_all
+from tests.sqla_support import Order, create_all, orders
+from txmq import Message
+from txmq.sqla import COMMITTED, SqlTransactionChecker, transaction, transaction_log
+from txmq.sync import AdminClient, TransactionProducer
 
 TOPIC = "jepsen"
 
@@ -26,11 +32,12 @@ def replica_set(
 ) -> Iterator[Callable[..., ReplicaSet]]:
     made: list[ReplicaSet] = []
 
-    def make(replication: str = "sync") -> ReplicaSet:
+    def make(replication: str = "sync", **settings: object) -> ReplicaSet:
         ns = namesrv_process("ns")
         ns.args = ["--controller-store", str(tmp_path / "controller")]
         ns.start()
-        rs = ReplicaSet(tmp_path, ns, replication)
+        env = {f"TXMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()}
+        rs = ReplicaSet(tmp_path, ns, replication, env=env)
         made.append(rs)
         return rs.start()
 
@@ -83,6 +90,50 @@ def test_a_killed_master_is_replaced_and_rejoins_as_a_slave(
         sender.stop()
     stored = check_everything_acknowledged_is_there_once(rs, sender)
     assert stored >= len(sender.acked) >= 600
+    assert "now the SYNC_MASTER" in rs.brokers[new].output()
+
+
+def test_a_transaction_whose_master_dies_before_its_commit_is_checked_back_by_the_new_one(
+    replica_set: Callable[..., ReplicaSet], tmp_path: Path
+) -> None:
+    """The master is SIGKILLed between the half message and the COMMIT (inside the
+    SQLAlchemy transaction block): the half was replicated, the new master finds it
+    undecided, checks back with the producer group, and delivers it exactly once; the
+    rolled-back one never."""
+    rs = replica_set("sync", transaction_check_interval_s=0.5, transaction_timeout_s=1)
+    engine = create_engine(f"sqlite:///{tmp_path / 'orders.db'}")
+    with engine.begin() as conn:
+        create_all(conn)
+    checker = SqlTransactionChecker(engine)
+    ns = rs.namesrv.address
+    with TransactionProducer(
+        namesrv=ns, group="orders-tx", listener=checker, heartbeat_interval=0.5
+    ) as producer:
+        producer.send(Message("orders-ha", b"warm-up"))  # (the topic and the route)
+        first = rs.wait_healthy()
+        with Session(engine) as session, transaction(producer, session) as tx:
+            session.add(Order(id="o-1", amount=1))
+            tx.send(Message("orders-ha", b"created", keys=["o-1"]))
+            rs.kill(first)  # the half is stored (and copied); the COMMIT will find no master
+        with pytest.raises(LookupError), Session(engine) as session:
+            with transaction(producer, session) as tx2:
+                session.add(Order(id="o-2", amount=2))
+                tx2.send(Message("orders-ha", b"cancelled", keys=["o-2"]))
+                raise LookupError("no stock")  # rolled back: nothing may be delivered
+        new = rs.wait_healthy()
+        assert new != first
+        with AdminClient(namesrv=ns) as admin:
+            wait_for(lambda: not admin.transactions("pending"), timeout=30)
+        rs.restart(first)
+        rs.wait_healthy()
+    seen = consume_all(ns, "orders-ha", body=lambda b: b.decode())
+    assert seen == {"warm-up": 1, "created": 1}  # exactly once; "cancelled" never
+    with engine.connect() as conn:
+        assert list(conn.execute(select(orders.c.id)).scalars()) == ["o-1"]
+        state = select(transaction_log.c.state).where(
+            transaction_log.c.transaction_id == tx.transaction_id
+        )
+        assert conn.execute(state).scalar() == COMMITTED
     assert "now the SYNC_MASTER" in rs.brokers[new].output()
 
 

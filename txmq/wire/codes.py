@@ -47,6 +47,7 @@ class RequestCode(enum.IntEnum):
     HA_HELLO = 1101
     HA_TRANSFER = 1102
     HA_GET_METADATA = 1103
+    HA_HAND_BACK_OFFSETS = 1104
     # broker -> client
     NOTIFY_CONSUMER_IDS_CHANGED = 40
     CHECK_TRANSACTION_STATE = 39

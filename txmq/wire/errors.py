@@ -201,6 +201,9 @@ class BrokerUnavailable(TxmqError):
     """The broker cannot be reached or the connection was lost."""
 
     retriable = True
+    #: False when the request never left (no connection could be made): sending it again
+    #: cannot make a second copy
+    sent = True
 
 
 class RequestTimeout(TxmqError):

@@ -22,6 +22,7 @@ __all__ = [
     "EpochEntry",
     "HaBatch",
     "HaGetMetadata",
+    "HaHandBackOffsets",
     "HaHello",
     "HaMetadata",
     "HaTransfer",
@@ -98,3 +99,14 @@ class HaMetadata(Response, frozen=True, kw_only=True, omit_defaults=True):
 class HaGetMetadata(Request[HaMetadata], frozen=True, kw_only=True, omit_defaults=True):
     CODE = RequestCode.HA_GET_METADATA
     broker_id: BrokerId
+
+
+class HaHandBackOffsets(Request[HaMetadata], frozen=True, kw_only=True, omit_defaults=True):
+    """Consumer offsets a slave took while its master was away (consumers read from it):
+    the master keeps each one that is further than its own.  The answer is the master's
+    metadata (with them)."""
+
+    CODE = RequestCode.HA_HAND_BACK_OFFSETS
+    broker_id: BrokerId
+    #: group -> topic -> queue id -> offset
+    offsets: dict[str, dict[str, dict[int, Offset]]]

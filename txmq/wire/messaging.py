@@ -95,6 +95,9 @@ class Pulled(Response, frozen=True, kw_only=True, omit_defaults=True):
     next_offset: int
     min_offset: int
     max_offset: int
+    #: where to pull this queue from next (RocketMQ's suggestWhichBrokerId): 0 the master,
+    #: 1 a slave (the reader is so far behind that the master would read from disk)
+    suggest_broker_id: int = 0
 
 
 class PullMessage(Request[Pulled], frozen=True, kw_only=True, omit_defaults=True):
