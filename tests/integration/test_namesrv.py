@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from txmq.wire import (
     ConsumerData,
     DeleteTopic,
     GetClusterInfo,
+    GetMaxOffset,
     GetTopicRoute,
     Heartbeat,
     RequestCode,
@@ -246,3 +248,39 @@ def test_embedded_name_server_and_broker(embedded_broker: Callable[..., Embedded
         assert (live.cluster, live.data_version) == ("K", registration.data_version)
         broker.stop()
         assert ns.server.table.brokers() == []
+
+
+def test_a_second_live_broker_under_the_same_name_and_id_is_refused(
+    tmp_path: Path, namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory
+) -> None:
+    """Two live brokers registered as one (broker-a, id 0) would take turns in the routes
+    and mix their consumers' offsets: the name server keeps the first and refuses the
+    other, which says so once; what was sent through the name server went to the first."""
+    ns = namesrv_process("ns").start()
+    a = cluster_broker("broker-a", [ns.address]).start()
+    ask(a.address, UpdateAndCreateTopic(topic="orders", queue_nums=4))
+    eventually(lambda: route(ns.address, "orders") == {"broker-a": (4, a.address)})
+    twin = BrokerProcess(
+        tmp_path / "store-twin",
+        ["--namesrv", ns.address, "--cluster", "C", "--broker-name", "broker-a"],
+        tmp_path / "twin.log",
+        env={"TXMQ_BROKER_REGISTER_INTERVAL_S": "0.2"},
+    ).start()
+    try:
+        ask(twin.address, UpdateAndCreateTopic(topic="orders", queue_nums=8))
+        eventually(lambda: "already registered at " + a.address in twin.output())
+        with Producer(namesrv=ns.address) as producer:
+            sent = [producer.send(Message("orders", b"%d" % i)) for i in range(20)]
+        assert {r.broker_name for r in sent} == {"broker-a"}
+        stored = sum(
+            ask(a.address, GetMaxOffset(topic="orders", queue_id=q)).offset for q in range(4)
+        )
+        assert stored == 20  # on the first broker's store
+        # over several of the twin's attempts (one every 0.2 s) the route keeps the first
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            assert route(ns.address, "orders") == {"broker-a": (4, a.address)}
+            time.sleep(0.1)
+        assert twin.output().count("already registered") == 1  # said once, not per attempt
+    finally:
+        assert twin.terminate() == 0
