@@ -65,6 +65,8 @@ __all__ = ["Controller", "ControllerTimings", "NoCandidate"]
 
 log = logging.getLogger("txmq.controller")
 
+#: the epoch of a replica's log that never had an election (broker/ha/epochs.py)
+FIRST_EPOCH = 1
 #: a replica reports every 0.5 s: after this long, every live one has once more
 REPORT_AFTER_S = 0.7
 #: how long a master that stops cleanly waits for its successor to catch up
@@ -217,6 +219,13 @@ class Controller:
             if req.broker_id == s.master_id and s.election is None:
                 self._start_election(s, now, f"master {s.master_id} stops")
             return self._answer(s, req.broker_id)
+        newer = req.epoch > s.epoch and (req.master or s.epoch or req.epoch > FIRST_EPOCH)
+        unclaimed = req.master and s.master_id < 0 and req.epoch == s.epoch > 0
+        if newer or unclaimed:
+            # a controller that lost its state (or never had this set): the brokers' epochs
+            # go on from where they are, never back (a fresh replica's log counts as epoch
+            # 1, the epoch of the first election)
+            self._adopt(s, r, req, now)
         e = s.election
         if e is not None:
             if r.stopped and not r.fenced_at:
@@ -402,6 +411,29 @@ class Controller:
         others = alive if e.target >= 0 else fenced
         peers = [i for i, r in others.items() if r is not best and r.offset == best.offset]
         self._make_master(s, best, sorted(peers), e.reason)
+
+    def _adopt(self, s: _Set, r: _Replica, req: ControllerHeartbeat, now: float) -> None:
+        """Take the epoch a replica reports; one acting as master in it stays the master
+        (its proposal of in-sync slaves with it) — no election, nothing moves."""
+        s.epoch = req.epoch
+        if not req.master or (s.election is not None and s.election.old_master >= 0):
+            log.warning(
+                "broker set %s: epoch %d taken from broker %d", s.name, s.epoch, r.broker_id
+            )
+            self._save()
+            return
+        s.election = None
+        s.master_id, s.master_seen, s.confirmed = r.broker_id, now, True
+        s.in_sync = sorted({i for i in req.in_sync if i != r.broker_id})
+        s.history.append((s.epoch, r.broker_id))
+        self._save()
+        log.warning(
+            "broker set %s: broker %d acts as the master of epoch %d: kept (this controller "
+            "had no state for the set)",
+            s.name,
+            r.broker_id,
+            s.epoch,
+        )
 
     def _wait(self, s: _Set, what: str) -> None:
         e = s.election

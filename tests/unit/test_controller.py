@@ -292,3 +292,23 @@ def test_the_state_survives_a_controller_restart(tmp_path: Path, clock: Clock) -
     assert beat(again, 0, 10, 1, master=True, in_sync=[1]).lease_ms == 2000
     info = again.replica_info(GetReplicaInfo(), None)
     assert [(b.broker_name, b.master_id, b.in_sync) for b in info.sets] == [("a", 0, [1])]
+
+
+def test_a_controller_without_state_keeps_the_acting_master_and_its_epoch(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Its state file lost, a new controller meets a set in epoch 7: the broker acting as
+    master stays so (no election, nothing moves) and epochs go on from 7, never back."""
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    beat(c, 1, 500, 7, following=True, silent_ms=10)  # a slave reports first
+    told = beat(c, 2, 520, 7, master=True, in_sync=[1])
+    s = c.sets["a"]
+    assert (s.epoch, s.master_id, s.in_sync, s.election) == (7, 2, [1], None)
+    assert told.master_id == 2 and told.lease_ms == 2000 and not told.electing
+    assert beat(c, 1, 520, 7, following=True).master_id == 2
+    clock.now += 3.5  # and a failover later bumps the epoch from there
+    beat(c, 1, 520, 7, silent_ms=3400)
+    c.scan(clock.now)
+    beat(c, 1, 520, 7, silent_ms=3500)
+    c.scan(clock.now)
+    assert (s.master_id, s.epoch) == (1, 8)
