@@ -46,6 +46,14 @@ def parse_delay_levels(text: str, *, setting: str = "message_delay_levels") -> t
     return tuple(levels)
 
 
+def _address_list(text: str, setting: str) -> tuple[str, ...]:
+    """``"h1:p;h2:p"`` checked: SettingsError naming ``setting`` and the bad entry."""
+    try:
+        return parse_namesrv(text, setting=setting)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class BrokerConfig(ConnectionSettings):
     store: Path = Path("./txmq-store")
@@ -199,18 +207,12 @@ class BrokerConfig(ConnectionSettings):
     @cached_property
     def namesrv_addresses(self) -> tuple[str, ...]:
         """The name servers of :attr:`namesrv`, checked (empty: the broker runs alone)."""
-        try:
-            return parse_namesrv(self.namesrv, setting="namesrv")
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
+        return _address_list(self.namesrv, "namesrv")
 
     @cached_property
     def controller_addresses(self) -> tuple[str, ...]:
         """The controllers of :attr:`controller`, checked (empty: no controller)."""
-        try:
-            return parse_namesrv(self.controller, setting="controller")
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
+        return _address_list(self.controller, "controller")
 
     @cached_property
     def delay_levels(self) -> tuple[int, ...]:

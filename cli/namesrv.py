@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from txmq.cli.options import SubParsers, add_command
 from txmq.cli.serve import run_server
+
+if TYPE_CHECKING:
+    from txmq.namesrv import NamesrvServer
 
 __all__ = ["add_parser"]
 
@@ -78,29 +82,23 @@ def start_namesrv(args: argparse.Namespace) -> int:
     config = NamesrvConfig.load(
         args.config, host=args.host, port=args.port, controller_store=args.controller_store
     )
-    server = NamesrvServer(config)
-
-    return run_server(
-        server,
-        name="namesrv",
-        what="name server",
-        host=config.host,
-        port=config.port,
-        ready_file=args.ready_file,
-    )
+    return _serve(NamesrvServer(config), "namesrv", args.ready_file)
 
 
 def start_controller(args: argparse.Namespace) -> int:
     from txmq.namesrv import ControllerConfig, ControllerServer
 
     config = ControllerConfig.load(args.config, host=args.host, port=args.port, store=args.store)
-    server = ControllerServer(config)
+    return _serve(ControllerServer(config), "controller", args.ready_file)
 
+
+def _serve(server: NamesrvServer, name: str, ready_file: str | None) -> int:
+    config = server.config
     return run_server(
         server,
-        name="controller",
-        what="controller",
+        name=name,
+        what=server.what,
         host=config.host,
         port=config.port,
-        ready_file=args.ready_file,
+        ready_file=ready_file,
     )
