@@ -257,7 +257,7 @@ class Broker(Stoppable):
 
     def runtime_info(self) -> RuntimeInfo:
         put_tps, get_tps = self.context.throughput.rates()
-        return RuntimeInfo(
+        info = RuntimeInfo(
             version=VERSION,
             address=self.address,
             pid=os.getpid(),
@@ -282,6 +282,9 @@ class Broker(Stoppable):
                 f"{ms_time(d.found_at)} {d.describe()}" for d in self.store.damage.entries()
             ],
         )
+        from txmq.broker.replica_info import with_replication
+
+        return with_replication(info, self.replication)
 
 
 class EmbeddedBroker(EmbeddedServer[Broker]):

@@ -15,8 +15,21 @@ import json
 import anyio
 
 from txmq.admin import AdminClient
+from txmq.cli.admin_ha import (
+    add_controller_option,
+    add_switchover,
+    cluster_output,
+    run_switchover,
+)
 from txmq.cli.admin_views import Rows, query
-from txmq.cli.options import SubParsers, add_command, add_endpoints, endpoints, share
+from txmq.cli.options import (
+    CommandError,
+    SubParsers,
+    add_command,
+    add_endpoints,
+    endpoints,
+    share,
+)
 from txmq.fmt import cell, format_table, ms_time, with_times
 
 __all__ = ["add_parser"]
@@ -46,6 +59,7 @@ def add_parser(sub: SubParsers) -> None:
         ),
         examples="  txmq admin topics --broker 127.0.0.1:10911\n"
         "  txmq admin cluster --namesrv '127.0.0.1:9876;127.0.0.1:9877'\n"
+        "  txmq admin switchover --broker-name broker-a --to 1 --namesrv 127.0.0.1:9876\n"
         "  txmq admin topic-create orders --queues 8 --cluster C --namesrv 127.0.0.1:9876\n"
         "  txmq admin route orders --namesrv 127.0.0.1:9876\n"
         "  txmq admin topic-stats orders --json\n"
@@ -54,13 +68,23 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq admin transactions --parked",
     )
     asub = a.add_subparsers(dest="admin_cmd", required=True, metavar="COMMAND")
-    add_command(
+    cl = add_command(
         asub,
         "cluster",
         help="the brokers of a cluster: address, role, version, uptime, load, lag",
+        description=(
+            "The brokers of a cluster: address, role (SYNC_MASTER, ASYNC_MASTER, SLAVE), own\n"
+            "broker id, epoch, a slave's lag behind its master (bytes, and seconds since it\n"
+            "last had everything), version, uptime, load and consumer lag; then, for\n"
+            "replicated broker sets, each set's master, epoch and in-sync slaves, and the\n"
+            "controller's view of the set (--controller, else a name server that hosts one,\n"
+            "else the controller the brokers heartbeat to)."
+        ),
         examples="  txmq admin cluster --namesrv '127.0.0.1:9876;127.0.0.1:9877'\n"
-        "  txmq admin cluster --broker 127.0.0.1:10911 --json",
+        "  txmq admin cluster --broker 127.0.0.1:10911 --json\n"
+        "  txmq admin cluster --namesrv 127.0.0.1:9876 --controller 127.0.0.1:9878",
     )
+    sw = add_switchover(asub)
     rt = add_command(
         asub,
         "route",
@@ -151,14 +175,33 @@ def add_parser(sub: SubParsers) -> None:
     tx.add_argument("--max", type=int, default=100, help="most transactions to show")
     tx.add_argument("--broker-name", help=BROKER_NAME_HELP)
     share(a, _shared)
+    add_controller_option(a, None)  # before the subcommand, or after these two
+    for leaf in (cl, sw):
+        add_controller_option(leaf, argparse.SUPPRESS)
     a.set_defaults(func=run_admin)
 
 
 def run_admin(args: argparse.Namespace) -> int:
+    if args.controller and args.admin_cmd not in ("cluster", "switchover"):
+        raise CommandError("--controller is for 'txmq admin cluster' and 'txmq admin switchover'")
+    if args.admin_cmd == "switchover":
+        return run_switchover(args)
     where = endpoints(args)
 
+    async def client() -> AdminClient:
+        return AdminClient(where["address"], namesrv=where["namesrv"])
+
+    if args.admin_cmd == "cluster":
+
+        async def cluster() -> str:
+            async with await client() as admin:
+                return await cluster_output(admin, args)
+
+        print(anyio.run(cluster))
+        return 0
+
     async def run() -> Rows:
-        async with AdminClient(where["address"], namesrv=where["namesrv"]) as admin:
+        async with await client() as admin:
             return await query(admin, args)
 
     rows, columns = anyio.run(run)

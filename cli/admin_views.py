@@ -6,13 +6,12 @@ broker asked directly have none (as before name servers)."""
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
 from typing import Any
 
 import msgspec
 
 from txmq.admin import AdminClient
-from txmq.fmt import ms_time, short_body, span
+from txmq.fmt import ms_time, short_body
 from txmq.message import MessageExt, Prop
 from txmq.wire import PERM_READ, PERM_WRITE
 
@@ -58,8 +57,6 @@ def _columns(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
 async def query(admin: AdminClient, args: argparse.Namespace) -> Rows:
     cmd = args.admin_cmd
     name = getattr(args, "broker_name", None)
-    if cmd == "cluster":
-        return await _cluster(admin, args)
     if cmd == "route":
         return await _route(admin, args.topic)
     if cmd == "topics":
@@ -91,33 +88,6 @@ async def query(admin: AdminClient, args: argparse.Namespace) -> Rows:
     raise SystemExit(f"unknown admin command {cmd}")  # pragma: no cover - argparse rejects it
 
 
-async def _cluster(admin: AdminClient, args: argparse.Namespace) -> Rows:
-    brokers = await admin.cluster()
-    if args.json:
-        return [msgspec.structs.asdict(b) for b in brokers], None
-    table = [
-        {
-            "cluster": b.cluster or "-",
-            "broker": b.broker_name or "-",
-            "id": b.broker_id,
-            "role": b.role,
-            "address": b.address,
-            "version": b.version or "-",
-            "uptime": span(timedelta(seconds=b.uptime_s)) if not b.error else "-",
-            "topics": b.topics,
-            "connections": b.connections,
-            "max_offset": b.commit_log_max_offset,
-            "messages": b.messages,
-            "put/s": b.put_tps,
-            "get/s": b.get_tps,
-            "lag": b.lag,
-            **({"error": b.error} if any(x.error for x in brokers) else {}),
-        }
-        for b in brokers
-    ]
-    return table, None
-
-
 async def _route(admin: AdminClient, topic: str) -> Rows:
     route = await admin.topic_route(topic)
     brokers = {b.broker_name: b for b in route.brokers}
@@ -145,7 +115,7 @@ async def _broker_info(admin: AdminClient, as_json: bool, name: str | None) -> R
         infos = [await admin.runtime_info(broker=name)]
     else:
         infos = await admin.runtime_infos()
-    dicts = _dicts(infos)
+    dicts = [_for_role(d) for d in _dicts(infos)]
     if as_json:
         return dicts, None
     if len(dicts) == 1:
@@ -160,6 +130,27 @@ async def _broker_info(admin: AdminClient, as_json: bool, name: str | None) -> R
     keys = [k for k in dicts[0] if k != "broker_name"]
     rows = [{"key": k, **{n: d.get(k) for n, d in zip(names, dicts, strict=True)}} for k in keys]
     return rows, ["key", *names]
+
+
+#: runtime information only a master's / only a slave's has
+MASTER_FIELDS = ("slave_lag_bytes", "slave_lag_s", "in_sync")
+SLAVE_FIELDS = (
+    "master_id",
+    "master_address",
+    "master_ha_address",
+    "connected",
+    "lag_bytes",
+    "last_contact_s",
+)
+
+
+def _for_role(info: dict[str, Any]) -> dict[str, Any]:
+    """A broker's runtime information without the fields of the other role."""
+    role = info.get("broker_role", "")
+    drop: tuple[str, ...] = MASTER_FIELDS if role == "SLAVE" else SLAVE_FIELDS
+    if not role:  # a broker that says nothing of replication
+        drop = MASTER_FIELDS + SLAVE_FIELDS
+    return {k: v for k, v in info.items() if k not in drop}
 
 
 async def _dlq(admin: AdminClient, args: argparse.Namespace) -> Rows:

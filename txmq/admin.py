@@ -1,5 +1,7 @@
 """Operator queries: topics, queue statistics, message lookups, group offsets, the DLQ,
-undecided transactions — of one broker, or of a whole cluster.
+undecided transactions — of one broker, or of a whole cluster — and the replicated broker
+sets: each broker's role, epoch and lag (:meth:`~AdminClient.cluster`), the controller's
+view, a planned switchover of a set's master (:meth:`~AdminClient.switchover`).
 
 An :class:`AdminClient` given a broker's address asks that broker alone.  Given name
 servers (``namesrv="h1:9876;h2:9876"``) it asks every master the name servers know
@@ -15,27 +17,31 @@ broker raises, saying where it was done and where not.
 
 from __future__ import annotations
 
-import anyio
+from collections.abc import Sequence
+
 import msgspec
 
+from txmq import controller_client
+from txmq.cluster_view import BrokerRow, ControllerView, cluster_rows
 from txmq.codec import decode_record, decode_records
+from txmq.controller_client import SwitchoverResult
 from txmq.errors import MessageNotFound, TopicNotFound, TxmqError
 from txmq.fanout import BrokerAddress, ClusterClient, is_offset_id, merged
 from txmq.message import MessageExt
+from txmq.remoting import parse_namesrv
 from txmq.wire import (
-    MASTER_ID,
     DeleteTopic,
     DlqList,
     DlqResend,
     GetAllConsumerOffsets,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
-    GetTopicRoute,
     GetTopicStats,
     GetTransactions,
     GroupOffset,
     QueryMessageByKey,
     QueueStats,
+    ReplicaInfo,
     RuntimeInfo,
     TopicInfo,
     TopicRow,
@@ -44,33 +50,14 @@ from txmq.wire import (
     ViewMessageById,
 )
 
-__all__ = ["AdminClient", "BrokerAddress", "BrokerRow", "BrokerTransactionRow"]
-
-
-class BrokerRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One broker of a cluster (:meth:`AdminClient.cluster`)."""
-
-    cluster: str
-    broker_name: str
-    broker_id: int
-    #: MASTER (broker id 0) or SLAVE
-    role: str
-    address: str
-    version: str = ""
-    uptime_s: float = 0.0
-    topics: int = 0
-    connections: int = 0
-    commit_log_max_offset: int = 0
-    #: messages stored in its queues of user topics (not system ones)
-    messages: int = 0
-    #: messages its consumer groups have not consumed yet, over every group and queue
-    lag: int = 0
-    #: messages stored by sends / pulled by consumers per second (the last minute)
-    put_tps: float = 0.0
-    get_tps: float = 0.0
-    pending_transactions: int = 0
-    #: why the broker did not answer ("" when it did)
-    error: str = ""
+__all__ = [
+    "AdminClient",
+    "BrokerAddress",
+    "BrokerRow",
+    "BrokerTransactionRow",
+    "ControllerView",
+    "SwitchoverResult",
+]
 
 
 class BrokerTransactionRow(TransactionRow, frozen=True, kw_only=True, omit_defaults=True):
@@ -236,71 +223,53 @@ class AdminClient(ClusterClient):
         info = await self._ask(target, GetBrokerRuntimeInfo())
         if not target.broker_name:
             return info
-        return msgspec.structs.replace(
-            info, cluster=target.cluster, broker_name=target.broker_name, broker_id=target.broker_id
-        )
+        # (its broker_id stays its own: under a controller the master registers as 0)
+        return msgspec.structs.replace(info, cluster=target.cluster, broker_name=target.broker_name)
 
-    async def cluster(self) -> list[BrokerRow]:
+    async def cluster(self, *, controller: str | Sequence[str] | None = None) -> list[BrokerRow]:
         """Every broker of the cluster — masters and slaves, by cluster and broker name —
         with its address, role, version, uptime, topics, connections, commit-log max
-        offset, stored messages and consumer lag.  A broker that does not answer has a
-        row with ``error`` set.  A broker given directly: itself."""
+        offset, stored messages and consumer lag, and its part in its broker set (role,
+        epoch, a slave's lag, the set's in-sync slaves, the controller's view).  A broker
+        that does not answer has a row with ``error`` set.  A broker given directly:
+        itself.  ``controller``: the controllers to ask ("h1:p1;h2:p2"; None: a name
+        server hosting one, else those the brokers heartbeat to)."""
+        return await cluster_rows(self, _addresses(controller))
+
+    # -- replication --------------------------------------------------------------------
+
+    async def controllers(self, *, broker: str | None = None) -> list[str]:
+        """Where a controller may be: the name servers (one may host it), then the
+        controllers the brokers heartbeat to (those of the broker set ``broker``)."""
+        found: list[str] = list(self.namesrv)
         if self.direct is not None:
-            targets = [await self._identify(self.direct)]
-        else:
-            info = await self.cluster_info()
-            targets = [
-                BrokerAddress(b.cluster, b.broker_name, broker_id, address)
-                for b in info.brokers
-                for broker_id, address in b.addresses.items()
-            ]
-            targets.sort(key=lambda t: (t.cluster, t.broker_name, t.broker_id))
-        rows: list[BrokerRow] = [_row(t, error="?") for t in targets]
-
-        async def one(i: int, target: BrokerAddress) -> None:
-            try:
-                rows[i] = await self._broker_row(target)
-            except TxmqError as exc:
-                rows[i] = _row(target, error=str(exc))
-
-        async with anyio.create_task_group() as tg:
-            for i, target in enumerate(targets):
-                tg.start_soon(one, i, target)
-        return rows
-
-    async def _broker_row(self, target: BrokerAddress) -> BrokerRow:
-        info = await self._ask(target, GetBrokerRuntimeInfo())
-        topics = (await self._ask(target, GetAllTopicConfig())).topics
-        offsets = (await self._ask(target, GetAllConsumerOffsets())).offsets
-        return msgspec.structs.replace(
-            _row(target),
-            version=info.version,
-            uptime_s=info.uptime_s,
-            topics=info.topics,
-            connections=info.connections,
-            commit_log_max_offset=info.commit_log_max_offset,
-            messages=sum(t.messages for t in topics if not t.system),
-            lag=sum(o.lag for o in offsets),
-            put_tps=info.put_tps,
-            get_tps=info.get_tps,
-            pending_transactions=info.pending_transactions,
-        )
-
-    async def _identify(self, address: str) -> BrokerAddress:
-        """A broker given directly, named as it names itself in its routes (it has no
-        name to give when it holds no topic)."""
-        target = BrokerAddress("", "", MASTER_ID, address)
+            broker = None  # the broker given
         try:
-            topics = (await self._ask(target, GetAllTopicConfig())).topics
-            if not topics:
-                return target
-            route = await self._ask(target, GetTopicRoute(topic=topics[0].topic))
-        except TxmqError:
-            return target  # the row says why it did not answer
-        for b in route.brokers:
-            for broker_id in b.addresses:
-                return BrokerAddress(b.cluster, b.broker_name, broker_id, address)
-        return target
+            infos = [await self._runtime_info(t) for t in await self.brokers(broker=broker)]
+        except (TxmqError, ValueError):
+            return found  # (the name servers' answer, or a set that has no master now)
+        found += [c for info in infos for c in info.controllers]
+        return list(dict.fromkeys(found))
+
+    async def replica_info(self, *, controller: str | Sequence[str] | None = None) -> ReplicaInfo:
+        """The controller's view of every broker set: epoch, master, in-sync slaves, each
+        replica's state, and whether an election runs."""
+        addresses = _addresses(controller) or await self.controllers()
+        return (await controller_client.replica_info(addresses, timeout=self.request_timeout))[1]
+
+    async def switchover(
+        self,
+        broker: str,
+        to: int = -1,
+        *,
+        controller: str | Sequence[str] | None = None,
+        timeout_s: float = 10.0,
+    ) -> SwitchoverResult:
+        """A planned change of broker set ``broker``'s master to the broker whose own id
+        is ``to`` (-1: the best in-sync slave), once it has everything the master wrote
+        (see :func:`txmq.controller_client.switchover`)."""
+        addresses = _addresses(controller) or await self.controllers(broker=broker)
+        return await controller_client.switchover(addresses, broker, to, timeout_s=timeout_s)
 
     # -- the dead-letter queue ----------------------------------------------------------------
 
@@ -384,12 +353,9 @@ class AdminClient(ClusterClient):
         return merged([r for _, r in found], lambda r: r.born_timestamp, max)
 
 
-def _row(target: BrokerAddress, *, error: str = "") -> BrokerRow:
-    return BrokerRow(
-        cluster=target.cluster,
-        broker_name=target.broker_name,
-        broker_id=target.broker_id,
-        role="MASTER" if target.broker_id == MASTER_ID else "SLAVE",
-        address=target.address,
-        error=error,
-    )
+def _addresses(given: str | Sequence[str] | None) -> list[str]:
+    """Controller addresses given as "h1:p1;h2:p2" or a list (checked; empty: none)."""
+    if not given:
+        return []
+    text = given if isinstance(given, str) else ";".join(given)
+    return list(parse_namesrv(text, setting="--controller"))

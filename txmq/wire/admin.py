@@ -155,7 +155,34 @@ class RuntimeInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
     #: who the broker is in its cluster
     cluster: str = ""
     broker_name: str = ""
+    #: the broker's own id (``--broker-id``; under a controller the master registers with
+    #: the name servers as 0 whatever its own id is)
     broker_id: int = 0
+    #: replication: RocketMQ's brokerRole (SYNC_MASTER, ASYNC_MASTER or SLAVE; "" from a
+    #: broker that does not say), and the newest epoch of its broker set it knows
+    broker_role: str = ""
+    epoch: int = 0
+    #: whether a controller gives it its role, and where the controllers are
+    controlled: bool = False
+    controllers: list[str] = []
+    #: where its slaves copy its commit log from (its HA port)
+    ha_address: str = ""
+    #: a master: each slave connected to it (by the slave's own id) — the bytes of the log
+    #: it lacks, and seconds since it last had all of it (0: it has it all; -1: never yet)
+    slave_lag_bytes: dict[int, int] = {}
+    slave_lag_s: dict[int, float] = {}
+    #: a master: the slaves in sync (own ids; under a controller, the sync state set the
+    #: controller approved)
+    in_sync: list[int] = []
+    #: a slave: its master (own id, -1: not known; client address; HA address), whether it
+    #: is connected to it, the bytes it lacks of what the master last said it had, and
+    #: seconds since the master last answered (-1: never)
+    master_id: int = -1
+    master_address: str = ""
+    master_ha_address: str = ""
+    connected: bool = False
+    lag_bytes: int = 0
+    last_contact_s: float = -1.0
 
 
 class GetBrokerRuntimeInfo(Request[RuntimeInfo], frozen=True, kw_only=True, omit_defaults=True):
