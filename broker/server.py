@@ -29,7 +29,7 @@ from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.processor import Services, request_router
 from txmq.broker.pulling import PullService
-from txmq.broker.registration import Registration
+from txmq.broker.registration import Registration, is_registered_topic
 from txmq.broker.replication import Replication
 from txmq.broker.retry import RetryService
 from txmq.broker.schedule import ScheduleMessageService
@@ -207,9 +207,19 @@ class Broker(Stoppable):
         """Promoted: take the old master's delay-level and transaction-check offsets (its
         metadata, copied), find the undecided halves in the log, and run the schedule and
         the check-back."""
+        self._topics_of_the_log()
         self.schedule.reload()
         self.transactions.recover()
         await self._start_duties()
+
+    def _topics_of_the_log(self) -> None:
+        """A topic whose messages this broker copied before it copied the topic itself
+        (created on the old master moments before it died) gets its config now."""
+        for topic, queues in self.store.queue_offsets().items():
+            if self.topics.get(topic) is None and is_registered_topic(topic):
+                nums = max(max(queues) + 1, self.config.default_queue_nums)
+                log.warning("topic %s is in the log but not in the topic table: created", topic)
+                self.topics.create_or_update(topic, nums)
 
     async def became_slave(self) -> None:
         if self._duties is not None:

@@ -275,7 +275,8 @@ class Producer(BrokerClient):
                     raise
                 log.warning("send to %s failed (%s); retrying on another queue", mq, exc)
                 await self.route(msg.topic, create=True, refresh=True)
-                route = await self.routes.writable(msg.topic, timeout or self.request_timeout)
+                wait = timeout or self.request_timeout
+                route = await self.routes.writable(msg.topic, wait, create=True)
                 if options.get("sharding_key") is None:
                     index = next(self._round_robin)
                 mq = self.routes.pick(route, index or 0, avoid=mq.broker_name)

@@ -37,7 +37,7 @@ import pytest
 from tests.conftest import ROOT, BrokerProcess, ask, read_line, wait_for
 from txmq.message import Message
 from txmq.sync import Producer
-from txmq.wire import GetClusterInfo
+from txmq.wire import GetClusterInfo, GetReplicaInfo
 
 README = ROOT / "README.md"
 DEFAULT_BROKER = "127.0.0.1:10911"
@@ -386,6 +386,46 @@ def run_cluster_by_hand(folder: Folder, block: Block) -> None:
         folder.stop(proc)
 
 
+def run_replicated_set_by_hand(folder: Folder, block: Block) -> None:
+    """The four commands (free ports instead of 9876 and 10911...; the stores and the
+    controller's folder in the block's folder); a send through the name server; the
+    master SIGKILLed: another replica takes over and the next send is acknowledged."""
+    namesrv_cmd, *broker_cmds = commands(block.text)
+    assert namesrv_cmd[:3] == ["txmq", "namesrv", "start"], namesrv_cmd
+    assert "--controller-store" in namesrv_cmd and len(broker_cmds) == 3, block.text
+    said = read_line(folder.start_txmq([*namesrv_cmd, "--port", "0"]), "txmq namesrv listening on ")
+    namesrv = said.rsplit(" ", 1)[1]
+    brokers: dict[int, subprocess.Popen[str]] = {}
+    for argv in broker_cmds:
+        argv = [a.replace("127.0.0.1:9876", namesrv) for a in argv]
+        assert argv[:3] == ["txmq", "broker", "start"] and "--controller" in argv, argv
+        proc = folder.start_txmq([*argv, "--port", "0"])  # the last --port wins
+        read_line(proc, "txmq broker listening on ")
+        brokers[int(argv[argv.index("--broker-id") + 1])] = proc
+
+    def master(other_than: int = -1) -> int:
+        """1 + the master's id, once it acts and both others are in sync (else 0)."""
+        sets = ask(namesrv, GetReplicaInfo(broker_name="a")).sets
+        if not sets or sets[0].electing or sets[0].master_id in (-1, other_than):
+            return 0
+        s = sets[0]
+        acting = [r for r in s.replicas if r.broker_id == s.master_id and r.master and r.alive]
+        return s.master_id + 1 if acting and len(s.in_sync) >= 1 else 0
+
+    first = wait_for(master, timeout=30) - 1
+    with Producer(namesrv=namesrv) as producer:
+        assert producer.send(Message("readme-ha", b"before")).status == "SEND_OK"
+        brokers[first].kill()
+        brokers[first].wait(10)
+        # the send waits for the set's new master (the failover takes a few seconds)
+        assert producer.send(Message("readme-ha", b"after"), timeout=15).status == "SEND_OK"
+    assert wait_for(lambda: master(other_than=first), timeout=30) - 1 != first
+    for i, proc in brokers.items():
+        if i != first:
+            folder.stop(proc)
+    folder.stop(folder.procs[0])
+
+
 Runner = Callable[[Folder, Block], None]
 
 #: text only one block contains -> how the test runs it, or why it does not
@@ -406,6 +446,7 @@ PLAN: dict[str, Runner | str] = {
     "tests/acceptance/test_orders.py drives the same subcommands (seed, place, stock, "
     "check) and the services' fronts",
     "txmq namesrv start --port 9876": run_cluster_by_hand,
+    "txmq namesrv start --controller-store ./controller": run_replicated_set_by_hand,
     CLUSTER_CLIENT: "run by run_cluster_by_hand, against the cluster of the three commands "
     "before it",
     "txmq reconcile --store": "placeholders throughout (/var/lib/txmq, [--since -1h], "
