@@ -41,6 +41,7 @@ def _serve_orders(args: argparse.Namespace) -> int:
         namesrv=args.namesrv,
         instance=args.instance,
         heartbeat_interval=args.heartbeat_interval,
+        route_ttl=args.route_ttl,
     ).start(args.port)
     try:
         assert svc.server is not None
@@ -64,6 +65,7 @@ def _serve_inventory(args: argparse.Namespace) -> int:
             instance=args.instance,
             max_reconsume_times=args.max_reconsume_times,
             claim_lease=args.claim_lease,
+            route_ttl=args.route_ttl,
         )
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             await svc.start(args.port)
@@ -119,9 +121,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from examples.orders.demo import ALL_FAULTS, DemoConfig, print_summary, run_demo
+    from examples.orders.demo import DemoConfig, print_summary, run_demo
 
-    faults = () if args.no_faults else tuple(args.fault or ALL_FAULTS)
+    # None: every fault the layout supports (one broker alone: not master-failover)
+    faults = () if args.no_faults else (tuple(args.fault) if args.fault else None)
     config = DemoConfig(
         orders=args.orders,
         orders_db=args.orders_db,
@@ -172,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         to.add_argument("--namesrv", help="a cluster's name servers: 'HOST:PORT;HOST:PORT'")
         s.add_argument("--port", type=int, default=0, help="HTTP port (default: any free)")
         s.add_argument("--instance", default=f"{name.split('-')[0]}-1")
+        s.add_argument(
+            "--route-ttl",
+            type=float,
+            default=30.0,
+            help="seconds a route is kept before the name servers are asked again (default 30)",
+        )
         s.set_defaults(func=func)
         if name == "order-service":
             s.add_argument(

@@ -1,10 +1,12 @@
 """The orders demo: a local txmq cluster and both services as real processes, a load of
 orders, faults injected one after another, then the books.
 
-Layouts: by default a cluster — one name server and two broker sets (``broker-a``,
-``broker-b``, each its own store), the services routed through the name server, so the
-orders spread over both sets; ``single_broker`` (``--single-broker``): one broker alone, the
-services given its address.
+Layouts: by default a cluster — one name server with the failover controller inside and
+two broker sets: ``broker-a`` replicated (nodes ``broker-a-0`` and ``broker-a-1``, SYNC
+replication, the master elected by the controller) and ``broker-b`` one broker alone, each
+node its own store; the services routed through the name server, so the orders spread over
+both sets (see :mod:`examples.orders.cluster`).  ``single_broker`` (``--single-broker``):
+one broker alone, the services given its address.
 
 Faults (each between two parts of the load):
 
@@ -19,6 +21,9 @@ Faults (each between two parts of the load):
   died with it are settled by its check-back.  With one broker: the broker is SIGKILLed,
   orders placed meanwhile are refused (nothing half-done), it restarts on the same store and
   port and everyone reconnects.
+- ``master-failover`` (the cluster only): ``broker-a``'s master is SIGKILLed while orders
+  flow; the controller elects the other replica in a new epoch, the killed node restarts on
+  its store and ports and rejoins as a slave, and orders are accepted on ``broker-a`` again.
 - ``inventory-crash``: the inventory service is SIGKILLed inside its handler, after its
   writes, before their commit: the message is delivered again and applied once.
 - ``duplicates``: copies of already-consumed ``OrderCreated`` messages are sent again: the
@@ -29,6 +34,7 @@ Faults (each between two parts of the load):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import tempfile
 import threading
@@ -40,12 +46,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 from sqlalchemy import func, select
 
 from examples.orders import db as dbs
 from examples.orders.checker import Report, check
-from examples.orders.faults_demo import FAULTS, Fault, FaultResult
+from examples.orders.cluster import (
+    BROKER_SETS,
+    CLUSTER,
+    REPLICATED,
+    BrokerNode,
+    masters_registered,
+    node_names,
+    routed_sets,
+    wait_set_healthy,
+)
+from examples.orders.faults_demo import CLUSTER_ONLY, FAULTS, Fault, FaultResult
 from examples.orders.models import (
     CANCELLED,
     CONFIRMED,
@@ -57,15 +72,29 @@ from examples.orders.models import (
 from examples.orders.procs import Proc, free_port
 from examples.orders.web import request
 from txmq.db import with_connection
-from txmq.errors import TopicNotFound
-from txmq.remoting import RemotingClient
 from txmq.sqla.tables import ROLLED_BACK, transaction_log
 from txmq.sync import AdminClient
-from txmq.wire import GetTopicRoute
 
-__all__ = ["ALL_FAULTS", "DemoConfig", "DemoResult", "books_lines", "print_summary", "run_demo"]
+__all__ = [
+    "ALL_FAULTS",
+    "DemoConfig",
+    "DemoResult",
+    "books_lines",
+    "default_faults",
+    "print_summary",
+    "run_demo",
+]
 
 ALL_FAULTS = tuple(FAULTS)
+"""Every fault, in the order they are injected."""
+
+
+def default_faults(single_broker: bool) -> tuple[str, ...]:
+    """The faults a layout injects unless told otherwise: every one (one broker alone:
+    those that need no cluster)."""
+    return tuple(f for f in ALL_FAULTS if not (single_broker and f in CLUSTER_ONLY))
+
+
 DEFAULT_STOCK = {"apple": 60, "fig": 60, "kiwi": 60, "pear": 60, "plum": 60}
 
 # Short for a demo (defaults: check every 30 s after 6 s; retries 1 s … 2 h)
@@ -79,8 +108,9 @@ INVENTORY_MAX_RECONSUME = 3
 # Short for a demo (default 30 s): a restarted broker set checks its transactions back as
 # soon as the order service's producer heartbeats it again
 PRODUCER_HEARTBEAT_S = 2.0
-CLUSTER = "DemoCluster"
-BROKER_SETS = ("broker-a", "broker-b")
+# Short for a demo (default 30 s): a broker set whose master died is left out of the
+# services' sends until a route names its new master
+ROUTE_TTL_S = 2.0
 QUEUES_PER_BROKER = 4
 
 
@@ -90,7 +120,8 @@ class DemoConfig:
     orders_db: str | None = None
     """The order service's database URL; None: a SQLite file in the demo's folder."""
     inventory_db: str | None = None
-    faults: tuple[str, ...] = ALL_FAULTS
+    faults: tuple[str, ...] | None = None
+    """The faults to inject, in turn; None: :func:`default_faults` of the layout."""
     seed: int = 7
     clients: int = 4
     stock: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_STOCK))
@@ -124,20 +155,6 @@ class DemoResult:
         return self.settled and self.report.ok and all(f.verified for f in self.faults)
 
 
-@dataclass
-class BrokerNode:
-    """One broker process of the demo: its name, port and store survive its restarts."""
-
-    name: str
-    port: int
-    store: Path
-    proc: Proc | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
 class Demo:
     """The running system; :mod:`examples.orders.faults_demo` drives its faults."""
 
@@ -148,10 +165,13 @@ class Demo:
         self.orders_db = config.orders_db or f"sqlite:///{folder / 'orders.db'}"
         self.inventory_db = config.inventory_db or f"sqlite:///{folder / 'inventory.db'}"
         self.single = config.single_broker
-        self.namesrv = "" if self.single else f"127.0.0.1:{free_port()}"
+        taken: set[int] = set()  # (ports are picked before anyone binds them)
+        self.namesrv = "" if self.single else f"127.0.0.1:{_port(taken)}"
         self.namesrv_proc: Proc | None = None
-        names = ("broker",) if self.single else BROKER_SETS
-        self.brokers = {n: BrokerNode(n, free_port(), folder / n) for n in names}
+        self.brokers = {
+            name: BrokerNode(name, broker_set, _port(taken), _port(taken), folder / name, broker_id)
+            for name, broker_set, broker_id in node_names(self.single)
+        }
         self.broker: Proc | None = None  # the single broker's process (None in a cluster)
         self.orders: Proc | None = None
         self.inventory: Proc | None = None
@@ -171,67 +191,113 @@ class Demo:
         """How a txmq client reaches this system: a broker's address, or the name server."""
         return {"address": self.broker_address} if self.single else {"namesrv": self.namesrv}
 
+    def nodes(self, broker_set: str) -> list[BrokerNode]:
+        """The broker processes of ``broker_set``."""
+        return [n for n in self.brokers.values() if n.broker_set == broker_set]
+
+    def node(self, broker_set: str, broker_id: int) -> BrokerNode:
+        """The replica of ``broker_set`` whose own id is ``broker_id``."""
+        return next(n for n in self.nodes(broker_set) if n.broker_id == broker_id)
+
     @property
     def layout(self) -> str:
         if self.single:
             return f"one broker on {self.broker_address} (--single-broker), no name server"
-        sets = ", ".join(f"{b.name} {b.address}" for b in self.brokers.values())
-        return f"a cluster: name server {self.namesrv}; broker sets {sets}"
+        sets = []
+        for name in BROKER_SETS:
+            nodes = self.nodes(name)
+            if name == REPLICATED:
+                replicas = " and ".join(f"{n.name} {n.address}" for n in nodes)
+                sets.append(
+                    f"{name} replicated ({replicas}; SYNC replication, master elected by the "
+                    "controller)"
+                )
+            else:
+                sets.append(f"{name} {nodes[0].address} (one broker)")
+        return (
+            f"a cluster: name server {self.namesrv} (controller inside); broker sets "
+            + ", ".join(sets)
+        )
 
     # -- processes -------------------------------------------------------------------------
 
     def start_namesrv(self) -> None:
+        """The name server, with the controller inside (its state in the demo's folder)."""
         port = self.namesrv.rpartition(":")[2]
         args = ["txmq.cli", "namesrv", "start", "--port", port]
+        args += ["--controller-store", str(self.folder / "controller")]
         self.namesrv_proc = Proc("namesrv", args, self.folder / "namesrv.log")
         self.namesrv_proc.wait_line("txmq namesrv listening on ")
 
-    def start_broker(self, name: str | None = None) -> None:
-        """Start (or restart, on its store and port) one broker; the single one by default."""
+    def launch_broker(self, name: str | None = None) -> BrokerNode:
+        """Start (or restart, on its store and ports) one broker process, without waiting
+        for it; the single one by default."""
         node = self.brokers[name] if name else next(iter(self.brokers.values()))
         cfg = self.folder / "broker.toml"
         cfg.write_text(BROKER_TOML)
         args = ["txmq.cli", "broker", "start", "--store", str(node.store)]
-        args += ["--port", str(node.port), "--config", str(cfg)]
+        args += ["--port", str(node.port), "--ha-port", str(node.ha_port), "--config", str(cfg)]
         if not self.single:
-            args += ["--namesrv", self.namesrv, "--cluster", CLUSTER, "--broker-name", node.name]
+            args += ["--namesrv", self.namesrv, "--cluster", CLUSTER]
+            args += ["--broker-name", node.broker_set]
+        if node.broker_id is not None:  # a replica: the controller gives it its role
+            args += ["--broker-id", str(node.broker_id), "--replication", "sync"]
+            args += ["--controller", self.namesrv]
         node.proc = Proc(node.name, args, self.folder / f"{node.name}.log")
-        node.proc.wait_line("txmq broker listening on ")
         if self.single:
             self.broker = node.proc
+        return node
+
+    def start_broker(self, name: str | None = None) -> None:
+        """Start (or restart) one broker and wait until it listens."""
+        node = self.launch_broker(name)
+        assert node.proc is not None
+        node.proc.wait_line("txmq broker listening on ")
+
+    def start_brokers(self) -> None:
+        """Every broker process at once; then, in a cluster, until each broker set has its
+        master registered (the replicated one: elected, its slave in sync)."""
+        for name in self.brokers:
+            self.launch_broker(name)
+        for node in self.brokers.values():
+            assert node.proc is not None
+            node.proc.wait_line("txmq broker listening on ")
+        if self.single:
+            return
+        wait_set_healthy(self.namesrv, self.nodes(REPLICATED), 60)
+        deadline = time.monotonic() + 30
+        while masters_registered(self.namesrv) != set(BROKER_SETS):
+            if time.monotonic() > deadline:
+                raise RuntimeError("a broker set did not register its master in 30 s")
+            time.sleep(0.1)
+
+    def admin(self) -> AdminClient:
+        """An admin client of every broker set's master: through the name server in a
+        cluster (a node may be a slave now), the broker itself alone."""
+        return (
+            AdminClient(self.broker_address) if self.single else AdminClient(namesrv=self.namesrv)
+        )
 
     def create_topics(self) -> None:
-        """The cluster's topics, on every broker set, before anyone subscribes; then wait
-        until the name server routes them over all sets (one broker alone creates them on
-        first use, as it always did)."""
+        """The cluster's topics, on every broker set's master (through the name server),
+        before anyone subscribes; then wait until the name server routes them over all sets
+        (one broker alone creates them on first use, as it always did)."""
         if self.single:
             return
         topics = (ORDER_CREATED, STOCK_REPLIES)
-        for node in self.brokers.values():
-            with AdminClient(node.address) as admin:
-                for topic in topics:
-                    admin.create_topic(topic, QUEUES_PER_BROKER)
+        with self.admin() as admin:
+            for topic in topics:
+                admin.create_topic(topic, QUEUES_PER_BROKER, cluster=CLUSTER)
         deadline = time.monotonic() + 30
-        while not all(self.routed_sets(t) == len(self.brokers) for t in topics):
+        while not all(routed_sets(self.namesrv, t) == len(BROKER_SETS) for t in topics):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the name server does not route {topics} over every set")
             time.sleep(0.1)
 
-    def routed_sets(self, topic: str) -> int:
-        """How many broker sets the name server routes ``topic`` to."""
-
-        async def ask() -> int:
-            async with RemotingClient(self.namesrv) as client:
-                try:
-                    route = (await client.call(GetTopicRoute(topic=topic))).header
-                except TopicNotFound:
-                    return 0
-                return len(route.queues)
-
-        return anyio.run(ask)
-
     def service_args(self) -> list[str]:
-        return ["--broker", self.broker_address] if self.single else ["--namesrv", self.namesrv]
+        if self.single:
+            return ["--broker", self.broker_address]
+        return ["--namesrv", self.namesrv, "--route-ttl", str(ROUTE_TTL_S)]
 
     def start_orders(self) -> None:
         args = ["examples.orders", "order-service", "--db", self.orders_db, *self.service_args()]
@@ -299,19 +365,22 @@ class Demo:
 
     def dlq(self) -> list[str]:
         """The keys of the inventory's dead letters, on every broker set."""
-        keys: list[str] = []
-        for node in self.brokers.values():
-            with AdminClient(node.address) as admin:
-                keys += [" ".join(m.keys) for m in admin.dlq_list("inventory-service", max=100)]
-        return sorted(keys)
+        with self.admin() as admin:
+            letters = admin.dlq_list("inventory-service", max=100)
+        return sorted(" ".join(m.keys) for m in letters)
 
     def pending_transactions(self) -> int:
         """Half messages not yet committed or rolled back, on every broker set."""
-        pending = 0
-        for node in self.brokers.values():
-            with AdminClient(node.address) as admin:
-                pending += len(admin.transactions("pending"))
-        return pending
+        with self.admin() as admin:
+            return len(admin.transactions("pending"))
+
+
+def _port(taken: set[int]) -> int:
+    """A free port not in ``taken`` (then in it)."""
+    while (port := free_port()) in taken:
+        pass
+    taken.add(port)
+    return port
 
 
 def _check_fresh(url: str) -> None:
@@ -322,9 +391,18 @@ def _check_fresh(url: str) -> None:
 
 
 def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: None) -> DemoResult:
-    unknown = set(config.faults) - set(FAULTS)
+    if config.faults is None:
+        config = dataclasses.replace(config, faults=default_faults(config.single_broker))
+    names: tuple[str, ...] = config.faults or ()
+    unknown = set(names) - set(FAULTS)
     if unknown:
         raise ValueError(f"unknown faults {sorted(unknown)}: choose from {', '.join(FAULTS)}")
+    clustered = sorted(set(names) & CLUSTER_ONLY)
+    if config.single_broker and clustered:
+        raise ValueError(
+            f"{', '.join(clustered)} needs a cluster (a replicated broker set): drop "
+            "--single-broker"
+        )
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="txmq-orders-")))
@@ -337,8 +415,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         progress(f"layout: {demo.layout}; stores and logs in {folder}")
         if not demo.single:
             demo.start_namesrv()
-        for name in demo.brokers:
-            demo.start_broker(name)
+        demo.start_brokers()
         demo.create_topics()
         demo.start_inventory()
         demo.start_orders()
@@ -347,7 +424,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         rng = random.Random(config.seed)
         products = sorted(config.stock)
         load = [(rng.choice(products), rng.randint(1, 3)) for _ in range(config.orders)]
-        faults = [FAULTS[name] for name in config.faults]
+        faults = [FAULTS[name] for name in names]
         parts = _split(load, len(faults) + 1)
         results: list[tuple[Fault, FaultResult]] = []
         for i, part in enumerate(parts):

@@ -59,6 +59,7 @@ class InventoryService:
         instance: str = "inventory-1",
         max_reconsume_times: int = 16,
         claim_lease: float = 30.0,
+        route_ttl: float = 30.0,
     ) -> None:
         url = outbox.async_url(db)
         sqlite = url.get_backend_name() == "sqlite"
@@ -68,7 +69,7 @@ class InventoryService:
         # the relay's own producer: sharding="available", as an order has one reply (its
         # key's order cannot break), so a reply whose broker set is down goes to another
         self.relay_producer = Producer(
-            broker, "txmq-outbox-relay", namesrv=namesrv, sharding="available"
+            broker, "txmq-outbox-relay", namesrv=namesrv, sharding="available", route_ttl=route_ttl
         )
         self.relay = outbox.OutboxRelay(self.aengine, self.relay_producer, claim_lease=claim_lease)
         self.faults = Faults(("in-handler",))
@@ -97,6 +98,7 @@ class InventoryService:
             instance_name=instance,
             consume_from=ConsumeFrom.FIRST_OFFSET,
             max_reconsume_times=max_reconsume_times,
+            route_ttl=route_ttl,
         )
         self.consumer.subscribe(ORDER_CREATED)
         self.server: JsonServer | None = None

@@ -95,6 +95,10 @@ class OrderService:
     ``heartbeat_interval``: how often the producer tells every broker it knows that it is
     alive (a broker checks a transaction back only with a producer that heartbeats it: a
     restarted broker set waits up to this long for its check-backs).
+
+    ``route_ttl``: how long the producer and the consumer keep a route before asking the
+    name servers again (a broker set whose master died is left out of sends until a route
+    names its new master).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class OrderService:
         namesrv: str | None = None,
         instance: str = "orders-1",
         heartbeat_interval: float = 30.0,
+        route_ttl: float = 30.0,
     ) -> None:
         self.engine = connect(db)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -120,6 +125,7 @@ class OrderService:
             listener=SqlTransactionChecker(self.engine),
             sharding="available",
             heartbeat_interval=heartbeat_interval,
+            route_ttl=route_ttl,
         )
         self.counters = Counters()
         self.producer.faults, self.producer.current = self.faults, self._current
@@ -137,6 +143,7 @@ class OrderService:
             listener=on_reply,
             instance_name=instance,
             consume_from=ConsumeFrom.FIRST_OFFSET,
+            route_ttl=route_ttl,
         )
         self.consumer.subscribe(STOCK_REPLIES)
         self.server: JsonServer | None = None

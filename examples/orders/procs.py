@@ -84,13 +84,13 @@ class Proc:
             self._eof = True
             self._cond.notify_all()
 
-    def wait_line(self, prefix: str, timeout: float = 60.0) -> str:
-        """The first stdout line starting with ``prefix``; raises if the process ends or
-        ``timeout`` passes first."""
+    def wait_line(self, prefix: str, timeout: float = 60.0, skip: int = 0) -> str:
+        """The first stdout line starting with ``prefix`` (after the first ``skip`` lines);
+        raises if the process ends or ``timeout`` passes first."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                for line in self.lines:
+                for line in self.lines[skip:]:
                     if line.startswith(prefix):
                         return line
                 left = deadline - time.monotonic()
