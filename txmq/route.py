@@ -190,6 +190,9 @@ class RouteTable:
         #: per request, however many topics the client knows), and all its replicas
         self._masters: dict[str, str] = {}
         self._replicas: dict[str, dict[int, str]] = {}
+        #: the master each broker set had when a route last named one (kept while a set has
+        #: none: a different one named later is a failover's new master)
+        self._named: dict[str, str] = {}
         self.faults = LatencyFaultTolerance()
 
     # -- connections -----------------------------------------------------------------------
@@ -258,8 +261,9 @@ class RouteTable:
             raise TopicNotFound(f"topic {topic!r} has no queue on any live broker")
         self._routes[topic] = route
         for name, address in route.masters.items():
-            if self._masters.get(name, address) != address:
+            if self._named.get(name, address) != address:
                 self.faults.forget(name)  # a new master (a failover): nothing against it yet
+            self._named[name] = address
         self._masters.update(route.masters)
         for name in route.replicas.keys() - route.masters.keys():
             self._masters.pop(name, None)  # a set without a master now (failing over)

@@ -136,3 +136,43 @@ async def test_a_broadcasting_offset_file_keeps_offsets_per_broker_set(tmp_path:
     again = LocalFileOffsetStore(path)
     assert (await again.read(a0), await again.read(b0)) == (8, 3)
     assert '"t@broker-a@0": 8' in path.read_text()
+
+
+def _set_a(addresses: dict[int, str]) -> TopicRoute:
+    return TopicRoute(
+        topic="t",
+        queues=[QueueData(broker_name="a", read_queue_nums=2, write_queue_nums=2)],
+        brokers=[BrokerData(cluster="c", broker_name="a", addresses=addresses)],
+    )
+
+
+@pytest.mark.anyio
+async def test_a_failover_drops_the_dead_master_then_forgives_the_new_one() -> None:
+    """A master that refuses connections leaves the cached route (no more sends to it); the
+    set's reads go to a slave meanwhile; the new master a later route names is not left
+    out for what its predecessor did (fault avoidance forgets the set)."""
+    table = RouteTable(broker=None, namesrv=["ns:1"], connect=lambda a: None)  # type: ignore[arg-type,return-value]
+    answers = [
+        _set_a({0: "old:1", 1: "s1:1"}),
+        _set_a({1: "s1:1"}),  # the name server dropped the dead master
+        _set_a({0: "new:1", 1: "s1:1"}),  # a new master, elected from another replica
+    ]
+
+    async def fetch(topic: str, create: bool) -> TopicRoute:
+        return answers.pop(0)
+
+    table._fetch = fetch  # type: ignore[method-assign]
+    route = await table.route("t")
+    assert table.address_of("a") == "old:1" and route.write_queues
+    table.faults.update("a", 600, failed=True)
+    table.failed(MessageQueue("t", "a", 0), unreachable=True)
+    cached = table.cached("t")
+    assert cached is not None and cached.write_queues == () and cached.read_queues
+    assert table.read_address("a") == "s1:1"  # reads go on from the slave
+    assert not table.faults.available("a")
+    route = await table.route("t")
+    assert route.write_queues == () and table.read_address("a") == "s1:1"
+    assert not table.faults.available("a")
+    route = await table.route("t", refresh=True)
+    assert table.address_of("a") == "new:1" and route.write_queues
+    assert table.faults.available("a")  # the new master is tried at once
