@@ -1,0 +1,324 @@
+"""Replicated broker sets on real processes, for bench/replication_bench.py and
+bench/failover_bench.py.
+
+* :class:`Node`: one ``python -m txmq.cli ... start`` process (name server or broker) with
+  a ready file and a log in a temporary folder; start, SIGKILL, SIGTERM (by PID), start
+  again on the same store, CPU seconds so far.
+* :class:`BrokerSet`: ``replicas`` brokers of one broker set, as a user runs them: every
+  broker ``--namesrv NS --cluster C --broker-name B --broker-id i``, and for a replicated
+  set ``--replication sync|async --controller NS`` (the controller inside the name server
+  elects the master).  :meth:`BrokerSet.healthy` reads the controller's view
+  (``GetReplicaInfo`` on the name server).
+* :func:`create_topic`: a topic on one broker set through the name server, and the wait
+  until the name server routes it.
+* :func:`consume_all`: every message of a topic in the set's consume queues, read from the
+  master through the name server: how many times each body is there.
+
+Nothing here waits without a bound; every process is ended by its PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+
+from txmq.remoting import RemotingClient
+from txmq.wire import BrokerSetState, GetReplicaInfo, Request
+from txmq.wire.base import R
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "bench"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def machine_busy() -> float:
+    """Busy seconds of all cores so far (``/proc/stat``: everything but idle and iowait)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICK
+
+
+class Node:
+    """``python -m txmq.cli --log-level L <argv> --port 0 --ready-file F`` in its own process."""
+
+    def __init__(self, name: str, argv: list[str], tmp: Path, log_level: str = "WARNING") -> None:
+        self.name = name
+        self.argv = argv
+        self.tmp = tmp
+        self.log_level = log_level
+        self.ready = tmp / f"{name}.ready"
+        self.log = tmp / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.starts = 0
+
+    def start(self) -> Node:
+        """Launch (again, on the same store and log); :meth:`wait_ready` waits for it."""
+        assert not self.alive(), f"{self.name} runs already"
+        self.ready.unlink(missing_ok=True)
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "txmq.cli", "--log-level", self.log_level),
+                    *self.argv,
+                    *("--port", "0", "--ready-file", str(self.ready)),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self.starts += 1
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while not (self.ready.exists() and self.ready.read_text()):
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{self.tail()}")
+            time.sleep(0.02)
+        self.address = self.ready.read_text()
+        return self.address
+
+    def tail(self, chars: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else -1
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu(self) -> float:
+        return proc_cpu(self.pid) if self.alive() else 0.0
+
+    def kill(self) -> None:
+        """SIGKILL by PID and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM by PID; SIGKILL if still running ``timeout`` s later."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def namesrv_node(tmp: Path, log_level: str = "WARNING") -> Node:
+    """A name server with the controller inside (state in ``tmp/controller``)."""
+    argv = ["namesrv", "start", "--controller-store", str(tmp / "controller")]
+    return Node("namesrv", argv, tmp, log_level)
+
+
+async def aask(address: str, request: Request[R], timeout: float = 5.0) -> R:
+    """One typed request to ``address`` on a connection of its own; its typed answer."""
+    async with RemotingClient(address, connect_timeout=timeout) as client:
+        return (await client.call(request, timeout=timeout)).header
+
+
+def ask(address: str, request: Request[R], timeout: float = 5.0) -> R:
+    """:func:`aask` from synchronous code (no event loop running in this thread)."""
+
+    async def go() -> R:
+        return await aask(address, request, timeout)
+
+    return anyio.run(go)
+
+
+class BrokerSet:
+    """``replicas`` brokers of broker set ``name``; replicated ones under the controller."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        namesrv: str,
+        name: str,
+        replicas: int = 3,
+        replication: str | None = "sync",
+        *,
+        flush: str = "async",
+        log_level: str = "WARNING",
+        extra: list[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.namesrv = namesrv
+        self.replication = replication
+        self.nodes: dict[int, Node] = {}
+        for i in range(replicas):
+            argv = [
+                *("broker", "start", "--store", str(tmp / f"store-{name}{i}")),
+                *("--flush", flush, "--namesrv", namesrv, "--cluster", CLUSTER),
+                *("--broker-name", name, "--broker-id", str(i)),
+            ]
+            if replication is not None:
+                argv += ["--replication", replication, "--controller", namesrv]
+            self.nodes[i] = Node(f"{name}{i}", [*argv, *(extra or [])], tmp, log_level)
+
+    @property
+    def controlled(self) -> bool:
+        return self.replication is not None
+
+    def start(self, timeout: float = 60.0) -> BrokerSet:
+        for node in self.nodes.values():
+            node.start()
+        for node in self.nodes.values():
+            node.wait_ready(timeout)
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM every replica by PID (slaves first: a stopping master hands over)."""
+        for _, node in sorted(self.nodes.items(), reverse=True):
+            node.stop()
+
+    def kill_all(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+    def state(self) -> BrokerSetState | None:
+        """The controller's view of the set (None: it does not know the set yet)."""
+        info = ask(self.namesrv, GetReplicaInfo(broker_name=self.name))
+        return info.sets[0] if info.sets else None
+
+    def master(self) -> int:
+        """The id of the master the controller names now, if that process runs; else -1."""
+        if not self.controlled:
+            return 0 if self.nodes[0].alive() else -1
+        s = self.state()
+        if s is None or s.electing or s.master_id < 0:
+            return -1
+        node = self.nodes.get(s.master_id)
+        return s.master_id if node is not None and node.alive() else -1
+
+    def healthy(self) -> int:
+        """The master's id once it leads every other running replica in its sync state set
+        (and the controller sees them all alive); else -1."""
+        if not self.controlled:
+            return self.master()
+        s = self.state()
+        if s is None or s.electing or s.master_id < 0 or not self.nodes[s.master_id].alive():
+            return -1
+        others = {i for i, n in self.nodes.items() if n.alive() and i != s.master_id}
+        alive = {r.broker_id for r in s.replicas if r.alive}
+        if others <= set(s.in_sync) and others | {s.master_id} <= alive:
+            return s.master_id
+        return -1
+
+    def wait_healthy(self, timeout: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout
+        while (master := self.healthy()) < 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker set {self.name} not whole within {timeout}s")
+            time.sleep(0.05)
+        return master
+
+
+async def create_topic(namesrv: str, topic: str, broker: str, queues: int = 4) -> None:
+    """Create ``topic`` on broker set ``broker`` (its master, through the name server) and
+    wait until the name server routes its ``queues`` write queues."""
+    from txmq import AdminClient, Producer
+    from txmq.errors import TxmqError
+
+    # until the master registers, the admin client warns that the set has no master
+    logging.getLogger("txmq.admin").setLevel(logging.ERROR)
+    deadline = time.monotonic() + 30
+    async with AdminClient(namesrv=namesrv) as admin:
+        while True:  # a master elected moments ago may not be registered yet
+            try:
+                await admin.create_topic(topic, queues, broker=broker)
+                break
+            except TxmqError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+    async with Producer(namesrv=namesrv) as producer:
+        while True:
+            try:
+                route = await producer.route(topic, refresh=True)
+            except TxmqError:  # TopicNotFound until the master registers it
+                route = None
+            if route is not None and queues == len(
+                [mq for mq in route.write_queues if mq.broker_name == broker]
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the name server does not route {topic} on {broker}")
+            await asyncio.sleep(0.1)
+
+
+def consume_all(namesrv: str, topic: str, group: str = "bench-check") -> Counter[bytes]:
+    """Every message of ``topic`` in its consume queues (pulled through the name server,
+    from each set's master): how many times each body is there."""
+    from txmq.sync import PullConsumer
+
+    seen: Counter[bytes] = Counter()
+    with PullConsumer(namesrv=namesrv, group=group) as consumer:
+        for mq in consumer.message_queues(topic, refresh=True):
+            offset = 0
+            while True:
+                res = consumer.pull(
+                    topic,
+                    mq.queue_id,
+                    offset,
+                    max_msgs=512,
+                    long_poll=0,
+                    broker_name=mq.broker_name,
+                )
+                if not res.messages:
+                    break
+                seen.update(bytes(m.body) for m in res.messages)
+                offset = res.next_offset
+    return seen
+
+
+def commit_log_end(address: str) -> int:
+    """A broker's commit-log max offset (GetBrokerRuntimeInfo)."""
+    from txmq.wire import GetBrokerRuntimeInfo
+
+    return ask(address, GetBrokerRuntimeInfo()).commit_log_max_offset
+
+
+def git_head() -> str:
+    """The commit the bench runs, and whether broker/txmq/namesrv had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                *("git", "status", "--porcelain", "--untracked-files=no"),
+                "--",
+                "broker",
+                "txmq",
+                "namesrv",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except OSError:
+        return "commit ?"
+    return f"commit {head}" + (" + uncommitted changes in broker/txmq/namesrv" if dirty else "")
