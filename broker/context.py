@@ -10,8 +10,9 @@ answer a write only once it is on disk).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -87,7 +88,9 @@ class ReplicationGate(Protocol):
 
     def may_acknowledge(self, confirmed: bool = False) -> bool: ...
     def sync_replication(self) -> bool: ...
-    def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None: ...
+    def when_copied(
+        self, end_offset: int, done: Callable[[str], None], timeout_s: float
+    ) -> str | None: ...
 
 
 class FlushAcks:
@@ -112,59 +115,17 @@ class FlushAcks:
         (SYNC flush) and on a slave (SYNC_MASTER)."""
         flushed = self.store.flush_future(end_offset) if self.sync else None
         gate = self.gate
-        copied: asyncio.Future[None] | None = None
-        missing = ""
-        #: whether a slave's confirmation is what acknowledges this write (SYNC_MASTER)
-        replicated = gate is not None and gate.sync_replication()
-        if gate is not None and replicated:
-            try:
-                copied = gate.replicated_future(end_offset)
-            except LookupError:
-                missing = "SLAVE_NOT_AVAILABLE"
-        if flushed is None and copied is None:
-            return self._final(answer, missing, replicated)
-        loop = asyncio.get_running_loop()
-        result: asyncio.Future[T] = loop.create_future()
-        waits = [f for f in (flushed, copied) if f is not None]
-        timers: list[asyncio.TimerHandle] = []
-
-        def settle() -> None:
-            if result.done() or any(not f.done() for f in waits):
-                return
-            for t in timers:
-                t.cancel()
-            if flushed is not None and (flushed.cancelled() or flushed.exception()):
-                why = "cancelled" if flushed.cancelled() else flushed.exception()
-                result.set_exception(FlushDiskTimeout(f"flush failed: {why}"))
-                return
-            if copied is not None and (copied.cancelled() or copied.exception()):
-                exc = copied.exception() if not copied.cancelled() else None
-                result.set_exception(exc or NotMaster("the write's replication was cancelled"))
-                return
-            try:
-                result.set_result(self._final(answer, missing, replicated))
-            except TxmqError as exc:
-                result.set_exception(exc)
-
-        def flush_late() -> None:
-            if not result.done():
-                result.set_exception(
-                    FlushDiskTimeout(f"message stored but not flushed within {self.timeout_s}s")
-                )
-
-        def slave_late() -> None:
-            nonlocal missing
-            if copied is not None and not copied.done():
-                missing = "FLUSH_SLAVE_TIMEOUT"
-                copied.set_result(None)  # stored, not copied: answered with that status
-
-        if flushed is not None:
-            timers.append(loop.call_later(self.timeout_s, flush_late))
-            flushed.add_done_callback(lambda _: settle())
-        if copied is not None:
-            timers.append(loop.call_later(self.replication_timeout_s, slave_late))
-            copied.add_done_callback(lambda _: settle())
-        return result
+        if gate is None or not gate.sync_replication():
+            if flushed is None:
+                return self._final(answer, "")
+            return _Ack(self, answer, flushed, copying=False).result
+        ack = _Ack(self, answer, flushed, copying=True)
+        status = gate.when_copied(end_offset, ack.copied, self.replication_timeout_s)
+        if status is not None:  # copied already, or no slave to copy it
+            if flushed is None:
+                return self._final(answer, status, True)
+            ack.copied(status)
+        return ack.result
 
     def _final(self, answer: T, missing: str, replicated: bool = False) -> T:
         gate = self.gate
@@ -184,6 +145,54 @@ class FlushAcks:
             f"stored on the master, but no slave confirmed a copy within "
             f"{self.replication_timeout_s}s"
         )
+
+
+class _Ack(Generic[T]):
+    """One write's answer that waits: for the flush (SYNC flush, with its own time-out)
+    and/or a slave's copy (SYNC_MASTER, timed by the HA service)."""
+
+    __slots__ = ("_acks", "_answer", "_copy", "_flush", "_replicated", "_timer", "result")
+
+    def __init__(
+        self, acks: FlushAcks, answer: T, flushed: asyncio.Future[None] | None, *, copying: bool
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._acks = acks
+        self._answer = answer
+        self.result: asyncio.Future[T] = loop.create_future()
+        #: the copy's outcome (None: waiting; "" copied; else the status to answer)
+        self._copy: str | None = None if copying else ""
+        self._replicated = copying
+        self._flush = flushed
+        self._timer: asyncio.TimerHandle | None = None
+        if flushed is not None:
+            self._timer = loop.call_later(acks.timeout_s, self._flush_late)
+            flushed.add_done_callback(lambda _: self._settle())
+
+    def copied(self, status: str) -> None:
+        self._copy = status
+        self._settle()
+
+    def _flush_late(self) -> None:
+        if not self.result.done():
+            self.result.set_exception(
+                FlushDiskTimeout(f"message stored but not flushed within {self._acks.timeout_s}s")
+            )
+
+    def _settle(self) -> None:
+        result, flushed = self.result, self._flush
+        if result.done() or self._copy is None or (flushed is not None and not flushed.done()):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        if flushed is not None and (flushed.cancelled() or flushed.exception()):
+            why = "cancelled" if flushed.cancelled() else flushed.exception()
+            result.set_exception(FlushDiskTimeout(f"flush failed: {why}"))
+            return
+        try:
+            result.set_result(self._acks._final(self._answer, self._copy, self._replicated))
+        except TxmqError as exc:
+            result.set_exception(exc)
 
 
 @dataclass(slots=True)

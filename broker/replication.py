@@ -15,7 +15,6 @@ broker's tables.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -185,8 +184,10 @@ class Replication:
     def sync_replication(self) -> bool:
         return self.role.is_master and self.role.replication == "sync"
 
-    def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None:
-        return self.service.replicated_future(end_offset)
+    def when_copied(
+        self, end_offset: int, done: Callable[[str], None], timeout_s: float
+    ) -> str | None:
+        return self.service.when_copied(end_offset, done, timeout_s)
 
     # -- running ----------------------------------------------------------------------------
 

@@ -100,7 +100,10 @@ class HaService:
         self.promoted_at = 0.0
         #: grows with every change of the metadata slaves copy at once (topics)
         self.meta_version = 0
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        #: writes waiting for a slave: (end offset, seq, what to call with the outcome —
+        #: "" copied, else the status to answer —, deadline); one timer for the earliest
+        self._waiters: list[tuple[int, int, Callable[[str], None], float]] = []
+        self._timer: asyncio.TimerHandle | None = None
         self._seq = itertools.count()
         self._written: anyio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -248,10 +251,9 @@ class HaService:
         """Acknowledge the writes waiting for a confirmation below ``acked``."""
         waiters = self._waiters
         while waiters and waiters[0][0] <= acked:
-            end, _, fut = heapq.heappop(waiters)
-            if not fut.done():
-                fut.set_result(None)
-                self.confirmed_end = max(self.confirmed_end, end)
+            end, _, done, _ = heapq.heappop(waiters)
+            self.confirmed_end = max(self.confirmed_end, end)
+            done("")
 
     def _just_promoted(self) -> bool:
         return self.role.controlled and time.monotonic() - self.promoted_at <= RECONNECT_GRACE_S
@@ -279,23 +281,42 @@ class HaService:
         elif self._loop is not None:
             self._loop.call_soon_threadsafe(self.written)
 
-    def replicated_future(self, end_offset: int) -> asyncio.Future[None] | None:
-        """A future set once a slave has everything below ``end_offset``; None if one has
-        it already.  Raises :class:`LookupError` when no slave is connected."""
+    def when_copied(
+        self, end_offset: int, done: Callable[[str], None], timeout_s: float
+    ) -> str | None:
+        """SYNC_MASTER's wait for a slave (group transfer: one confirmation releases every
+        write below it).  A status at once — "" when a slave of the sync state set has
+        everything below ``end_offset`` already, "SLAVE_NOT_AVAILABLE" when none can — or
+        None, and later ``done("")`` once one has, or ``done("FLUSH_SLAVE_TIMEOUT")``
+        after ``timeout_s``.  One timer serves every write waiting (not one each)."""
         if self.role.controlled:
             ids = self.role.in_sync & self.role.proposed  # connected or not (yet)
         else:
             ids = frozenset(self.slaves)
         # a slave catching up may join the set soon, and a new master's slaves come
         if not ids and not self.slaves and not self._just_promoted():
-            raise LookupError("no slave (of the sync state set) connected")
-        counting = [self.slaves[i] for i in ids if i in self.slaves]
-        if any(s.acked >= end_offset for s in counting):
-            self.confirmed_end = max(self.confirmed_end, end_offset)
-            return None
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (end_offset, next(self._seq), fut))
-        return fut
+            return "SLAVE_NOT_AVAILABLE"
+        for i in ids:
+            s = self.slaves.get(i)
+            if s is not None and s.acked >= end_offset:
+                self.confirmed_end = max(self.confirmed_end, end_offset)
+                return ""
+        deadline = time.monotonic() + timeout_s
+        heapq.heappush(self._waiters, (end_offset, next(self._seq), done, deadline))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+        return None
+
+    def _expire(self) -> None:
+        """The oldest waiting writes (the lowest offsets) whose time is up: answered."""
+        self._timer = None
+        waiters = self._waiters
+        now = time.monotonic()
+        while waiters and waiters[0][3] <= now:
+            heapq.heappop(waiters)[2]("FLUSH_SLAVE_TIMEOUT")
+        if waiters:
+            delay = max(waiters[0][3] - now, 0.001)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
 
     # -- what admin shows -------------------------------------------------------------------
 
@@ -345,6 +366,5 @@ class HaService:
     def drop_waiters(self) -> None:
         """A master deposed: no write still waiting is acknowledged."""
         waiters, self._waiters = self._waiters, []
-        for _, _, fut in waiters:
-            if not fut.done():
-                fut.set_exception(NotMaster("this broker was deposed before a slave confirmed"))
+        for _, _, done, _ in waiters:
+            done("DEPOSED")  # (answered NOT_MASTER: this broker is no longer the master)
