@@ -30,6 +30,7 @@ from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.processor import Services, request_router
 from txmq.broker.pulling import PullService
 from txmq.broker.registration import Registration, is_registered_topic
+from txmq.broker.replica_info import with_replication
 from txmq.broker.replication import Replication
 from txmq.broker.retry import RetryService
 from txmq.broker.schedule import ScheduleMessageService
@@ -292,8 +293,6 @@ class Broker(Stoppable):
                 f"{ms_time(d.found_at)} {d.describe()}" for d in self.store.damage.entries()
             ],
         )
-        from txmq.broker.replica_info import with_replication
-
         return with_replication(info, self.replication)
 
 

@@ -228,7 +228,9 @@ class MasterFailover(Fault):
             back = min(on_new_master())
             wait_until(lambda: flow.since(back) >= self.after, 30)
         window = [p for p in flow.placed if p.began > killed and p.ended < back]
-        after = [p for p in flow.placed if p.began >= back]
+        # from the first order the new master acknowledged on (it counts: later ones may
+        # go to broker-b while fault avoidance leaves broker-a out after that slow send)
+        after = [p for p in flow.placed if p.ended >= back]
         result = self._result(
             victim=victim.name,
             victim_id=victim.broker_id,

@@ -98,6 +98,7 @@ NOT_ROUTED = {
     RequestCode.HA_HELLO,
     RequestCode.HA_TRANSFER,
     RequestCode.HA_GET_METADATA,
+    RequestCode.HA_HAND_BACK_OFFSETS,
     RequestCode.CONTROLLER_HEARTBEAT,
     RequestCode.CONTROLLER_ELECT_MASTER,
     RequestCode.CONTROLLER_GET_REPLICA_INFO,
