@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from txmq.errors import (
     BadRequest,
@@ -78,6 +79,10 @@ def parse_namesrv(text: str, *, setting: str = "namesrv") -> tuple[str, ...]:
         if part not in out:
             out.append(part)
     return tuple(out)
+
+
+#: how many requests of one read a server handles before it lets other tasks run
+YIELD_EVERY = 32
 
 
 def _expire(fut: asyncio.Future[Frame | None]) -> None:
@@ -221,6 +226,7 @@ class Connection:
         elif not self._partial_since:
             self._partial_since = now
         queue = deque(frames)
+        taken = 0
         while queue:
             if self._out_bytes > limits.write_buffer or self._inflight >= limits.max_inflight:
                 # a peer that does not read its answers (or floods requests) is not read
@@ -228,6 +234,11 @@ class Connection:
                 self._room.clear()
                 await self._paused_until(self._room.wait())
             self._received(queue.popleft())
+            taken += 1
+            if taken % YIELD_EVERY == 0 and queue:
+                # let others run between slices of a big read: the first answers (and a
+                # SYNC_MASTER's transfer to its slaves) leave while the rest is handled
+                await anyio.lowlevel.checkpoint()
         if self._budget is not None and not self._reserved and buffered > FRAME_ALLOWANCE:
             size = self._decoder.next_frame_size or 0
             await self._paused_until(self._budget.acquire(size))
