@@ -115,6 +115,7 @@ class Replication:
                 self._heartbeat,
                 self._apply,
             )
+            self.service.on_caught_up = self.link.poke
         self.acceptor = Acceptor(
             self.service.router.handle,
             max_frame_size=config.max_frame_size,

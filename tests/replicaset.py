@@ -41,6 +41,8 @@ class ReplicaSet:
     #: broker settings (TXMQ_BROKER_*) for every replica
     env: dict[str, str] = field(default_factory=dict)
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
+    #: the replicas the test killed (and has not started again)
+    killed: set[int] = field(default_factory=set)
 
     def start(self) -> ReplicaSet:
         for i in range(self.n):
@@ -74,6 +76,9 @@ class ReplicaSet:
         """Until a master leads every other replica in its sync state set; its id."""
 
         def healthy() -> int | None:
+            for i, b in self.brokers.items():  # none may die on its own (a master's death)
+                if i not in self.killed and not b.alive():
+                    raise AssertionError(f"broker {i} exited by itself:\n{b.output()[-3000:]}")
             s = self.state()
             if s is None or s.electing or s.master_id < 0:
                 return None
@@ -94,9 +99,11 @@ class ReplicaSet:
 
     def kill(self, i: int) -> None:
         self.brokers[i].kill()
+        self.killed.add(i)
 
     def restart(self, i: int) -> None:
         self.brokers[i].start()
+        self.killed.discard(i)
 
     def runtime(self, i: int) -> tuple[int, int]:
         """(commit-log min offset, max offset) of replica ``i``."""

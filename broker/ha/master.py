@@ -100,6 +100,8 @@ class HaService:
         self.promoted_at = 0.0
         #: grows with every change of the metadata slaves copy at once (topics)
         self.meta_version = 0
+        #: under a controller: a slave outside the proposed sync state set caught up
+        self.on_caught_up: Callable[[], object] = lambda: None
         #: writes waiting for a slave: (end offset, seq, what to call with the outcome —
         #: "" copied, else the status to answer —, deadline); one timer for the earliest
         self._waiters: list[tuple[int, int, Callable[[str], None], float]] = []
@@ -239,6 +241,8 @@ class HaService:
         if offset > link.acked:
             link.acked = offset
         if link.acked >= link.master_offset_then:
+            if self.role.controlled and link.broker_id not in self.role.proposed:
+                self.on_caught_up()  # propose it now, not at the next heartbeat
             link.caught_up_at = now
         link.master_offset_then = self.store.commit_log_max_offset
         if not self.role.counts(link.broker_id):

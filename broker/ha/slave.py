@@ -139,8 +139,8 @@ class HaClient:
             try:
                 await self._follow(address)
             except Exception as raised:
-                exc = _single(raised)
-                if not isinstance(exc, (TxmqError, OSError, ReplicaError)):
+                exc = _expected(raised)
+                if exc is None:
                     raise
                 self.connected = False
                 why = f"{type(exc).__name__}: {exc}"
@@ -251,8 +251,11 @@ def _count(offsets: dict[str, dict[str, dict[int, int]]]) -> int:
     return sum(len(q) for topics in offsets.values() for q in topics.values())
 
 
-def _single(exc: BaseException) -> BaseException:
-    """The one error inside (nested) task-group wrappers."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
+def _expected(exc: BaseException) -> BaseException | None:
+    """The first error inside (nested) task-group wrappers when every one of them is what a
+    lost or refusing master raises (the transfer and the metadata copy often fail
+    together); None when any is not (a bug: it propagates)."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [_expected(e) for e in exc.exceptions]
+        return leaves[0] if leaves and all(leaf is not None for leaf in leaves) else None
+    return exc if isinstance(exc, (TxmqError, OSError, ReplicaError)) else None

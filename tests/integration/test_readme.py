@@ -404,13 +404,15 @@ def run_replicated_set_by_hand(folder: Folder, block: Block) -> None:
         brokers[int(argv[argv.index("--broker-id") + 1])] = proc
 
     def master(other_than: int = -1) -> int:
-        """1 + the master's id, once it acts and both others are in sync (else 0)."""
+        """1 + the master's id, once it acts and every other live replica is in sync (0 until
+        then; ``other_than``: a master other than that one)."""
         sets = ask(namesrv, GetReplicaInfo(broker_name="a")).sets
         if not sets or sets[0].electing or sets[0].master_id in (-1, other_than):
             return 0
         s = sets[0]
         acting = [r for r in s.replicas if r.broker_id == s.master_id and r.master and r.alive]
-        return s.master_id + 1 if acting and len(s.in_sync) >= 1 else 0
+        live = sum(1 for p in brokers.values() if p.poll() is None)
+        return s.master_id + 1 if acting and len(s.in_sync) == live - 1 else 0
 
     first = wait_for(master, timeout=30) - 1
     with Producer(namesrv=namesrv) as producer:

@@ -166,3 +166,16 @@ def test_replicated_segments_keep_their_times_for_retention(
     assert len(segment_paths(slave.root / "commitlog")) >= 3
     assert slave.delete_expired() == master.delete_expired() == 0
     assert log_bytes(slave) == log_bytes(master)
+
+
+def test_a_slave_survives_its_transfer_and_metadata_copy_failing_together() -> None:
+    """A master killed fails both of a slave's requests at once: an ExceptionGroup of two
+    connection errors is a lost master (retried), not a crash; anything else propagates."""
+    from txmq.broker.ha.slave import _expected
+    from txmq.errors import BrokerUnavailable
+
+    lost = BrokerUnavailable("connection closed")
+    both = ExceptionGroup("tg", [lost, ExceptionGroup("inner", [BrokerUnavailable("closed")])])
+    assert _expected(both) is lost
+    assert _expected(ExceptionGroup("tg", [lost, ValueError("a bug")])) is None
+    assert _expected(OSError("refused")) is not None and _expected(KeyError("x")) is None
