@@ -64,7 +64,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info, payload, run_windowed  # noqa: E402
+from bench.common import (  # noqa: E402
+    machine_busy,
+    machine_info,
+    payload,
+    proc_cpu,
+    run_windowed,
+)
 
 TOPIC = "bench"
 QUEUES = 4
@@ -75,26 +81,9 @@ SCENARIOS = {
     "b": "(b) two brokers, split by hand",
     "c": "(c) two brokers, name server",
 }
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 # -- processes ------------------------------------------------------------------------------
-
-
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 if it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def machine_busy() -> float:
-    """Busy seconds of all cores so far (``/proc/stat``: everything but idle and iowait)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICK
 
 
 class Server:

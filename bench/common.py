@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 MiB = 1024 * 1024
@@ -377,3 +378,25 @@ def dump_json(path: str, results: Sequence[Result], params: dict[str, Any]) -> N
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, default=str)
         f.write("\n")
+
+
+# -- where the CPU goes ----------------------------------------------------------------------
+
+#: clock ticks per second of /proc's CPU times
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def machine_busy() -> float:
+    """Busy seconds of all cores so far (``/proc/stat``: everything but idle and iowait)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICK

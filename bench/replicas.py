@@ -31,29 +31,13 @@ from pathlib import Path
 
 import anyio
 
+from bench.common import proc_cpu
 from txmq.remoting import RemotingClient
 from txmq.wire import BrokerSetState, GetReplicaInfo, Request
 from txmq.wire.base import R
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "bench"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 if it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def machine_busy() -> float:
-    """Busy seconds of all cores so far (``/proc/stat``: everything but idle and iowait)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICK
 
 
 class Node:

@@ -60,15 +60,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info, payload, percentile, run_windowed  # noqa: E402
-from bench.replicas import (  # noqa: E402
-    BrokerSet,
-    Node,
-    create_topic,
-    git_head,
+from bench.common import (  # noqa: E402
     machine_busy,
-    namesrv_node,
+    machine_info,
+    payload,
+    percentile,
+    proc_cpu,
+    run_windowed,
 )
+from bench.replicas import BrokerSet, Node, create_topic, git_head, namesrv_node  # noqa: E402
 
 SCENARIOS = {
     "a": "(a) one broker, no replication",
@@ -117,8 +117,6 @@ class Measure:
 
     @staticmethod
     def _cpu(p: Node | int) -> float:
-        from bench.replicas import proc_cpu
-
         return p.cpu() if isinstance(p, Node) else proc_cpu(p)
 
     def begin(self) -> None:

@@ -69,7 +69,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import txmq.sqla  # noqa: E402
-from bench.common import machine_info, percentile  # noqa: E402
+from bench.common import TICK, machine_info, percentile, proc_cpu  # noqa: E402
 from txmq import AdminClient, Message, TransactionProducer  # noqa: E402
 from txmq.sqla import SqlTransactionChecker, transaction  # noqa: E402
 
@@ -172,18 +172,6 @@ def with_txmq(sessions: async_sessionmaker[Any], producer: TransactionProducer) 
 
 
 # -- where the CPU goes ----------------------------------------------------------------------
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 if it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def postgres_cpu() -> dict[int, float]:
