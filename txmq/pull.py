@@ -100,15 +100,19 @@ class PullConsumer(BrokerClient):
                 broker=broker_name,
                 replica="slave" if from_slave else "any",
             )
-        except BrokerUnavailable:
+        except BrokerUnavailable as exc:
             if from_slave or not broker_name:
                 raise
-            # the master is down (its route not refreshed yet): read from a slave
-            self.routes.failed(MessageQueue(topic, broker_name, queue_id), unreachable=True)
+            # the master is down (its route not refreshed yet): read from a slave (a read
+            # may be asked again)
+            mq = MessageQueue(topic, broker_name, queue_id)
+            self.routes.failed(mq, unreachable=not exc.sent)
             pulled, body = await self.call_with_body(
-                request, timeout=long_poll + self.request_timeout, broker=broker_name,
+                request,
+                timeout=long_poll + self.request_timeout,
+                broker=broker_name,
                 replica="slave",
-            )  # fmt: skip
+            )
         if broker_name:  # the broker's advice for the next pull (RocketMQ's suggestWhichBrokerId)
             self._from_slave[key] = pulled.suggest_broker_id != 0
         messages = decode_records(body, on_corrupt=self._corrupt(topic, queue_id)) if body else []
