@@ -107,7 +107,11 @@ def test_a_transaction_whose_master_dies_before_its_commit_is_checked_back_by_th
     checker = SqlTransactionChecker(engine)
     ns = rs.namesrv.address
     with TransactionProducer(
-        namesrv=ns, group="orders-tx", listener=checker, heartbeat_interval=0.5
+        namesrv=ns,
+        group="orders-tx",
+        listener=checker,
+        heartbeat_interval=0.5,
+        send_timeout=15.0,  # a send waits this long for the new master (CI runs 4 at once)
     ) as producer:
         producer.send(Message("orders-ha", b"warm-up"))  # (the topic and the route)
         first = rs.wait_healthy()
