@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -51,20 +52,33 @@ class ConsumerOffsetManager:
             if hand_back:
                 self._pending[(group, topic, queue_id)] = offset
 
-    def commit_larger(self, offsets: dict[str, dict[str, dict[int, int]]]) -> int:
+    def commit_larger(
+        self,
+        offsets: dict[str, dict[str, dict[int, int]]],
+        valid: Callable[[str, str, int], bool],
+    ) -> int:
         """A master takes offsets a slave kept while it was away, where they are further
-        than its own; returns how many it took."""
+        than its own and ``valid(group, topic, queue_id)``; returns how many it took."""
         taken = 0
         with self._lock:
             for group, topics in offsets.items():
                 for topic, queues in topics.items():
-                    mine = self._offsets.setdefault(group, {}).setdefault(topic, {})
                     for queue_id, offset in queues.items():
+                        if not valid(group, topic, queue_id) or offset < 0:
+                            continue
+                        mine = self._offsets.setdefault(group, {}).setdefault(topic, {})
                         if offset > mine.get(queue_id, -1):
                             mine[queue_id] = offset
                             taken += 1
             self._dirty = self._dirty or taken > 0
         return taken
+
+    def drop_pending(self, valid: Callable[[str, str, int], bool]) -> None:
+        """Forget what is no longer ``valid(group, topic, queue_id)`` (its topic deleted or
+        shrunk on the master meanwhile): the master would not take it back."""
+        with self._lock:
+            for key in [k for k in self._pending if not valid(*k)]:
+                del self._pending[key]
 
     def pending(self) -> dict[str, dict[str, dict[int, int]]]:
         """The offsets this slave still has to hand back to a master."""

@@ -18,7 +18,7 @@ import msgspec
 from txmq.broker.context import BrokerContext
 from txmq.broker.offsets import OffsetsFile
 from txmq.broker.schedule import DelayOffsetsFile, ScheduleMessageService
-from txmq.broker.topics import TopicEntry, TopicsFile
+from txmq.broker.topics import TopicEntry, TopicsFile, has_queue
 from txmq.broker.transaction import TransactionOffsetsFile, TransactionService
 from txmq.jsonfile import write_json_atomic
 from txmq.wire import HaMetadata
@@ -57,6 +57,10 @@ class Metadata:
         ctx = self.ctx
         if meta.topics:
             ctx.topics.adopt(msgspec.json.decode(meta.topics, type=TopicsFile).topics)
+            # an offset kept for a queue the master no longer has is not handed back
+            ctx.offsets.drop_pending(
+                lambda group, topic, queue_id: has_queue(ctx.topics, topic, queue_id)
+            )
         if ctx.store.commit_log_max_offset < meta.log_end:
             return False
         if meta.offsets:

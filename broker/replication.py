@@ -35,6 +35,7 @@ from txmq.broker.ha.role import Role
 from txmq.broker.ha.slave import HaClient
 from txmq.broker.replica_metadata import Metadata
 from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.topics import has_queue
 from txmq.broker.transaction import TransactionService
 from txmq.errors import TxmqError
 from txmq.serving import Acceptor
@@ -172,8 +173,12 @@ class Replication:
             return 1 if slow and self.service.slaves else 0
         return 1 if slow else 0  # a slave sends a reader that caught up back to the master
 
+    def committable(self, group: str, topic: str, queue_id: int) -> bool:
+        """Whether a consumer offset may be kept here (a group, a queue this broker has)."""
+        return bool(group) and has_queue(self.ctx.topics, topic, queue_id)
+
     def _take_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
-        taken = self.ctx.offsets.commit_larger(offsets)
+        taken = self.ctx.offsets.commit_larger(offsets, self.committable)
         if taken:
             log.info("took %d consumer offset(s) a slave kept while this broker was away", taken)
 

@@ -45,6 +45,12 @@ def check_queue_id(cfg: TopicConfig, queue_id: int) -> None:
         )
 
 
+def has_queue(topics: TopicManager, topic: str, queue_id: int) -> bool:
+    """Whether ``topic`` exists and has queue ``queue_id`` (what a committed offset needs)."""
+    cfg = topics.get(topic)
+    return cfg is not None and 0 <= queue_id < cfg.queue_nums
+
+
 class TopicEntry(msgspec.Struct):
     name: TopicName
     queue_nums: Annotated[int, msgspec.Meta(ge=1, le=MAX_QUEUE_NUMS)]

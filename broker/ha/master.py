@@ -241,7 +241,11 @@ class HaService:
         if offset > link.acked:
             link.acked = offset
         if link.acked >= link.master_offset_then:
-            if self.role.controlled and link.broker_id not in self.role.proposed:
+            if (
+                self.role.is_master
+                and self.role.controlled
+                and link.broker_id not in self.role.proposed
+            ):
                 self.on_caught_up()  # propose it now, not at the next heartbeat
             link.caught_up_at = now
         link.master_offset_then = self.store.commit_log_max_offset

@@ -38,7 +38,6 @@ class Role:
     controlled: bool = False
     #: this broker's set's master (for a slave: whom it copies from)
     master_address: str = ""
-    master_ha_address: str = ""
     lease_until: float = 0.0
     #: the lease's length, as the controller last gave it
     lease_s: float = 0.0

@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import wait_for
+from tests.conftest import ask, wait_for
 from txmq import Message
+from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.server import Broker, EmbeddedBroker
 from txmq.namesrv import EmbeddedNamesrv
-from txmq.sync import Producer, PullConsumer
+from txmq.sync import AdminClient, Producer, PullConsumer
+from txmq.wire import HaHandBackOffsets
 
 Start = Callable[..., EmbeddedBroker]
 
@@ -95,3 +97,37 @@ def test_a_consumer_far_behind_is_sent_to_the_slave_and_back(
             third = consumer.pull("t", 0, 10, max_msgs=5, long_poll=0, broker_name="a")
             assert len(third.messages) == 5
             assert _b(slave).context.throughput.got == before + 5
+
+
+def test_a_hand_back_keeps_only_offsets_of_queues_the_master_has(
+    embedded_broker: Start, tmp_path: Path
+) -> None:
+    """The HA port's HaHandBackOffsets with an unknown topic, a queue out of range, a
+    negative queue id or an empty group: the master keeps only the valid offset (and only
+    where it is further than its own), persists nothing else, and serves on."""
+    master = embedded_broker(broker_id=0, store=tmp_path / "m")
+    with AdminClient(master.address) as admin:
+        admin.create_topic("orders", 2)
+    with PullConsumer(master.address, group="billing") as consumer:
+        consumer.commit_offset("orders", 1, 9)
+    hostile = {
+        "billing": {"orders": {0: 5, 1: 3, 2: 7, -1: 4}, "no-such-topic": {0: 1}},
+        "": {"orders": {0: 6}},
+    }
+    answer = ask(_b(master).replication.ha_address, HaHandBackOffsets(broker_id=1, offsets=hostile))
+    assert answer.log_end >= 0  # answered with the master's metadata
+    b = _b(master)
+    assert b.offsets.snapshot() == {"billing": {"orders": {0: 5, 1: 9}}}  # 3 < 9: kept 9
+    b.offsets.persist(force=True)
+    saved = (master.config.store / "config" / "offsets.json").read_text()
+    assert "no-such-topic" not in saved and '"-1"' not in saved and '"2"' not in saved
+    with Producer(master.address) as producer:  # and it serves on
+        assert producer.send(Message("orders", b"x"), queue_id=0).status == "SEND_OK"
+
+
+def test_a_slave_forgets_kept_offsets_of_a_topic_its_master_deleted() -> None:
+    offsets = ConsumerOffsetManager(Path("/nonexistent/offsets.json"))
+    offsets.commit("g", "kept", 0, 4, hand_back=True)
+    offsets.commit("g", "deleted", 1, 2, hand_back=True)
+    offsets.drop_pending(lambda group, topic, queue_id: topic == "kept")
+    assert offsets.pending() == {"g": {"kept": {0: 4}}}
