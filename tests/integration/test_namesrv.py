@@ -26,13 +26,14 @@ from tests.raw_client import RawClient
 from txmq import Message
 from txmq.broker.server import EmbeddedBroker
 from txmq.errors import ResponseCode, TopicNotFound, TxmqError
-from txmq.namesrv import EmbeddedNamesrv
+from txmq.namesrv import Controller, EmbeddedNamesrv
 from txmq.sync import Producer
 from txmq.wire import (
     ConsumerData,
     DeleteTopic,
     GetClusterInfo,
     GetMaxOffset,
+    GetReplicaInfo,
     GetTopicRoute,
     Heartbeat,
     RequestCode,
@@ -284,3 +285,49 @@ def test_a_second_live_broker_under_the_same_name_and_id_is_refused(
         assert twin.output().count("already registered") == 1  # said once, not per attempt
     finally:
         assert twin.terminate() == 0
+
+
+def test_bad_controller_requests_answer_bad_request_and_nothing_is_saved(
+    tmp_path: Path, namesrv_process: NamesrvFactory
+) -> None:
+    """A name server hosting the controller: heartbeats and switchovers with missing,
+    mistyped, negative or huge fields are refused naming the field; no broker set appears,
+    nothing is written to controller.json, and the controller answers on."""
+    ns = namesrv_process("ns")
+    ns.args = ["--controller-store", str(tmp_path / "ctl")]
+    ns.start()
+    good = {
+        "cluster": "C", "broker_name": "a", "broker_id": 1, "address": "127.0.0.1:1",
+        "ha_address": "127.0.0.1:2", "offset": 0, "epoch": 1,
+    }  # fmt: skip
+    cases = [
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "broker_id": "one"}, "'broker_id'"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "broker_id": -1}, "'broker_id'"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "broker_id": 2**40}, "'broker_id'"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "offset": -5}, "'offset'"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "epoch": [1]}, "'epoch'"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "master_silent_ms": -7}, "master_silent_ms"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {**good, "master": None}, "'master'"),
+        (RequestCode.CONTROLLER_HEARTBEAT, {"cluster": "C"}, "broker_name"),
+        (RequestCode.CONTROLLER_ELECT_MASTER, {"broker_name": "a", "timeout_ms": 0}, "timeout_ms"),
+        (RequestCode.CONTROLLER_ELECT_MASTER, {"broker_name": "a", "broker_id": -9}, "broker_id"),
+    ]
+    client = RawClient(ns.address)
+    with client.sock:
+        for rid, (code, header, field) in enumerate(cases, 1):
+            frame = client.request(code, header, rid=rid)
+            error = msgpack.unpackb(frame.header)["error"]
+            assert (frame.code, field in error) == (ResponseCode.BAD_REQUEST, True), error
+    assert ask(ns.address, GetReplicaInfo()).sets == []
+    assert not (tmp_path / "ctl" / "controller.json").exists()
+
+
+def test_a_damaged_controller_state_file_is_set_aside_and_the_controller_starts(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "ctl"
+    store.mkdir()
+    (store / "controller.json").write_text('{"sets": {"a": {"cluster": "C", "epoch": "x"}')
+    ok = Controller(store)
+    assert ok.sets == {}
+    assert any(p.name.startswith("controller.json.bad-") for p in store.iterdir())

@@ -6,6 +6,7 @@ import pytest
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.store import FlushMode
+from txmq.namesrv import ControllerConfig
 from txmq.settings import SettingsError
 
 
@@ -67,9 +68,33 @@ def test_disk_max_used_ratio_is_a_share_read_from_toml_and_env(tmp_path: Path) -
         ("sync_replication_timeout_s", 0, "sync_replication_timeout_s must be positive"),
         ("ha_metadata_sync_interval_s", -1, "ha_metadata_sync_interval_s must be positive"),
         ("ha_in_sync_lag_s", 0, "ha_in_sync_lag_s must be positive"),
+        ("controller", "nohost", "controller: 'nohost' is not HOST:PORT"),
+        ("controller_heartbeat_interval_s", 0, "controller_heartbeat_interval_s"),
+        ("controller_heartbeat_interval_s", 11, "controller_heartbeat_interval_s"),
+        ("access_message_in_memory_max_ratio", -0.1, "access_message_in_memory_max_ratio"),
+        ("access_message_in_memory_max_ratio", 1.5, "access_message_in_memory_max_ratio"),
     ],
 )
 def test_bad_replication_settings_are_clear_errors(setting: str, bad: object, says: str) -> None:
     with pytest.raises(SettingsError, match=says):
         BrokerConfig(**{setting: bad})  # type: ignore[arg-type]
     assert BrokerConfig(replication="sync", ha_port=0).replication == "sync"
+
+
+@pytest.mark.parametrize(
+    ("setting", "bad", "says"),
+    [
+        ("port", 70000, "port 70000"),
+        ("lease_s", 0, "lease_s must be positive and shorter than heartbeat_timeout_s"),
+        ("lease_s", 5, "lease_s must be positive and shorter than heartbeat_timeout_s"),
+        ("reconnect_grace_s", -1, "reconnect_grace_s must not be negative"),
+    ],
+)
+def test_bad_controller_settings_are_clear_errors(setting: str, bad: object, says: str) -> None:
+    with pytest.raises(SettingsError, match=says):
+        ControllerConfig(**{setting: bad})  # type: ignore[arg-type]
+    env = {"TXMQ_CONTROLLER_LEASE_S": "1.5", "TXMQ_CONTROLLER_STORE": "/tmp/ctl"}
+    loaded = ControllerConfig.load(env=env)
+    assert (loaded.lease_s, loaded.store) == (1.5, Path("/tmp/ctl"))
+    with pytest.raises(SettingsError, match="lease_s"):
+        ControllerConfig.load(env={"TXMQ_CONTROLLER_LEASE_S": "soon"})
