@@ -274,9 +274,8 @@ class Producer(BrokerClient):
                 if not exc.retriable or attempt + 1 >= attempts:
                     raise
                 log.warning("send to %s failed (%s); retrying on another queue", mq, exc)
-                await self.route(msg.topic, create=True, refresh=True)
                 wait = timeout or self.request_timeout
-                route = await self.routes.writable(msg.topic, wait, create=True)
+                route = await self.routes.writable(msg.topic, wait, create=True, refresh=True)
                 if options.get("sharding_key") is None:
                     index = next(self._round_robin)
                 mq = self.routes.pick(route, index or 0, avoid=mq.broker_name)

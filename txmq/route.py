@@ -270,12 +270,14 @@ class RouteTable:
         self._replicas.update(route.replicas)
         return route
 
-    async def writable(self, topic: str, wait_s: float, *, create: bool = False) -> Route:
-        """The topic's route with a queue to send to.  While every broker set holding it
-        has replicas but no master (a failover under way) the route is fetched again and
-        again for up to ``wait_s``; then :class:`BrokerUnavailable` (retriable)."""
+    async def writable(
+        self, topic: str, wait_s: float, *, create: bool = False, refresh: bool = False
+    ) -> Route:
+        """The topic's route with a queue to send to (``refresh``: fetched anew first).
+        While every broker set holding it has replicas but no master (a failover under
+        way) the route is fetched again and again for up to ``wait_s``; then
+        :class:`BrokerUnavailable` (retriable)."""
         deadline = time.monotonic() + wait_s
-        refresh = False
         while True:
             try:
                 route = await self.route(topic, create=create, refresh=refresh)
