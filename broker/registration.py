@@ -117,8 +117,10 @@ class Registration:
         )
 
     def refresh(self) -> None:
-        """Register with every name server now (this broker's role changed)."""
-        self._topic_changed("")
+        """Register with every name server now, as a new table (a topic or this broker's
+        role changed)."""
+        self.data_version += 1
+        self.register_now()
 
     def register_now(self) -> None:
         """Register with every name server now (a heartbeat: nothing changed)."""
@@ -127,10 +129,7 @@ class Registration:
                 link.wake.set()
 
     def _topic_changed(self, _: TopicConfig | str) -> None:
-        self.data_version += 1
-        for link in self._links:
-            if link.wake is not None:
-                link.wake.set()
+        self.refresh()
 
     # -- lifecycle --------------------------------------------------------------------------
 
