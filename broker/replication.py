@@ -37,6 +37,7 @@ from txmq.broker.replica_metadata import Metadata
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.topics import has_queue
 from txmq.broker.transaction import TransactionService
+from txmq.controller_client import ask_controller
 from txmq.errors import TxmqError
 from txmq.serving import Acceptor
 from txmq.wire import ControllerAnswer, ControllerHeartbeat
@@ -373,7 +374,8 @@ class Replication:
         if self.link is None:
             return
         try:
-            await self.link.request(msgspec.structs.replace(self._heartbeat(), leaving=True), 1.0)
+            leaving = msgspec.structs.replace(self._heartbeat(), leaving=True)
+            await ask_controller(self.config.controller_addresses, leaving, 1.0)
         except TxmqError:
             pass
 

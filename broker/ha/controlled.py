@@ -18,10 +18,9 @@ from contextlib import AsyncExitStack
 
 import anyio
 
-from txmq.errors import BrokerUnavailable, TxmqError
+from txmq.errors import TxmqError
 from txmq.remoting import RemotingClient
-from txmq.wire import ControllerAnswer, ControllerHeartbeat, Request
-from txmq.wire.base import R
+from txmq.wire import ControllerAnswer, ControllerHeartbeat
 
 __all__ = ["ControllerLink"]
 
@@ -51,20 +50,6 @@ class ControllerLink:
     def poke(self) -> None:
         """Heartbeat again now (the role just changed: tell the controller at once)."""
         self._poked.set()
-
-    async def request(self, request: Request[R], timeout: float) -> R:
-        """``request``'s answer from the first controller that answers (a connection of
-        its own: the heartbeats go on meanwhile)."""
-        errors: list[str] = []
-        for address in self.addresses:
-            try:
-                async with RemotingClient(address, connect_timeout=1.0) as client:
-                    return (await client.call(request, timeout=timeout)).header
-            except TxmqError as exc:
-                if not exc.retriable:
-                    raise
-                errors.append(f"{address}: {exc}")
-        raise BrokerUnavailable("no controller answered: " + "; ".join(errors))
 
     async def run(self) -> None:
         async with AsyncExitStack() as stack:
