@@ -88,11 +88,35 @@ class RetryService:
             raise MessageNotFound(f"no message at commit-log offset {offset}")
         msg = decode_record(record)
         times = msg.reconsume_times + 1
+        if delay_level < 0 or times > max_times:
+            level = -1
+        else:
+            level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
+        answer, r = self.store_copy(
+            msg, group, times=times, max_times=max_times, level=level, origin=origin
+        )
+        # under SYNC flush, answer once the copy is on disk (like a send)
+        return self.ctx.acks.after_flush(r.end_offset, answer)
+
+    def store_copy(
+        self,
+        msg: MessageExt,
+        group: str,
+        *,
+        times: int,
+        max_times: int,
+        level: int,
+        origin: str = "",
+    ) -> tuple[SendBack, PutResult]:
+        """Store a copy of ``msg`` for ``group`` to consume again, with reconsume times
+        ``times``: in ``%DLQ%<group>`` for ``level`` < 0, in ``%RETRY%<group>`` at once for
+        0, else after delay level ``level`` (through the schedule topic).  Shared by
+        :meth:`send_back` and the pop service (:mod:`txmq.broker.pop`)."""
         props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
         props.setdefault(Prop.RETRY_TOPIC, msg.topic)
         props.setdefault(Prop.ORIGIN_MESSAGE_ID, origin or msg.msg_id)
         props[Prop.MAX_RECONSUME_TIMES] = str(max_times)
-        if delay_level < 0 or times > max_times:
+        if level < 0:
             target = dlq_topic(group)
             self._ensure(target)
             r = self._put(msg, target, 0, props, reconsume_times=times)
@@ -104,19 +128,19 @@ class RetryService:
                 target,
                 times,
             )
-            answer = SendBack(topic=target, reconsume_times=times, delay_level=-1)
-        else:
-            target = retry_topic(group)
-            self._ensure(target)
-            level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
-            delayed = self.schedule.prepare(target, 0, props, level=level)
-            assert delayed is not None
-            topic, queue_id, stored, due, level = delayed
-            r = self._put(msg, topic, queue_id, stored, reconsume_times=times, cq_tag_code=due)
-            self.schedule.stored(level, due)
-            answer = SendBack(topic=target, reconsume_times=times, delay_level=level)
-        # under SYNC flush, answer once the copy is on disk (like a send)
-        return self.ctx.acks.after_flush(r.end_offset, answer)
+            return SendBack(topic=target, reconsume_times=times, delay_level=-1), r
+        target = retry_topic(group)
+        self._ensure(target)
+        if level == 0:
+            r = self._put(msg, target, 0, props, reconsume_times=times)
+            self.ctx.arrivals.notify(target, 0)
+            return SendBack(topic=target, reconsume_times=times, delay_level=0), r
+        delayed = self.schedule.prepare(target, 0, props, level=level)
+        assert delayed is not None
+        topic, queue_id, stored, due, level = delayed
+        r = self._put(msg, topic, queue_id, stored, reconsume_times=times, cq_tag_code=due)
+        self.schedule.stored(level, due)
+        return SendBack(topic=target, reconsume_times=times, delay_level=level), r
 
     # -- dead-letter queue ----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ __all__ = [
     "FlushDiskTimeout",
     "FlushSlaveTimeout",
     "FrameTooLarge",
+    "InvalidReceiptHandle",
     "InvalidTopic",
     "MalformedFrame",
     "MessageNotFound",
@@ -58,6 +59,7 @@ class ResponseCode(enum.IntEnum):
     QUERY_NOT_FOUND = 22
     TRANSACTION_NOT_FOUND = 23
     NOT_MASTER = 24
+    INVALID_RECEIPT_HANDLE = 25
 
 
 class TxmqError(Exception):
@@ -197,6 +199,14 @@ class TransactionNotFound(TxmqError):
     code = ResponseCode.TRANSACTION_NOT_FOUND
 
 
+class InvalidReceiptHandle(TxmqError):
+    """The receipt handle of a popped message is malformed, from another broker run, or
+    no longer valid (the message was acknowledged, redelivered, or its invisible time was
+    changed under a newer handle)."""
+
+    code = ResponseCode.INVALID_RECEIPT_HANDLE
+
+
 class BrokerUnavailable(TxmqError):
     """The broker cannot be reached or the connection was lost."""
 
@@ -233,6 +243,7 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         InvalidTopic,
         MessageNotFound,
         TransactionNotFound,
+        InvalidReceiptHandle,
     )
 }
 _REGISTRY[ResponseCode.MESSAGE_ILLEGAL] = BadRequest
