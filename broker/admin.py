@@ -1,5 +1,5 @@
-"""Operators' requests: routes, topics, queue statistics, message lookups, all group
-offsets and the broker's runtime information."""
+"""Operators' requests: routes, topics, consumer-group configs, queue statistics, message
+lookups, all group offsets and the broker's runtime information."""
 
 from __future__ import annotations
 
@@ -7,18 +7,24 @@ import logging
 from collections.abc import Callable
 
 from txmq.broker.context import BrokerContext
+from txmq.broker.subscriptions import GroupConfig
 from txmq.codec import read_header
-from txmq.errors import MessageNotFound, TopicNotFound
+from txmq.errors import MessageNotFound, NotMaster, TopicNotFound
 from txmq.rpc import Call
 from txmq.wire import (
     BrokerData,
+    DeleteSubscriptionGroup,
     DeleteTopic,
     Empty,
     GetAllConsumerOffsets,
+    GetAllSubscriptionGroups,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
     GetTopicRoute,
     GetTopicStats,
+    GroupConfigList,
+    GroupConfigRow,
+    GroupDeleted,
     GroupOffset,
     GroupOffsets,
     MessageCount,
@@ -32,6 +38,7 @@ from txmq.wire import (
     TopicRow,
     TopicStats,
     UpdateAndCreateTopic,
+    UpdateSubscriptionGroup,
     ViewMessageById,
     WithBody,
 )
@@ -131,6 +138,37 @@ class AdminService:
             )
         return TopicStats(topic=topic, queues=rows)
 
+    # -- consumer-group configs --------------------------------------------------------------
+
+    def update_group(self, req: UpdateSubscriptionGroup, call: Call) -> GroupConfigRow:
+        self._master_only(req.group)
+        cfg = self.ctx.groups.update(req.group, fifo=req.fifo, retry_max_times=req.retry_max_times)
+        log.info(
+            "consumer group %s: fifo %s, retry_max_times %d",
+            req.group,
+            cfg.fifo,
+            cfg.retry_max_times,
+        )
+        return _group_row(req.group, cfg)
+
+    def all_groups(self, req: GetAllSubscriptionGroups, call: Call) -> GroupConfigList:
+        return GroupConfigList(groups=[_group_row(g, c) for g, c in self.ctx.groups.all()])
+
+    def delete_group(self, req: DeleteSubscriptionGroup, call: Call) -> GroupDeleted:
+        self._master_only(req.group)
+        deleted = self.ctx.groups.delete(req.group)
+        if deleted:
+            log.info("consumer group %s: config deleted", req.group)
+        return GroupDeleted(deleted=deleted)
+
+    def _master_only(self, group: str) -> None:
+        """A slave copies its master's group configs: a change made on it would not last."""
+        if not self.ctx.replica.is_master():
+            raise NotMaster(
+                f"this broker is a slave: change consumer group {group!r} on its broker "
+                "set's master"
+            )
+
     # -- messages ---------------------------------------------------------------------------
 
     def view_message(self, req: ViewMessageById, call: Call) -> WithBody[Empty]:
@@ -174,3 +212,7 @@ class AdminService:
 
     def runtime_info(self, req: GetBrokerRuntimeInfo, call: Call) -> RuntimeInfo:
         return self._runtime_info()
+
+
+def _group_row(group: str, cfg: GroupConfig) -> GroupConfigRow:
+    return GroupConfigRow(group=group, fifo=cfg.fifo, retry_max_times=cfg.retry_max_times)

@@ -17,11 +17,13 @@ from txmq.broker.transaction_check import TransactionChecker
 from txmq.rpc import Router
 from txmq.wire import (
     ConsumerSendMsgBack,
+    DeleteSubscriptionGroup,
     DeleteTopic,
     DlqList,
     DlqResend,
     EndTransaction,
     GetAllConsumerOffsets,
+    GetAllSubscriptionGroups,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
     GetConsumerListByGroup,
@@ -41,6 +43,7 @@ from txmq.wire import (
     UnregisterClient,
     UpdateAndCreateTopic,
     UpdateConsumerOffset,
+    UpdateSubscriptionGroup,
     ViewMessageById,
 )
 
@@ -85,6 +88,10 @@ def request_router(s: Services) -> Router:
     r.route(DeleteTopic, s.admin.delete_topic)
     r.route(GetAllTopicConfig, s.admin.all_topics)
     r.route(GetTopicStats, s.admin.topic_stats)
+    # consumer-group configs
+    r.route(UpdateSubscriptionGroup, s.admin.update_group)
+    r.route(GetAllSubscriptionGroups, s.admin.all_groups)
+    r.route(DeleteSubscriptionGroup, s.admin.delete_group)
     # operators
     r.route(ViewMessageById, s.admin.view_message)
     r.route(QueryMessageByKey, s.admin.query_by_key)

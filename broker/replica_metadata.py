@@ -1,6 +1,6 @@
-"""Metadata a slave copies from its master (RocketMQ's SlaveSynchronize): topics, consumer
-offsets, delay-level offsets and transaction-check offsets, each in its state file's own
-JSON form (one schema per file, :mod:`txmq.jsonfile`).
+"""Metadata a slave copies from its master (RocketMQ's SlaveSynchronize): topics,
+consumer-group configs, consumer offsets, delay-level offsets and transaction-check
+offsets, each in its state file's own JSON form (one schema per file, :mod:`txmq.jsonfile`).
 
 Offsets are taken only once the slave's commit log reaches the master's end at the time
 the master took them: an offset past a record the slave lacks would skip that record on
@@ -18,6 +18,7 @@ import msgspec
 from txmq.broker.context import BrokerContext
 from txmq.broker.offsets import OffsetsFile
 from txmq.broker.schedule import DelayOffsetsFile, ScheduleMessageService
+from txmq.broker.subscriptions import GroupsFile
 from txmq.broker.topics import TopicEntry, TopicsFile, has_queue
 from txmq.broker.transaction import TransactionOffsetsFile, TransactionService
 from txmq.jsonfile import write_json_atomic
@@ -49,11 +50,12 @@ class Metadata:
             offsets=msgspec.json.encode(OffsetsFile(ctx.offsets.snapshot())),
             delay_offsets=msgspec.json.encode(DelayOffsetsFile(self.schedule.offsets())),
             transaction_offsets=tx,
+            groups=msgspec.json.encode(GroupsFile(ctx.groups.snapshot())),
         )
 
     def apply(self, meta: HaMetadata) -> bool:
         """A slave's side: take the master's tables; False if the slave's log has not
-        reached ``meta.log_end`` yet (the topics are taken anyway)."""
+        reached ``meta.log_end`` yet (the topics and group configs are taken anyway)."""
         ctx = self.ctx
         if meta.topics:
             ctx.topics.adopt(msgspec.json.decode(meta.topics, type=TopicsFile).topics)
@@ -61,6 +63,8 @@ class Metadata:
             ctx.offsets.drop_pending(
                 lambda group, topic, queue_id: has_queue(ctx.topics, topic, queue_id)
             )
+        if meta.groups:  # (an older master sends none: the slave keeps its own)
+            ctx.groups.adopt(msgspec.json.decode(meta.groups, type=GroupsFile).groups)
         if ctx.store.commit_log_max_offset < meta.log_end:
             return False
         if meta.offsets:

@@ -1,6 +1,6 @@
-"""``txmq admin``: topics, queue statistics, message lookups, offsets, the DLQ and
-undecided transactions of a running broker — or of a whole cluster through its name servers
-(``--namesrv``) — as tables or JSON.
+"""``txmq admin``: topics, consumer-group configs, queue statistics, message lookups,
+offsets, the DLQ and undecided transactions of a running broker — or of a whole cluster
+through its name servers (``--namesrv``) — as tables or JSON.
 
 Times: tables show local time with milliseconds (like the log lines). ``--json`` keeps
 each epoch-millisecond field (``store_timestamp``, ...) as the broker sent it, for scripts
@@ -15,6 +15,7 @@ import json
 import anyio
 
 from txmq.admin import AdminClient
+from txmq.cli.admin_groups import add_group, run_group
 from txmq.cli.admin_ha import (
     add_controller_option,
     add_switchover,
@@ -64,6 +65,7 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq admin route orders --namesrv 127.0.0.1:9876\n"
         "  txmq admin topic-stats orders --json\n"
         "  txmq admin message --key order-42\n"
+        "  txmq admin group update --group billing --fifo --retry-max 3\n"
         "  txmq admin dlq list --group billing\n"
         "  txmq admin transactions --parked",
     )
@@ -174,6 +176,7 @@ def add_parser(sub: SubParsers) -> None:
     tx.add_argument("--group", help="only this producer group")
     tx.add_argument("--max", type=int, default=100, help="most transactions to show")
     tx.add_argument("--broker-name", help=BROKER_NAME_HELP)
+    add_group(asub)
     share(a, _shared)
     add_controller_option(a, None)  # before the subcommand, or after these two
     for leaf in (cl, sw):
@@ -186,6 +189,8 @@ def run_admin(args: argparse.Namespace) -> int:
         raise CommandError("--controller is for 'txmq admin cluster' and 'txmq admin switchover'")
     if args.admin_cmd == "switchover":
         return run_switchover(args)
+    if args.admin_cmd == "group":
+        return run_group(args)
     where = endpoints(args)
 
     async def client() -> AdminClient:

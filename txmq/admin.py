@@ -1,7 +1,8 @@
-"""Operator queries: topics, queue statistics, message lookups, group offsets, the DLQ,
-undecided transactions — of one broker, or of a whole cluster — and the replicated broker
-sets: each broker's role, epoch and lag (:meth:`~AdminClient.cluster`), the controller's
-view, a planned switchover of a set's master (:meth:`~AdminClient.switchover`).
+"""Operator queries: topics, consumer-group configs, queue statistics, message lookups,
+group offsets, the DLQ, undecided transactions — of one broker, or of a whole cluster —
+and the replicated broker sets: each broker's role, epoch and lag
+(:meth:`~AdminClient.cluster`), the controller's view, a planned switchover of a set's
+master (:meth:`~AdminClient.switchover`).
 
 An :class:`AdminClient` given a broker's address asks that broker alone.  Given name
 servers (``namesrv="h1:9876;h2:9876"``) it asks every master the name servers know
@@ -11,13 +12,14 @@ servers (``namesrv="h1:9876;h2:9876"``) it asks every master the name servers kn
 
 In a cluster, a broker that does not answer is logged and left out of a listing (its rows
 are missing, the others are shown); when none answers, the error is raised.  A change
-(:meth:`~AdminClient.create_topic`, :meth:`~AdminClient.dlq_resend`) that fails on one
-broker raises, saying where it was done and where not.
+(:meth:`~AdminClient.create_topic`, :meth:`~AdminClient.update_group`,
+:meth:`~AdminClient.dlq_resend`) that fails on one broker raises, saying where it was done
+and where not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -30,14 +32,17 @@ from txmq.fanout import BrokerAddress, ClusterClient, is_offset_id, merged
 from txmq.message import MessageExt
 from txmq.remoting import parse_namesrv
 from txmq.wire import (
+    DeleteSubscriptionGroup,
     DeleteTopic,
     DlqList,
     DlqResend,
     GetAllConsumerOffsets,
+    GetAllSubscriptionGroups,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
     GetTopicStats,
     GetTransactions,
+    GroupConfigRow,
     GroupOffset,
     QueryMessageByKey,
     QueueStats,
@@ -47,6 +52,7 @@ from txmq.wire import (
     TopicRow,
     TransactionRow,
     UpdateAndCreateTopic,
+    UpdateSubscriptionGroup,
     ViewMessageById,
 )
 
@@ -148,6 +154,46 @@ class AdminClient(ClusterClient):
         targets = await self.brokers(broker=broker) if broker else await self._topic_brokers(topic)
         request = DeleteTopic(topic=topic)
         await self._all_or_raise(targets, lambda t: self._ask(t, request), "deleted")
+
+    # -- consumer-group configs -------------------------------------------------------------
+
+    async def update_group(
+        self,
+        group: str,
+        *,
+        fifo: bool | None = None,
+        retry_max_times: int | None = None,
+        broker: str | None = None,
+    ) -> list[GroupConfigRow]:
+        """Create consumer group ``group``'s config or change what is given (``fifo``: the
+        broker delivers a queue's messages one batch at a time, in order;
+        ``retry_max_times``: 0 to 64, default 16) on every master (or on the broker set
+        ``broker``).  The configs after the change, as :meth:`groups` lists them (one row
+        unless the broker sets had different configs before).  Raises if any broker
+        refused (saying where it was done)."""
+        request = UpdateSubscriptionGroup(group=group, fifo=fifo, retry_max_times=retry_max_times)
+        results = await self._all_or_raise(
+            await self.brokers(broker=broker), lambda t: self._ask(t, request), "updated"
+        )
+        return _merged_groups((t.broker_name, [row]) for t, row in results)
+
+    async def groups(self, *, broker: str | None = None) -> list[GroupConfigRow]:
+        """Every configured consumer group (one nobody configured has the defaults), by
+        name.  In a cluster a row lists the broker sets that have its config in
+        ``brokers``; broker sets with different configs for a group give a row each."""
+        answers = await self._each(
+            await self.brokers(broker=broker), lambda t: self._ask(t, GetAllSubscriptionGroups())
+        )
+        return _merged_groups((t.broker_name, answer.groups) for t, answer in answers)
+
+    async def delete_group(self, group: str, *, broker: str | None = None) -> bool:
+        """Forget consumer group ``group``'s config on every master (or on the broker set
+        ``broker``): it has the defaults again.  False if no broker had one."""
+        request = DeleteSubscriptionGroup(group=group)
+        results = await self._all_or_raise(
+            await self.brokers(broker=broker), lambda t: self._ask(t, request), "deleted"
+        )
+        return any(answer.deleted for _, answer in results)
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -351,6 +397,23 @@ class AdminClient(ClusterClient):
         if state == "parked":
             return merged([r for _, r in found], lambda r: r.parked_timestamp or 0, max)
         return merged([r for _, r in found], lambda r: r.born_timestamp, max)
+
+
+def _merged_groups(
+    answers: Iterable[tuple[str, list[GroupConfigRow]]],
+) -> list[GroupConfigRow]:
+    """Rows of the same group and config from several broker sets as one, naming them
+    (``brokers``; none from a broker asked directly), ordered by group."""
+    merged: dict[tuple[str, bool, int], list[str]] = {}
+    for broker_name, rows in answers:
+        for row in rows:
+            names = merged.setdefault((row.group, row.fifo, row.retry_max_times), [])
+            if broker_name:
+                names.append(broker_name)
+    return [
+        GroupConfigRow(group=g, fifo=f, retry_max_times=r, brokers=sorted(names))
+        for (g, f, r), names in sorted(merged.items())
+    ]
 
 
 def _addresses(given: str | Sequence[str] | None) -> list[str]:

@@ -1,5 +1,5 @@
-"""Operators' requests: topics, queue statistics, message lookups, offsets, broker
-information and the dead-letter queue."""
+"""Operators' requests: topics, consumer-group configs, queue statistics, message lookups,
+offsets, broker information and the dead-letter queue."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ from txmq.wire.base import Empty, Key, Name, Request, Response, Topic
 from txmq.wire.codes import RequestCode
 
 __all__ = [
+    "DeleteSubscriptionGroup",
     "DeleteTopic",
     "DlqList",
     "DlqPage",
     "DlqResend",
     "DlqResent",
     "GetAllConsumerOffsets",
+    "GetAllSubscriptionGroups",
     "GetAllTopicConfig",
     "GetBrokerRuntimeInfo",
     "GetTopicStats",
+    "GroupConfigList",
+    "GroupConfigRow",
+    "GroupDeleted",
     "GroupOffset",
     "GroupOffsets",
     "MessageCount",
@@ -27,6 +32,7 @@ __all__ = [
     "TopicRow",
     "TopicStats",
     "UpdateAndCreateTopic",
+    "UpdateSubscriptionGroup",
     "ViewMessageById",
 ]
 
@@ -69,6 +75,56 @@ class TopicList(Response, frozen=True, kw_only=True, omit_defaults=True):
 
 class GetAllTopicConfig(Request[TopicList], frozen=True, kw_only=True, omit_defaults=True):
     CODE = RequestCode.GET_ALL_TOPIC_CONFIG
+
+
+class GroupConfigRow(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """A consumer group's config (RocketMQ's SubscriptionGroupConfig)."""
+
+    group: str
+    #: the broker delivers a queue's messages one batch at a time, in order
+    fifo: bool
+    #: failed deliveries retried before a message becomes a dead letter
+    retry_max_times: int
+    #: the broker sets with this config (filled by a client of name servers; empty from
+    #: one broker)
+    brokers: list[str] = []
+
+
+class UpdateSubscriptionGroup(
+    Request[GroupConfigRow], frozen=True, kw_only=True, omit_defaults=True
+):
+    """Create a consumer group's config (defaults for what is not given: not FIFO, 16
+    retries) or change what is given."""
+
+    CODE = RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+    group: Name
+    fifo: bool | None = None
+    #: 0 to 64
+    retry_max_times: int | None = None
+
+
+class GroupConfigList(Response, frozen=True, kw_only=True, omit_defaults=True):
+    groups: list[GroupConfigRow]
+
+
+class GetAllSubscriptionGroups(
+    Request[GroupConfigList], frozen=True, kw_only=True, omit_defaults=True
+):
+    """Every configured consumer group (a group nobody configured has the defaults)."""
+
+    CODE = RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG
+
+
+class GroupDeleted(Response, frozen=True, kw_only=True, omit_defaults=True):
+    #: whether the broker had a config for the group
+    deleted: bool
+
+
+class DeleteSubscriptionGroup(Request[GroupDeleted], frozen=True, kw_only=True, omit_defaults=True):
+    """Forget a consumer group's config (it has the defaults again)."""
+
+    CODE = RequestCode.DELETE_SUBSCRIPTIONGROUP
+    group: Name
 
 
 class QueueStats(Response, frozen=True, kw_only=True, omit_defaults=True):

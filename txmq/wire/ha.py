@@ -94,6 +94,8 @@ class HaMetadata(Response, frozen=True, kw_only=True, omit_defaults=True):
     offsets: bytes = b""
     delay_offsets: bytes = b""
     transaction_offsets: bytes = b""
+    #: consumer-group configs (``groups.json``; empty from an older master: kept as they are)
+    groups: bytes = b""
 
 
 class HaGetMetadata(Request[HaMetadata], frozen=True, kw_only=True, omit_defaults=True):
