@@ -92,6 +92,14 @@ class BrokerConfig(ConnectionSettings):
     controller_heartbeat_interval_s: float = 0.5
     #: the address clients are told to use (default: host:port, the port actually bound)
     advertised_address: str = ""
+    #: RocketMQ 5's gRPC protocol (``apache.rocketmq.v2.MessagingService``, what the
+    #: official clients speak) on this port, bound to ``host``; needs ``txmq[grpc]``.
+    #: -1 (the default): port 8081, or off with a warning when 8081 is taken or the extra
+    #: is missing; 0: off; any other port: that port, and the broker does not start
+    #: without it
+    grpc_port: int = -1
+    #: the gRPC address clients are told to use (default: host:grpc port)
+    grpc_advertised_address: str = ""
     #: how often a broker registers with its name servers (RocketMQ: 30 s)
     register_interval_s: float = 30.0
     flush: FlushMode = FlushMode.ASYNC
@@ -164,6 +172,10 @@ class BrokerConfig(ConnectionSettings):
             )
         if not -1 <= self.ha_port <= 65535:
             raise SettingsError(f"ha_port {self.ha_port} is not between 0 and 65535 (-1: port + 1)")
+        if not -1 <= self.grpc_port <= 65535:
+            raise SettingsError(
+                f"grpc_port {self.grpc_port} is not between 0 (off) and 65535 (-1: 8081 if free)"
+            )
         if self.ha_master_address:
             try:
                 parse_address(self.ha_master_address)

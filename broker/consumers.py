@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from txmq.broker.topics import TopicManager
 
 __all__ = [
+    "CheckChannel",
     "ConsumerGroupInfo",
     "ConsumerManager",
     "ConsumerMember",
@@ -153,14 +154,25 @@ class ConsumerManager:
         return sorted(self._groups)
 
 
+class CheckChannel(Protocol):
+    """How the broker reaches a producer for a check-back: a txmq connection, or a RocketMQ
+    5 client's Telemetry stream (:class:`txmq.broker.grpc.telemetry.Session`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def send_oneway(self, request: Any, body: bytes = b"") -> None: ...
+
+
 class ProducerManager:
-    """producer group -> client id -> (connection, last heartbeat), for transaction checks."""
+    """producer group -> client id -> (channel, last heartbeat), for transaction checks."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._groups: dict[str, dict[str, tuple[Connection, float]]] = {}
+        self._groups: dict[str, dict[str, tuple[CheckChannel, float]]] = {}
 
-    def register(self, group: str, client_id: str, conn: Connection) -> None:
+    def register(self, group: str, client_id: str, conn: CheckChannel) -> None:
         self._groups.setdefault(group, {})[client_id] = (conn, self._clock())
 
     def unregister(self, group: str, client_id: str) -> None:
@@ -168,7 +180,7 @@ class ProducerManager:
         if members is not None and members.pop(client_id, None) is not None and not members:
             del self._groups[group]
 
-    def connection_closed(self, conn: Connection) -> None:
+    def connection_closed(self, conn: CheckChannel) -> None:
         for group, members in list(self._groups.items()):
             for cid in [c for c, (cn, _) in members.items() if cn is conn]:
                 self.unregister(group, cid)
@@ -182,7 +194,7 @@ class ProducerManager:
                 dropped += 1
         return dropped
 
-    def connections(self, group: str) -> list[Connection]:
+    def connections(self, group: str) -> list[CheckChannel]:
         """Open connections of the group's producers, most recent heartbeat first."""
         members = sorted(self._groups.get(group, {}).values(), key=lambda m: -m[1])
         return [conn for conn, _ in members if not conn.closed]

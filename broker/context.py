@@ -23,6 +23,7 @@ from txmq.broker.locks import RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.stats import Throughput
 from txmq.broker.store import MessageStore
+from txmq.broker.subscriptions import SubscriptionGroupManager
 from txmq.broker.topics import TopicManager
 from txmq.errors import (
     FlushDiskTimeout,
@@ -210,3 +211,4 @@ class BrokerContext:
     acks: FlushAcks
     throughput: Throughput = field(default_factory=Throughput)
     replica: ReplicaView = field(default_factory=_Alone)
+    groups: SubscriptionGroupManager = field(default_factory=SubscriptionGroupManager.in_memory)

@@ -11,7 +11,7 @@ from txmq.broker.context import BrokerContext
 from txmq.broker.store import GetResult, GetStatus
 from txmq.broker.topics import check_queue_id
 from txmq.errors import BadRequest, TopicNotFound
-from txmq.message import tag_hash
+from txmq.message import parse_subscription
 from txmq.rpc import Call
 from txmq.wire import (
     Empty,
@@ -46,19 +46,6 @@ _WAITABLE = {
 }
 
 Answer = WithBody[Pulled]
-
-
-def parse_subscription(expression: str | None) -> set[int] | None:
-    """Tag codes for ``"tagA || tagB"``; ``None`` for ``"*"`` (everything)."""
-    if expression is None:
-        return None
-    expression = expression.strip()
-    if expression in ("", "*"):
-        return None
-    tags = [t.strip() for t in expression.split("||")]
-    if any(not t for t in tags):
-        raise BadRequest(f"subscription expression {expression!r} has an empty tag")
-    return {tag_hash(t) for t in tags}
 
 
 def _answer(result: GetResult, ctx: BrokerContext) -> Answer:

@@ -30,11 +30,13 @@ from txmq.wire import (
     WithBody,
 )
 
-__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "RetryService"]
+__all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "FIRST_RETRY_LEVEL", "RetryService"]
 
 log = logging.getLogger("txmq.broker")
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
+#: the delay level of a consumer's first retry; each retry waits one level more
+FIRST_RETRY_LEVEL = 3
 MAX_DLQ_LIST = 1024
 _DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
 
@@ -91,7 +93,7 @@ class RetryService:
         if delay_level < 0 or times > max_times:
             level = -1
         else:
-            level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
+            level = delay_level if delay_level > 0 else FIRST_RETRY_LEVEL + msg.reconsume_times
         answer, r = self.store_copy(
             msg, group, times=times, max_times=max_times, level=level, origin=origin
         )

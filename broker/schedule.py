@@ -1,4 +1,4 @@
-"""Delayed delivery by level (RocketMQ's ``ScheduleMessageService``).
+"""Delayed delivery by level (RocketMQ's ``ScheduleMessageService``), and at an exact time.
 
 A message sent with the DELAY property (level 1..N of ``message_delay_levels``; a higher
 level is clamped to N) is stored in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, with its
@@ -7,6 +7,14 @@ consume-queue tag code.  One task per level reads that queue in order (every mes
 level has the same delay, so the queue is sorted by delivery time): it delivers what is due
 into the real topic, then sleeps until the head is due or a new message arrives in an empty
 level.  Consumer retries take the same path into ``%RETRY%<group>``.
+
+A message to deliver at an exact time (DELIVER_AT, milliseconds since the epoch: what a
+RocketMQ 5 client's delivery timestamp becomes) hops through the levels: it waits in the
+longest level not longer than the time left, and when that level delivers it, it is stored
+again the same way while a second or more is left; the last part (under the shortest level)
+is waited out at the head of its level.  Each hop is stored, so a restart loses nothing; a
+message arrives within the level loop's wake-up time of its due time (milliseconds), at
+worst behind a message of the shortest level stored just before it (under a second).
 
 The read offset of each level is saved in ``<store>/config/delay_offsets.json`` every few
 seconds and at shutdown.  After a crash the saved offsets may lag behind: the messages
@@ -44,6 +52,14 @@ Delayed = tuple[str, int, dict[str, str], int, int]
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _deliver_at(msg: MessageExt) -> int | None:
+    raw = msg.all_properties.get(Prop.DELIVER_AT)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 class DelayOffsetsFile(msgspec.Struct):
@@ -104,6 +120,26 @@ class ScheduleMessageService:
         stored[Prop.REAL_QID] = str(queue_id)
         return SCHEDULE_TOPIC, level - 1, stored, due, level
 
+    def prepare_at(
+        self, topic: str, queue_id: int, props: dict[str, str], deliver_at_ms: int
+    ) -> Delayed | None:
+        """Where to store a message to deliver at ``deliver_at_ms`` (None: it is due)."""
+        now = _now_ms()
+        left = deliver_at_ms - now
+        if left <= 0:
+            return None
+        level = 1
+        for i, delay in enumerate(self.levels, start=1):
+            if delay <= left:
+                level = i
+        due = now + min(self.delay_ms(level), left)
+        stored = {k: v for k, v in props.items() if k != CQ_TAG_PROPERTY}
+        stored[Prop.DELIVER_AT] = str(deliver_at_ms)
+        stored[Prop.DELAY] = str(level)
+        stored[Prop.REAL_TOPIC] = topic
+        stored[Prop.REAL_QID] = str(queue_id)
+        return SCHEDULE_TOPIC, level - 1, stored, due, level
+
     def stored(self, level: int, due_ms: int) -> None:
         """A delayed message was stored: wake the level's task if it is due sooner."""
         nxt = self._next_due.get(level)
@@ -139,6 +175,9 @@ class ScheduleMessageService:
     async def _level_loop(self, level: int) -> None:
         while True:
             self._wake[level] = event = anyio.Event()
+            # what is stored while delivering (an exact time's next hop, maybe into this
+            # very level) must wake this loop: nothing is due "sooner" than unknown
+            self._next_due[level] = None
             due = self._deliver_due(level)
             if due == 0:  # more to do right away (a full batch, or an offset moved)
                 await anyio.lowlevel.checkpoint()
@@ -194,7 +233,11 @@ class ScheduleMessageService:
         except ValueError:
             due = msg.store_timestamp + delay
         # the levels may have been shortened since: never wait longer than the current delay
-        return min(due, now + delay)
+        due = min(due, now + delay)
+        at = _deliver_at(msg)
+        if due <= now and at is not None and at - now < self.delay_ms(1):
+            return at  # the last part of an exact time: waited out here
+        return due
 
     def _set_offset(self, level: int, offset: int) -> None:
         if self._offsets.get(level) != offset:
@@ -225,17 +268,34 @@ class ScheduleMessageService:
             return True
         if queue_id >= cfg.queue_nums:
             queue_id %= cfg.queue_nums
+        at = _deliver_at(msg)
+        hop = None
+        if at is not None and at - _now_ms() >= self.delay_ms(1):  # a second or more left
+            hop = self.prepare_at(topic, queue_id, props, at)
         try:
-            r = self.store.put(
-                topic=topic,
-                queue_id=queue_id,
-                body=msg.body,
-                properties={k: v for k, v in props.items() if k not in _DROP},
-                born_timestamp=msg.born_timestamp,
-                sys_flag=msg.sys_flag,
-                flag=msg.flag,
-                reconsume_times=msg.reconsume_times,
-            )
+            if hop is not None:  # the next hop of an exact time
+                r = self.store.put(
+                    topic=hop[0],
+                    queue_id=hop[1],
+                    body=msg.body,
+                    properties=hop[2],
+                    born_timestamp=msg.born_timestamp,
+                    sys_flag=msg.sys_flag,
+                    flag=msg.flag,
+                    reconsume_times=msg.reconsume_times,
+                    cq_tag_code=hop[3],
+                )
+            else:
+                r = self.store.put(
+                    topic=topic,
+                    queue_id=queue_id,
+                    body=msg.body,
+                    properties={k: v for k, v in props.items() if k not in _DROP},
+                    born_timestamp=msg.born_timestamp,
+                    sys_flag=msg.sys_flag,
+                    flag=msg.flag,
+                    reconsume_times=msg.reconsume_times,
+                )
         except MessageTooLarge as exc:
             log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
             return True
@@ -249,7 +309,10 @@ class ScheduleMessageService:
                 r.status.value,
             )
             return True
-        self.ctx.arrivals.notify(topic, queue_id)
+        if hop is not None:
+            self.stored(hop[4], hop[3])
+        else:
+            self.ctx.arrivals.notify(topic, queue_id)
         return True
 
     # -- persistence ----------------------------------------------------------------------

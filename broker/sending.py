@@ -11,7 +11,7 @@ import msgpack
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.putting import check_put, put_or_raise
-from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.schedule import Delayed, ScheduleMessageService
 from txmq.broker.store import MAX_PROPERTIES_SIZE, PutResult
 from txmq.broker.topics import check_queue_id
 from txmq.broker.transaction import TransactionService
@@ -20,7 +20,10 @@ from txmq.message import Prop
 from txmq.rpc import Call
 from txmq.wire import BatchResult, SendBatchMessage, SendMessage, Sent
 
-__all__ = ["SendService", "sent"]
+__all__ = ["MAX_DELIVER_AHEAD_MS", "SendService", "sent"]
+
+#: how far ahead a delivery time may be (RocketMQ 5's timerMaxDelaySec: 3 days)
+MAX_DELIVER_AHEAD_MS = 3 * 86_400_000
 
 
 def sent(props: dict[str, str], queue_id: int, r: PutResult) -> Sent:
@@ -57,19 +60,23 @@ class SendService:
         check_queue_id(self.ctx.topics.for_send(topic), queue_id)
 
     def send_message(self, req: SendMessage, call: Call) -> Sent | asyncio.Future[Sent]:
-        self._check_body(len(call.body))
+        return self.put(req, call.body)
+
+    def put(self, req: SendMessage, body: bytes) -> Sent | asyncio.Future[Sent]:
+        """Store one message (the gRPC endpoint's SendMessage comes here too)."""
+        self._check_body(len(body))
         self._check_queue(req.topic, req.queue_id)
         props = req.properties
         if props.get(Prop.TRAN_MSG, "").lower() == "true":  # a half message
-            return self.transactions.prepare(req, call.body)
+            return self.transactions.prepare(req, body)
         topic, queue_id = req.topic, req.queue_id
         # a delayed message goes to the schedule topic (broker/schedule.py) first
-        delayed = self.schedule.prepare(topic, queue_id, props) if Prop.DELAY in props else None
+        delayed = self._delayed(topic, queue_id, props)
         r = put_or_raise(
             self.store,
             topic=topic if delayed is None else delayed[0],
             queue_id=queue_id if delayed is None else delayed[1],
-            body=call.body,
+            body=body,
             properties=props if delayed is None else delayed[2],
             born_timestamp=req.born_timestamp or _now_ms(),
             flag=req.flag,
@@ -111,7 +118,7 @@ class SendService:
                 "properties": props,
                 "born_timestamp": entry.born_timestamp or now,
             }
-            if Prop.DELAY in props:
+            if Prop.DELAY in props or Prop.DELIVER_AT in props:
                 self._delay(item, delays)
             items.append(item)
             pos += size
@@ -133,8 +140,26 @@ class SendService:
         )
         return self.ctx.acks.after_flush(results[-1].end_offset, answer)
 
+    def _delayed(self, topic: str, queue_id: int, props: dict[str, str]) -> Delayed | None:
+        if Prop.DELIVER_AT in props:
+            raw = props[Prop.DELIVER_AT]
+            try:
+                at = int(raw)
+            except ValueError:
+                raise BadRequest(f"{Prop.DELIVER_AT} {raw!r} is not a time in ms") from None
+            limit = _now_ms() + MAX_DELIVER_AHEAD_MS
+            if at > limit:
+                raise BadRequest(
+                    f"delivery time {at} is more than {MAX_DELIVER_AHEAD_MS // 86_400_000} days "
+                    "ahead"
+                )
+            return self.schedule.prepare_at(topic, queue_id, props, at)
+        if Prop.DELAY in props:
+            return self.schedule.prepare(topic, queue_id, props)
+        return None
+
     def _delay(self, item: dict[str, Any], delays: list[tuple[int, int]]) -> None:
-        delayed = self.schedule.prepare(item["topic"], item["queue_id"], item["properties"])
+        delayed = self._delayed(item["topic"], item["queue_id"], item["properties"])
         if delayed is not None:
             topic, queue_id, props, due, level = delayed
             item.update(topic=topic, queue_id=queue_id, properties=props, cq_tag_code=due)

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -27,22 +28,29 @@ from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
 from txmq.broker.identity import claim_store
 from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
+from txmq.broker.pop import PopService
 from txmq.broker.processor import Services, request_router
 from txmq.broker.pulling import PullService
 from txmq.broker.registration import Registration, is_registered_topic
 from txmq.broker.replica_info import with_replication
 from txmq.broker.replication import Replication
-from txmq.broker.retry import RetryService
+from txmq.broker.retry import FIRST_RETRY_LEVEL, RetryService
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.sending import SendService
 from txmq.broker.store import MessageStore
 from txmq.broker.store.disk import is_disk_full
+from txmq.broker.subscriptions import SubscriptionGroupManager
 from txmq.broker.topics import TopicManager
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
+from txmq.errors import TopicNotFound
 from txmq.fmt import ms_time
-from txmq.serving import Acceptor, EmbeddedServer, Stoppable
+from txmq.serving import Acceptor, EmbeddedServer, ListenerUnavailable, Stoppable
 from txmq.wire import RuntimeInfo
+
+if TYPE_CHECKING:
+    from txmq.broker.grpc import GrpcEndpoint
+    from txmq.broker.grpc.ports import BrokerCore
 
 __all__ = ["Broker", "EmbeddedBroker"]
 
@@ -79,6 +87,7 @@ class Broker(Stoppable):
             locks=self.locks,
             arrivals=self.arrivals,
             acks=FlushAcks(self.store, config),
+            groups=SubscriptionGroupManager(config.store / "config" / "groups.json"),
         )
         self.schedule = ScheduleMessageService(ctx)
         self.transactions = TransactionService(ctx)
@@ -94,6 +103,10 @@ class Broker(Stoppable):
             admin=AdminService(ctx, self.runtime_info),
         )
         self.router = request_router(self.services)
+        #: RocketMQ 5's pop consumption (the gRPC endpoint's ReceiveMessage and acks)
+        self.pop = PopService(ctx, self.services.retry)
+        #: the RocketMQ 5 gRPC endpoint, once started (txmq.broker.grpc)
+        self.grpc: GrpcEndpoint | None = None
         self.replication = Replication(
             config, ctx, self.schedule, self.transactions, lambda: self.address, self
         )
@@ -169,6 +182,7 @@ class Broker(Stoppable):
                 tg.start_soon(self._offset_persister)
                 tg.start_soon(self._sample_throughput)
                 tg.start_soon(self._disk_watch)
+                await tg.start(self.pop.run)
                 self._tg = tg
                 await tg.start(self.replication.run)
                 if self.replication.role.is_master:
@@ -176,10 +190,12 @@ class Broker(Stoppable):
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
+                await self._start_grpc()
                 if self.registration is not None:
                     await tg.start(self.registration.run)
                 task_status.started(self)
                 await self._stop.wait()
+                await self._stop_grpc()
                 await self.replication.hand_over()
                 await self.replication.leave()
                 if self.registration is not None:
@@ -187,7 +203,74 @@ class Broker(Stoppable):
                     await self.registration.stop()
                 tg.cancel_scope.cancel()
         finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop_grpc()
             self._shutdown()
+
+    # -- the RocketMQ 5 gRPC endpoint -------------------------------------------------------
+
+    async def _start_grpc(self) -> None:
+        """Serve the gRPC protocol unless it is off (grpc_port 0).  On the default port a
+        missing extra or a taken port only turn it off (logged); a chosen port must work."""
+        chosen = self.config.grpc_port
+        if chosen == 0:
+            return
+        try:
+            from txmq.broker.grpc import GrpcEndpoint
+        except ImportError as exc:
+            why = ListenerUnavailable(
+                f"the gRPC endpoint needs the txmq[grpc] extra ({exc}): pip install "
+                "'txmq[grpc]', or turn it off with --grpc-port 0"
+            )
+            if chosen > 0:
+                raise why from None
+            log.info("gRPC endpoint off: %s", why)
+            return
+        endpoint = GrpcEndpoint(self._grpc_core())
+        try:
+            await endpoint.start()
+        except ListenerUnavailable as exc:
+            if chosen > 0:
+                raise
+            log.warning("gRPC endpoint off: %s", exc)
+            return
+        self.grpc = endpoint
+
+    def _grpc_core(self) -> BrokerCore:
+        """The services the gRPC endpoint calls: the same as txmq's protocol."""
+        from txmq.broker.grpc.ports import BrokerCore
+
+        cfg, topics = self.config, self.topics
+
+        def queue_count(topic: str, create: bool) -> int:
+            found = topics.get(topic)
+            if found is None and create:
+                found = topics.for_send(topic)  # TopicNotFound unless auto-created
+            if found is None:
+                raise TopicNotFound(f"topic {topic!r} does not exist")
+            return found.queue_nums
+
+        return BrokerCore(
+            broker_name=cfg.broker_name,
+            host=cfg.host,
+            grpc_port=cfg.grpc_port,
+            advertised_address=cfg.grpc_advertised_address,
+            max_message_size=cfg.max_message_size,
+            max_frame_size=cfg.max_frame_size,
+            retry_delays_ms=cfg.delay_levels[FIRST_RETRY_LEVEL - 1 :],
+            queue_count=queue_count,
+            put=self.services.sending.put,
+            half_at=self.transactions.half_at,
+            end_transaction=self.transactions.end_transaction,
+            pop=self.pop,
+            group_policy=self.context.groups.policy,
+            producers=self.producers,
+        )
+
+    async def _stop_grpc(self) -> None:
+        endpoint, self.grpc = self.grpc, None
+        if endpoint is not None:
+            await endpoint.stop()
 
     # -- what only the master runs (broker.replication.MasterDuties) -----------------------
 

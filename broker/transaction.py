@@ -416,7 +416,9 @@ class TransactionService:
             )
         return msg
 
-    def end_transaction(self, req: EndTransaction, call: Call) -> Ended | asyncio.Future[Ended]:
+    def end_transaction(
+        self, req: EndTransaction, call: Call | None = None
+    ) -> Ended | asyncio.Future[Ended]:
         self.check_ready()
         group, offset, state, msg_id = req.group, req.transaction_offset, req.state, req.msg_id
         msg = self.half_at(offset, group)

@@ -32,7 +32,9 @@ def add_parser(sub: SubParsers) -> None:
         "  # automatic failover: a controller (here in the name server, started with\n"
         "  # --controller-store) elects the master of each broker set; ids are the replicas':\n"
         "  txmq broker start --store ./b1 --port 10931 --namesrv ns1:9876 --broker-name b \\\n"
-        "      --broker-id 1 --replication sync --controller ns1:9876",
+        "      --broker-id 1 --replication sync --controller ns1:9876\n"
+        "  # official RocketMQ 5 clients (gRPC) on port 8090 instead of 8081:\n"
+        "  txmq broker start --store ./store --grpc-port 8090",
     )
     start.add_argument(
         "--store", type=Path, help="storage folder, created if missing (default ./txmq-store)"
@@ -44,6 +46,12 @@ def add_parser(sub: SubParsers) -> None:
     start.add_argument("--segment-size", type=int, help="commit-log segment bytes")
     start.add_argument("--no-auto-create-topic", action="store_true")
     start.add_argument("--ready-file", help="write the bound address here once listening")
+    start.add_argument(
+        "--grpc-port",
+        type=int,
+        help="serve RocketMQ 5's gRPC protocol (official RocketMQ clients) on this port "
+        "(default 8081 when free and txmq[grpc] is installed; 0: off)",
+    )
     cluster = start.add_argument_group(
         "cluster", "register with name servers (without --namesrv the broker runs alone)"
     )
@@ -110,6 +118,7 @@ def start_broker(args: argparse.Namespace) -> int:
         "ha_port": args.ha_port,
         "ha_master_address": args.ha_master,
         "controller": args.controller,
+        "grpc_port": args.grpc_port,
     }
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False

@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 
 from txmq.cli.options import CommandError
-from txmq.serving import Server
+from txmq.serving import ListenerUnavailable, Server
 
 __all__ = ["run_server"]
 
@@ -76,6 +76,8 @@ def _one_line(
             f"{host}:{port} is already in use (another {what}?): stop it, or choose "
             "another --port (0 picks a free one)"
         )
+    if isinstance(exc, ListenerUnavailable):
+        return CommandError(str(exc))
     if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
         return CommandError(f"cannot listen on {host}: no such address on this machine (--host)")
     return explain(exc) or exc

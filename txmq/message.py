@@ -14,6 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from txmq.wire.errors import BadRequest
+
 __all__ = [
     "HALF_TOPIC",
     "OP_TOPIC",
@@ -28,6 +30,7 @@ __all__ = [
     "dlq_topic",
     "is_system_topic",
     "new_message_id",
+    "parse_subscription",
     "retry_topic",
     "stable_hash",
     "tag_hash",
@@ -56,6 +59,7 @@ class Prop:
     CONSUME_START_TIME = "CONSUME_START_TIME"
     CQ_TAG_CODE = "__CQ_TAG_CODE"  # the consume-queue tag code when it is not the tag's hash
     TRANSACTION_ID = "__transactionId__"  # the local transaction a half message belongs to
+    DELIVER_AT = "TIMER_DELIVER_MS"  # deliver at this time (ms since the epoch), RocketMQ 5's
 
     ALL: frozenset[str] = frozenset(
         {
@@ -77,6 +81,7 @@ class Prop:
             CONSUME_START_TIME,
             CQ_TAG_CODE,
             TRANSACTION_ID,
+            DELIVER_AT,
         }
     )
 
@@ -149,6 +154,19 @@ def tag_hash(tag: str | None) -> int:
     if not tag:
         return 0
     return stable_hash(tag)
+
+
+def parse_subscription(expression: str | None) -> set[int] | None:
+    """Tag codes for ``"tagA || tagB"``; ``None`` for ``"*"`` (everything)."""
+    if expression is None:
+        return None
+    expression = expression.strip()
+    if expression in ("", "*"):
+        return None
+    tags = [t.strip() for t in expression.split("||")]
+    if any(not t for t in tags):
+        raise BadRequest(f"subscription expression {expression!r} has an empty tag")
+    return {tag_hash(t) for t in tags}
 
 
 _ID_PREFIX = (os.urandom(4) + (os.getpid() & 0xFFFF).to_bytes(2, "big")).hex().upper()

@@ -22,7 +22,20 @@ from txmq.remoting import Connection, Handler
 from txmq.settings import SettingsError
 from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE
 
-__all__ = ["Acceptor", "ConnectionSettings", "EmbeddedServer", "Server", "Stoppable"]
+__all__ = [
+    "Acceptor",
+    "ConnectionSettings",
+    "EmbeddedServer",
+    "ListenerUnavailable",
+    "Server",
+    "Stoppable",
+]
+
+
+class ListenerUnavailable(Exception):
+    """A listener a server was asked for cannot start (its port is taken, or what it needs
+    is not installed); the message says what to do."""
+
 
 log = logging.getLogger("txmq.serving")
 

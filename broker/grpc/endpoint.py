@@ -1,0 +1,104 @@
+"""The broker's gRPC endpoint: a ``grpc.aio`` server on the broker's own event loop,
+serving ``apache.rocketmq.v2.MessagingService`` (:mod:`txmq.broker.grpc.service`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import Any
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from txmq.broker.grpc.convert import duration
+from txmq.broker.grpc.ports import BrokerCore
+from txmq.broker.grpc.telemetry import Sessions
+from txmq.serving import ListenerUnavailable
+
+__all__ = ["DEFAULT_GRPC_PORT", "GrpcEndpoint", "GrpcUnavailable"]
+
+log = logging.getLogger("txmq.broker.grpc")
+
+DEFAULT_GRPC_PORT = 8081
+
+
+class GrpcUnavailable(ListenerUnavailable):
+    """The endpoint cannot serve: its port is taken or cannot be bound."""
+
+
+class GrpcEndpoint:
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self.pop = core.pop
+        self.sessions = Sessions(core.producers)
+        self.port = 0
+        self._server: Any = None
+
+    # -- what the RPCs need ---------------------------------------------------------------
+
+    def address(self) -> str:
+        return self.core.advertised_address or f"{self.core.host}:{self.port}"
+
+    def endpoints(self) -> Any:
+        host, _, port = self.address().rpartition(":")
+        try:
+            scheme = pb.IPv6 if ipaddress.ip_address(host).version == 6 else pb.IPv4
+        except ValueError:
+            scheme = pb.DOMAIN_NAME
+        return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
+
+    def group_policy(self, group: str) -> tuple[bool, int]:
+        """(FIFO?, max delivery attempts: the first and the retries) of a consumer group."""
+        fifo, retries = self.core.group_policy(group)
+        return fifo, retries + 1
+
+    def retry_policy(self, max_attempts: int) -> Any:
+        """What consumers are told to wait between attempts: the broker's delay levels
+        from level 3 on (RocketMQ's 10s 30s 1m 2m ... 2h)."""
+        return pb.RetryPolicy(
+            max_attempts=max_attempts,
+            customized_backoff=pb.CustomizedBackoff(
+                next=[duration(ms) for ms in self.core.retry_delays_ms]
+            ),
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        import grpc.aio
+        from rocketmq.grpc_protocol import service_pb2_grpc
+
+        from txmq.broker.grpc.service import MessagingService
+
+        core = self.core
+        chosen = core.grpc_port if core.grpc_port > 0 else DEFAULT_GRPC_PORT
+        limit = core.max_frame_size
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingService(self), server)
+        try:
+            port = server.add_insecure_port(f"{core.host}:{chosen}")
+        except RuntimeError:
+            port = 0
+        if not port:
+            await server.stop(None)
+            raise GrpcUnavailable(
+                f"the gRPC port {core.host}:{chosen} is in use or cannot be bound; choose "
+                "another with --grpc-port N, or turn it off with --grpc-port 0"
+            )
+        await server.start()
+        self.port = port
+        self._server = server
+        log.info("gRPC endpoint (RocketMQ 5 protocol) listening on %s", self.address())
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        for session in self.sessions.all():
+            self.sessions.close(session)
+        await server.stop(1.0)

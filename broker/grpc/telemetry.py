@@ -1,0 +1,134 @@
+"""The clients the gRPC endpoint knows: their Telemetry streams and what they said.
+
+A RocketMQ 5 client opens one ``Telemetry`` stream per endpoint and sends its settings
+first (its type, the topics it publishes or its group and subscriptions); the broker
+answers with its own settings on the same stream.  A producer's stream is also how the
+broker reaches it later: a half message nobody decided is sent there as a
+``RecoverOrphanedTransactionCommand`` (check-back), and the client answers with an
+``EndTransaction`` request.
+
+A producer session registers in the broker's :class:`ProducerManager` under one producer
+group per topic it publishes (the name of the topic: RocketMQ 5 clients have no producer
+group, and the RocketMQ proxy names transactional producer groups after their topic too),
+so the transaction checker treats it like a txmq producer connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+
+from txmq.broker.grpc.convert import message_of
+from txmq.broker.grpc.ports import ProducerRegistry
+from txmq.codec import decode_record
+from txmq.message import Prop
+from txmq.wire import CheckTransactionState
+
+__all__ = ["Session", "Sessions", "transaction_id"]
+
+log = logging.getLogger("txmq.broker.grpc")
+
+#: commands waiting to be written to one client's stream (a slow client loses none, but
+#: is disconnected past this many)
+MAX_PENDING_COMMANDS = 10_000
+
+
+def transaction_id(offset: int) -> str:
+    """The ``transaction_id`` a client gets for the half message at commit-log ``offset``
+    (and gives back in EndTransaction)."""
+    return f"{offset:016X}"
+
+
+class Session:
+    """One client's Telemetry stream: commands to write, and what it told the broker."""
+
+    def __init__(self, client_id: str, peer: str) -> None:
+        self.client_id = client_id
+        self.name = f"grpc:{client_id}@{peer}"
+        self.client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
+        self.group = ""
+        self.topics: list[str] = []
+        self.settings: Any = None
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(MAX_PENDING_COMMANDS)
+        self.closed = False
+
+    def push(self, command: Any) -> bool:
+        if self.closed:
+            return False
+        try:
+            self.queue.put_nowait(command)
+        except asyncio.QueueFull:
+            log.warning("%s reads its telemetry stream too slowly: closing it", self.name)
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self.queue.put_nowait(None) if not self.queue.full() else None
+
+    # -- what the transaction checker calls (like txmq.remoting.Connection) ---------------
+
+    def send_oneway(self, request: Any, body: bytes = b"") -> None:
+        """A check-back: the half message as a RecoverOrphanedTransactionCommand."""
+        if not isinstance(request, CheckTransactionState):
+            return
+        check, record = request, body
+        msg = decode_record(record)
+        topic = msg.all_properties.get(Prop.REAL_TOPIC, check.topic)
+        proto = message_of(msg, topic=pb.Resource(name=topic))
+        proto.system_properties.message_type = pb.TRANSACTION
+        proto.system_properties.queue_id = check.queue_id
+        command = spb.TelemetryCommand(
+            recover_orphaned_transaction_command=spb.RecoverOrphanedTransactionCommand(
+                message=proto, transaction_id=transaction_id(check.transaction_offset)
+            )
+        )
+        self.push(command)
+
+
+class Sessions:
+    """client id -> its current session."""
+
+    def __init__(self, producers: ProducerRegistry) -> None:
+        self.producers = producers
+        self._by_client: dict[str, Session] = {}
+
+    def open(self, client_id: str, peer: str) -> Session:
+        old = self._by_client.get(client_id)
+        if old is not None:
+            self.close(old)
+        session = self._by_client[client_id] = Session(client_id, peer)
+        return session
+
+    def get(self, client_id: str) -> Session | None:
+        return self._by_client.get(client_id)
+
+    def settled(self, session: Session) -> None:
+        """The client sent its settings: a producer joins its topics' producer groups."""
+        if session.client_type == pb.PRODUCER:
+            self.heartbeat(session)
+
+    def heartbeat(self, session: Session) -> None:
+        if session.client_type == pb.PRODUCER and not session.closed:
+            for topic in session.topics:
+                self.producers.register(topic, session.client_id, session)
+
+    def close(self, session: Session) -> None:
+        session.close()
+        if self._by_client.get(session.client_id) is session:
+            del self._by_client[session.client_id]
+        for topic in session.topics:
+            self.producers.unregister(topic, session.client_id)
+
+    def terminated(self, client_id: str) -> None:
+        session = self._by_client.get(client_id)
+        if session is not None:
+            self.close(session)
+
+    def all(self) -> list[Session]:
+        return list(self._by_client.values())

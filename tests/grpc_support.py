@@ -1,0 +1,154 @@
+"""The official RocketMQ 5 Python client (``rocketmq-python-client``) against a real
+``txmq broker start`` process with its gRPC endpoint: fixtures and small helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# the official client: it configures its own file logging (~/logs/rocketmq_python) on import
+from rocketmq.v5.client import ClientConfiguration, Credentials
+from rocketmq.v5.consumer import (
+    ConsumeResult,
+    MessageListener,
+    PushConsumer,
+    SimpleConsumer,
+)
+from rocketmq.v5.model import FilterExpression, Message
+from rocketmq.v5.producer import Producer, TransactionChecker
+
+from tests.conftest import BrokerProcess, free_port, wait_for
+
+__all__ = [
+    "ClientConfiguration",
+    "ConsumeResult",
+    "FilterExpression",
+    "GrpcBroker",
+    "Message",
+    "Producer",
+    "PushConsumer",
+    "Recorder",
+    "SimpleConsumer",
+    "TransactionChecker",
+    "grpc_broker",
+    "make_message",
+    "receive_all",
+    "started",
+]
+
+#: short delay levels: a consumer retry waits 1 s (levels 3 on are the retry back-off)
+FAST_LEVELS = "1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s"
+
+
+@dataclass
+class GrpcBroker:
+    process: BrokerProcess
+    grpc_port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def address(self) -> str:
+        return self.process.address
+
+    def config(self) -> Any:
+        return ClientConfiguration(self.endpoint, Credentials(), request_timeout=5)
+
+
+@pytest.fixture
+def grpc_broker(tmp_path: Path) -> Iterator[Callable[..., GrpcBroker]]:
+    """Factory: ``grpc_broker(*cli_args, env={...})`` runs a broker serving gRPC on a free
+    port (fast transaction checks and retries unless ``env`` says otherwise)."""
+    procs: list[BrokerProcess] = []
+
+    def make(*args: str, env: dict[str, str] | None = None) -> GrpcBroker:
+        port = free_port()
+        settings = {
+            "TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "1",
+            "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "2",
+            "TXMQ_BROKER_MESSAGE_DELAY_LEVELS": FAST_LEVELS,
+            **(env or {}),
+        }
+        bp = BrokerProcess(
+            tmp_path / f"store{len(procs)}",
+            ["--grpc-port", str(port), *args],
+            tmp_path / f"broker{len(procs)}.log",
+            env=settings,
+        )
+        procs.append(bp)
+        bp.start()
+        return GrpcBroker(bp, port)
+
+    yield make
+    for bp in procs:
+        if bp.alive():
+            bp.kill()
+
+
+@contextlib.contextmanager
+def started(client: Any) -> Iterator[Any]:
+    """``client.startup()`` now, ``client.shutdown()`` at the end of the block."""
+    client.startup()
+    try:
+        yield client
+    finally:
+        client.shutdown()
+
+
+def make_message(topic: str, body: bytes, **fields: Any) -> Any:
+    m = Message()
+    m.topic = topic
+    m.body = body
+    for name, value in fields.pop("properties", {}).items():
+        m.add_property(name, value)
+    for name, value in fields.items():
+        setattr(m, name, value)
+    return m
+
+
+def receive_all(
+    consumer: Any, count: int, *, timeout: float = 30.0, invisible: int = 15, ack: bool = True
+) -> list[Any]:
+    """Receive (and ack) until ``count`` messages came, or fail at the deadline."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"received {len(got)} of {count} messages"
+        for m in consumer.receive(32, invisible):
+            got.append(m)
+            if ack:
+                consumer.ack(m)
+    return got
+
+
+@dataclass
+class Recorder(MessageListener):  # type: ignore[misc]
+    """A PushConsumer listener recording what it got; ``fail(message)`` says whether this
+    delivery fails."""
+
+    fail: Callable[[Any], bool] = lambda m: False
+    got: list[tuple[str, bytes, int, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def consume(self, message: Any) -> Any:
+        with self.lock:
+            self.got.append(
+                (message.message_id, message.body, message.delivery_attempt, time.time())
+            )
+        return ConsumeResult.FAILURE if self.fail(message) else ConsumeResult.SUCCESS
+
+    def bodies(self) -> list[bytes]:
+        with self.lock:
+            return [b for _, b, _, _ in self.got]
+
+    def wait(self, count: int, timeout: float = 30.0) -> None:
+        wait_for(lambda: len(self.got) >= count, timeout)
