@@ -69,6 +69,7 @@ class Registration:
         address: Callable[[], str],
         *,
         ha_address: Callable[[], str] = str,
+        grpc_address: Callable[[], str] = str,
         on_registered: Callable[[str, str], None] | None = None,
         broker_id: Callable[[], int] | None = None,
         epoch: Callable[[], int] = int,
@@ -84,6 +85,7 @@ class Registration:
         self.topics = topics
         self._address = address
         self._ha_address = ha_address
+        self._grpc_address = grpc_address
         self._on_registered = on_registered
         # a restarted broker starts from another number, so that a name server that still
         # holds the old table takes the new one
@@ -111,6 +113,7 @@ class Registration:
             broker_id=self._broker_id(),
             address=self._address(),
             ha_address=self._ha_address(),
+            grpc_address=self._grpc_address(),
             data_version=self.data_version,
             topics=[_topic_data(t) for t in self.topics.all() if is_registered_topic(t.name)],
             epoch=self._epoch(),

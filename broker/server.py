@@ -117,6 +117,7 @@ class Broker(Stoppable):
                 self.topics,
                 lambda: self.address,
                 ha_address=lambda: self.replication.ha_address,
+                grpc_address=lambda: self.grpc.address() if self.grpc is not None else "",
                 on_registered=self.replication.registered,
                 broker_id=lambda: self.replication.registered_id,
                 epoch=lambda: self.replication.role.epoch,
@@ -252,6 +253,7 @@ class Broker(Stoppable):
 
         return BrokerCore(
             broker_name=cfg.broker_name,
+            namesrv=cfg.namesrv_addresses,
             host=cfg.host,
             grpc_port=cfg.grpc_port,
             advertised_address=cfg.grpc_advertised_address,

@@ -56,6 +56,8 @@ class LiveBroker:
     conn: object | None = field(default=None, repr=False)
     #: the broker set's epoch it registered with
     epoch: int = 0
+    #: its RocketMQ 5 gRPC endpoint ("": none)
+    grpc_address: str = ""
 
     def describe(self) -> str:
         return (
@@ -120,6 +122,7 @@ class RouteTable:
         if old is not None and old.data_version == req.data_version and old.cluster == req.cluster:
             old.last_seen = now
             old.ha_address = req.ha_address
+            old.grpc_address = req.grpc_address
             old.epoch = req.epoch
             if conn is not None:
                 old.conn = conn
@@ -135,6 +138,7 @@ class RouteTable:
                 last_seen=now,
                 conn=conn,
                 epoch=req.epoch,
+                grpc_address=req.grpc_address,
             )
             self._put(key, entry)
             if old is None:
@@ -233,8 +237,13 @@ class RouteTable:
         return min(members, key=lambda b: b.broker_id, default=None)
 
     def _broker_data(self, name: str, source: LiveBroker) -> BrokerData:
-        addresses = {i: b.address for (n, i), b in sorted(self._brokers.items()) if n == name}
-        return BrokerData(cluster=source.cluster, broker_name=name, addresses=addresses)
+        members = [(i, b) for (n, i), b in sorted(self._brokers.items()) if n == name]
+        return BrokerData(
+            cluster=source.cluster,
+            broker_name=name,
+            addresses={i: b.address for i, b in members},
+            grpc_addresses={i: b.grpc_address for i, b in members if b.grpc_address},
+        )
 
     def _put(self, key: BrokerKey, entry: LiveBroker) -> None:
         if key in self._brokers:
@@ -261,8 +270,12 @@ def _check_registration(req: RegisterBroker) -> None:
                 f"RegisterBroker: header field {what!r}: {value!r} has a space, '/', ';', "
                 "':' or '%'"
             )
-    for what, address in (("address", req.address), ("ha_address", req.ha_address)):
-        if what == "ha_address" and not address:
+    for what, address in (
+        ("address", req.address),
+        ("ha_address", req.ha_address),
+        ("grpc_address", req.grpc_address),
+    ):
+        if what != "address" and not address:
             continue
         try:
             parse_address(address)

@@ -29,6 +29,7 @@ from tests.conftest import BrokerProcess, free_port, wait_for
 __all__ = [
     "ClientConfiguration",
     "ConsumeResult",
+    "Credentials",
     "FilterExpression",
     "GrpcBroker",
     "Message",

@@ -11,6 +11,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from txmq.broker.grpc.convert import duration
 from txmq.broker.grpc.ports import BrokerCore
+from txmq.broker.grpc.routes import Routes
 from txmq.broker.grpc.telemetry import Sessions
 from txmq.serving import ListenerUnavailable
 
@@ -30,6 +31,12 @@ class GrpcEndpoint:
         self.core = core
         self.pop = core.pop
         self.sessions = Sessions(core.producers)
+        self.routes = Routes(
+            broker_name=core.broker_name,
+            namesrv=core.namesrv,
+            own_address=self.address,
+            queue_count=core.queue_count,
+        )
         self.port = 0
         self._server: Any = None
 
@@ -38,8 +45,9 @@ class GrpcEndpoint:
     def address(self) -> str:
         return self.core.advertised_address or f"{self.core.host}:{self.port}"
 
-    def endpoints(self) -> Any:
-        host, _, port = self.address().rpartition(":")
+    def endpoints(self, address: str = "") -> Any:
+        """``Endpoints`` of an address (default: this endpoint's)."""
+        host, _, port = (address or self.address()).rpartition(":")
         try:
             scheme = pb.IPv6 if ipaddress.ip_address(host).version == 6 else pb.IPv4
         except ValueError:

@@ -68,6 +68,8 @@ class BrokerCore:
     """The broker as the endpoint sees it."""
 
     broker_name: str
+    #: the cluster's name servers (none: the broker runs alone)
+    namesrv: tuple[str, ...]
     #: where to listen (host, port: -1 for the default port) and what clients are told
     host: str
     grpc_port: int

@@ -30,6 +30,7 @@ from txmq.broker.grpc.convert import (
     status_of,
     timestamp,
 )
+from txmq.broker.grpc.routes import QueueSet
 from txmq.broker.grpc.telemetry import Session, transaction_id
 from txmq.errors import BadRequest, TxmqError
 from txmq.message import Prop, parse_subscription, stable_hash
@@ -98,32 +99,43 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # -- routes ---------------------------------------------------------------------------
 
-    def _queue(self, topic: Any, queue_id: int) -> Any:
+    def _queue(self, topic: Any, queue_id: int, qs: QueueSet) -> Any:
+        if qs.readable and qs.writable:
+            permission = pb.READ_WRITE
+        else:
+            permission = pb.READ if qs.readable else pb.WRITE if qs.writable else pb.NONE
         return pb.MessageQueue(
             topic=topic,
             id=queue_id,
-            permission=pb.READ_WRITE,
-            broker=pb.Broker(name=self.core.broker_name, id=0, endpoints=self.ep.endpoints()),
+            permission=permission,
+            broker=pb.Broker(name=qs.broker_name, id=0, endpoints=self.ep.endpoints(qs.address)),
             accept_message_types=ACCEPTED_TYPES,
         )
 
     def _topic(self, resource: Any, *, create: bool = True) -> tuple[str, int]:
+        """A topic of this broker: its name and queue count."""
         name = resource_name(resource, "topic")
         return name, self.core.queue_count(name, create)
 
     @answers(spb.QueryRouteResponse)
     async def QueryRoute(self, request: Any, context: Any) -> Any:
-        _, queues = self._topic(request.topic)
-        mqs = [self._queue(request.topic, i) for i in range(queues)]
+        topic = resource_name(request.topic, "topic")
+        sets = await self.ep.routes.route(topic, True)
+        mqs = [self._queue(request.topic, i, qs) for qs in sets for i in range(qs.queue_nums)]
         return spb.QueryRouteResponse(status=status(), message_queues=mqs)
 
     @answers(spb.QueryAssignmentResponse)
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
-        # pop consumption reads every queue of the topic on this broker: one assignment
-        self._topic(request.topic)
+        # a pop reads every queue of the topic on one broker: one assignment per broker set
+        topic = resource_name(request.topic, "topic")
         resource_name(request.group, "group")
-        assignment = pb.Assignment(message_queue=self._queue(request.topic, -1))
-        return spb.QueryAssignmentResponse(status=status(), assignments=[assignment])
+        sets = await self.ep.routes.route(topic, False)
+        assignments = [
+            pb.Assignment(message_queue=self._queue(request.topic, -1, qs))
+            for qs in sets
+            if qs.readable
+        ]
+        return spb.QueryAssignmentResponse(status=status(), assignments=assignments)
 
     # -- clients --------------------------------------------------------------------------
 

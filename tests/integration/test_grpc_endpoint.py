@@ -20,7 +20,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 import txmq
-from tests.conftest import ROOT, BrokerProcess, wait_for
+from tests.conftest import ROOT, BrokerProcess, ask, free_port, wait_for
 from tests.grpc_support import (
     FilterExpression,
     GrpcBroker,
@@ -34,8 +34,10 @@ from tests.grpc_support import (
 )
 from tests.outbox_support import effects, make_db
 from txmq import Message, MessageExt
+from txmq.errors import TopicNotFound
 from txmq.sync import Producer as TxmqProducer
 from txmq.sync import PushConsumer as TxmqPushConsumer
+from txmq.wire import GetTopicRoute, GetTopicStats, UpdateAndCreateTopic
 
 __all__ = ["grpc_broker"]
 
@@ -329,3 +331,48 @@ def test_off_and_bad_grpc_ports(tmp_path: Path) -> None:
     )
     assert out.returncode != 0 and "grpc_port 70000" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- a cluster ------------------------------------------------------------------------------
+
+
+def test_one_brokers_endpoint_routes_over_the_whole_cluster(
+    namesrv_process: Any, cluster_broker: Any
+) -> None:
+    ns = namesrv_process().start()
+    ports = {name: free_port() for name in ("broker-a", "broker-b")}
+    brokers = [
+        cluster_broker(name, [ns.address], "--grpc-port", str(port)).start()
+        for name, port in ports.items()
+    ]
+    for bp in brokers:
+        ask(bp.address, UpdateAndCreateTopic(topic="spread", queue_nums=2))
+
+    def routed() -> bool:
+        try:
+            route = ask(ns.address, GetTopicRoute(topic="spread"))
+        except TopicNotFound:
+            return False
+        return len(route.queues) == 2 and all(b.grpc_addresses for b in route.brokers)
+
+    wait_for(routed, 15)
+    from tests.grpc_support import ClientConfiguration, Credentials, Recorder
+    from tests.grpc_support import PushConsumer as OfficialPush
+
+    # the clients know broker-a's endpoint alone
+    cfg = ClientConfiguration(f"127.0.0.1:{ports['broker-a']}", Credentials(), request_timeout=5)
+    rec = Recorder()
+    sub = {"spread": FilterExpression("*")}
+    with (
+        started(Producer(cfg, ("spread",))) as producer,
+        started(OfficialPush(cfg, "spreaders", rec, sub)),
+    ):
+        ids = [producer.send(make_message("spread", b"m%d" % i)).message_id for i in range(40)]
+        rec.wait(40, 60)
+    assert sorted(m for m, _, _, _ in rec.got) == sorted(ids)
+    # both broker sets stored some of them
+    stored = {
+        bp.address: sum(q.max_offset for q in ask(bp.address, GetTopicStats(topic="spread")).queues)
+        for bp in brokers
+    }
+    assert sum(stored.values()) == 40 and all(n > 0 for n in stored.values()), stored

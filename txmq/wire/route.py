@@ -61,6 +61,8 @@ class BrokerData(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     cluster: Name
     broker_name: Name
     addresses: dict[BrokerId, Address]
+    #: the RocketMQ 5 gRPC endpoints of those brokers that serve one
+    grpc_addresses: dict[BrokerId, Address] = {}
 
 
 class TopicRoute(Response, frozen=True, kw_only=True, omit_defaults=True):
@@ -106,6 +108,8 @@ class RegisterBroker(Request[Registered], frozen=True, kw_only=True, omit_defaul
     broker_id: BrokerId = MASTER_ID
     address: Address
     ha_address: str = ""
+    #: where this broker serves RocketMQ 5's gRPC protocol ("" : it does not)
+    grpc_address: str = ""
     data_version: int = 0
     topics: list[TopicConfigData] = []
     #: the broker set's epoch as this broker knows it (a master elected later has a higher
