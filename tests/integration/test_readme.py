@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, BrokerProcess, ask, read_line, wait_for
+from tests.conftest import ROOT, BrokerProcess, ask, free_port, read_line, wait_for
 from txmq.message import Message
 from txmq.sync import Producer
 from txmq.wire import GetClusterInfo, GetReplicaInfo
@@ -431,6 +431,22 @@ def run_replicated_set_by_hand(folder: Folder, block: Block) -> None:
 Runner = Callable[[Folder, Block], None]
 
 #: text only one block contains -> how the test runs it, or why it does not
+def run_official_client(folder: Folder, block: Block) -> None:
+    """The official RocketMQ 5 client's snippet, against a broker serving gRPC on a free
+    port (the block's 127.0.0.1:8081)."""
+    port = free_port()
+    bp = BrokerProcess(folder.path / "grpc-store", ["--grpc-port", str(port)],
+                       folder.path / "grpc-broker.log").start()  # fmt: skip
+    try:
+        moved = Block(block.lang, block.text.replace("127.0.0.1:8081", f"127.0.0.1:{port}"),
+                      block.line)  # fmt: skip
+        out = folder.python(moved, timeout=120)
+    finally:
+        bp.kill()
+    lines = out.splitlines()
+    assert lines[0].startswith("sent ") and lines[1:] == ["got b'{\"id\": 7}'"], out
+
+
 PLAN: dict[str, Runner | str] = {
     "scripts/test.sh": "the README's two commands: scripts/test.sh is this suite; "
     "tests/acceptance/test_orders.py runs scripts/demo.sh",
@@ -449,6 +465,7 @@ PLAN: dict[str, Runner | str] = {
     "check) and the services' fronts",
     "txmq namesrv start --port 9876": run_cluster_by_hand,
     "txmq namesrv start --controller-store ./controller": run_replicated_set_by_hand,
+    "pip install rocketmq-python-client": run_official_client,
     CLUSTER_CLIENT: "run by run_cluster_by_hand, against the cluster of the three commands "
     "before it",
     "txmq reconcile --store": "placeholders throughout (/var/lib/txmq, [--since -1h], "
