@@ -91,6 +91,16 @@ def client_id(context: Any) -> str:
     return ""
 
 
+def _not_served_unary(rpc: str, response: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """A unary RPC txmq does not serve: NOT_IMPLEMENTED, saying which."""
+
+    async def handler(self: Any, request: Any, context: Any) -> Any:
+        return response(status=_not_served(rpc))
+
+    handler.__name__ = rpc
+    return handler
+
+
 class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, endpoint: GrpcEndpoint) -> None:
         self.ep = endpoint
@@ -422,25 +432,13 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         yield spb.PullMessageResponse(status=_not_served("PullMessage"))
 
-    @answers(spb.UpdateOffsetResponse)
-    async def UpdateOffset(self, request: Any, context: Any) -> Any:
-        return spb.UpdateOffsetResponse(status=_not_served("UpdateOffset"))
-
-    @answers(spb.GetOffsetResponse)
-    async def GetOffset(self, request: Any, context: Any) -> Any:
-        return spb.GetOffsetResponse(status=_not_served("GetOffset"))
-
-    @answers(spb.QueryOffsetResponse)
-    async def QueryOffset(self, request: Any, context: Any) -> Any:
-        return spb.QueryOffsetResponse(status=_not_served("QueryOffset"))
-
-    @answers(spb.RecallMessageResponse)
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return spb.RecallMessageResponse(status=_not_served("RecallMessage"))
-
-    @answers(spb.SyncLiteSubscriptionResponse)
-    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
-        return spb.SyncLiteSubscriptionResponse(status=_not_served("SyncLiteSubscription"))
+    UpdateOffset = _not_served_unary("UpdateOffset", spb.UpdateOffsetResponse)
+    GetOffset = _not_served_unary("GetOffset", spb.GetOffsetResponse)
+    QueryOffset = _not_served_unary("QueryOffset", spb.QueryOffsetResponse)
+    RecallMessage = _not_served_unary("RecallMessage", spb.RecallMessageResponse)
+    SyncLiteSubscription = _not_served_unary(
+        "SyncLiteSubscription", spb.SyncLiteSubscriptionResponse
+    )
 
 
 def _not_served(rpc: str) -> Any:
