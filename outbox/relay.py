@@ -44,6 +44,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from txmq.client import Transport
 from txmq.db import describe_db_error
 from txmq.errors import (
     BrokerBusy,
@@ -139,6 +140,9 @@ class OutboxRelay:
     rows of a cycle are claimed while the relay sends them without holding the database's
     lock; rows of a relay that died while sending are sent again after it (make it longer
     than a cycle's sends can take: the producer's send timeout and retries).
+    ``transport``: of the relay's own producer (default ``$TXMQ_TRANSPORT``): ``"grpc"``
+    sends to a RocketMQ 5 endpoint at ``broker`` (a sharding key becomes the message group,
+    so the endpoint keeps a key's rows in one queue, in order).
     """
 
     def __init__(
@@ -158,6 +162,7 @@ class OutboxRelay:
         producer_group: str = "txmq-outbox-relay",
         claim_lease: float = 30.0,
         namesrv: str | Sequence[str] | None = None,
+        transport: Transport | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -180,11 +185,11 @@ class OutboxRelay:
         if self.dialect not in ("postgresql", "sqlite"):
             raise ValueError(f"the outbox relay supports postgresql and sqlite, not {self.dialect}")
         if isinstance(broker, Producer):
-            if namesrv:
-                raise ValueError("give a started producer or name servers, not both")
+            if namesrv or transport:
+                raise ValueError("give a started producer, or name servers / a transport")
             self.producer, self._own_producer = broker, False
         else:
-            producer = Producer(broker, producer_group, namesrv=namesrv)
+            producer = Producer(broker, producer_group, namesrv=namesrv, transport=transport)
             self.producer, self._own_producer = producer, True
         self.batch_size = batch_size
         self.max_attempts = max_attempts
@@ -440,9 +445,11 @@ class OutboxRelay:
                     continue
                 try:
                     if len(run) == 1:
-                        await self.producer.send(_message(run[0]), **_to(queue))
+                        await self.producer.send(_message(run[0]), **self._to(queue))
                     else:
-                        await self.producer.send_batch([_message(r) for r in run], **_to(queue))
+                        await self.producer.send_batch(
+                            [_message(r) for r in run], **self._to(queue)
+                        )
                 except OUTAGE_ERRORS as exc:
                     outcome.outage = exc
                     return
@@ -466,7 +473,7 @@ class OutboxRelay:
             if row.sharding_key is not None and row.sharding_key in stopped:
                 continue
             try:
-                await self.producer.send(_message(row), **_to(queue))
+                await self.producer.send(_message(row), **self._to(queue))
             except OUTAGE_ERRORS as exc:
                 outcome.outage = exc
                 return
@@ -482,6 +489,13 @@ class OutboxRelay:
             stopped.add(row.sharding_key)
 
     # -- waking and cleaning -------------------------------------------------------------
+
+    def _to(self, queue: MessageQueue | None) -> QueueOptions:
+        """Send options for a sharding key's queue (None: the producer picks one).  Over
+        gRPC the endpoint picks it: by the key, sent as the message group."""
+        if self.producer.transport == "grpc":
+            return {}
+        return _to(queue)
 
     def wake(self) -> None:
         """Start the next cycle now (what a NOTIFY does)."""

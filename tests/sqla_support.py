@@ -6,8 +6,9 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import pytest
@@ -25,10 +26,45 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped
 
+from tests.conftest import free_port
+from txmq.broker.server import EmbeddedBroker
 from txmq.message import Message
 from txmq.producer import MessageQueueSelector, SendResult
 from txmq.sqla import metadata as txmq_metadata
 from txmq.transaction import LocalTransactionState
+
+#: the client transports the transactional-send, outbox and idempotent-consumer tests run on
+TRANSPORTS = ["txmq", "grpc"]
+
+
+@dataclass
+class Via:
+    """A broker, and how txmq's producers and consumers reach it on one transport: txmq's
+    protocol at ``broker.address``, or RocketMQ 5's gRPC endpoint (``--grpc-port``).
+    Admin requests (txmq's protocol only) always go to ``broker.address``."""
+
+    broker: EmbeddedBroker
+    transport: str
+    address: str
+
+    @property
+    def kw(self) -> dict[str, Any]:
+        """Keyword arguments of a client on this transport."""
+        return {"transport": self.transport}
+
+
+def start_broker(
+    embedded_broker: Callable[..., EmbeddedBroker], transport: str, **config: Any
+) -> Via:
+    """An embedded broker (serving gRPC too when ``transport`` is "grpc")."""
+    if transport == "grpc":
+        pytest.importorskip("rocketmq.grpc_protocol.service_pb2_grpc")
+        port = free_port()
+        b = embedded_broker(grpc_port=port, **config)
+        return Via(b, transport, f"127.0.0.1:{port}")
+    b = embedded_broker(**config)
+    return Via(b, transport, b.address)
+
 
 PG_URL = os.environ.get(
     "TXMQ_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

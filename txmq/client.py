@@ -2,21 +2,32 @@
 
 A client is given one broker's address or a list of name servers (never both); either way
 its requests are routed by the same core (:mod:`txmq.route`).
+
+``transport``: ``"txmq"`` (default: ``$TXMQ_TRANSPORT``, else txmq's own protocol) or
+``"grpc"``: the address is then a RocketMQ 5 gRPC endpoint (a RocketMQ proxy, or a txmq
+broker's ``--grpc-port``), and each broker "connection" of the core is a
+:class:`txmq.grpc.remote.GrpcRemote` that translates the core's requests into RocketMQ 5
+RPCs.  Only the producers and the push consumer speak it (:attr:`BrokerClient.grpc_capable`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
+import itertools
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, Self
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Self
 
 import anyio
 
 from txmq.errors import BrokerUnavailable, TxmqError
 from txmq.remoting import Connection, Handler, RemotingClient, parse_address, parse_namesrv
-from txmq.route import MessageQueue, Route, RouteTable
+from txmq.route import Calls, MessageQueue, Remote, Route, RouteTable
 from txmq.wire import (
     DEFAULT_MAX_FRAME_SIZE,
     MASTER_ID,
@@ -27,14 +38,63 @@ from txmq.wire import (
 )
 from txmq.wire.base import R
 
-__all__ = ["DEFAULT_ADDRESS", "BrokerClient", "Replica", "default_address", "endpoints"]
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "TRANSPORT_MODULES",
+    "BrokerClient",
+    "ClientSide",
+    "Replica",
+    "Transport",
+    "default_address",
+    "default_transport",
+    "endpoints",
+]
+
+Transport = Literal["txmq", "grpc"]
+#: transports other than txmq's own -> the module whose ``make_remote(address, side,
+#: connect_timeout=...)`` makes a client's remotes (loaded by name when a client uses it:
+#: the transport stands on this floor, which does not import it)
+TRANSPORT_MODULES: dict[str, str] = {"grpc": "txmq.grpc.remote"}
+#: what each transport needs installed (a clear ImportError names the extra)
+_TRANSPORT_NEEDS = {"grpc": ("grpc", "rocketmq.grpc_protocol")}
 
 #: which replica of a broker set a request goes to (see :meth:`BrokerClient.call`)
 Replica = Literal["master", "any", "slave"]
 
 DEFAULT_ADDRESS = "127.0.0.1:10911"
+#: where a client with transport="grpc" goes by default (RocketMQ 5's proxy port)
+DEFAULT_GRPC_ADDRESS = "127.0.0.1:8081"
+_INSTANCES = itertools.count(1)
 
 log = logging.getLogger("txmq.client")
+
+
+def default_transport() -> Transport:
+    """``$TXMQ_TRANSPORT`` (``txmq`` or ``grpc``), else ``txmq``."""
+    value = os.environ.get("TXMQ_TRANSPORT", "").strip().lower() or "txmq"
+    if value not in ("txmq", "grpc"):
+        raise ValueError(f"$TXMQ_TRANSPORT is {value!r}: it must be 'txmq' or 'grpc'")
+    return "grpc" if value == "grpc" else "txmq"
+
+
+@dataclass(frozen=True)
+class ClientSide:
+    """What a transport's remote needs of the client core that owns it."""
+
+    #: the client's id
+    client_id: Callable[[], str]
+    #: the heartbeat the client sends (None: it sends none, a plain producer): its consumer
+    #: group and subscriptions, or its producer group
+    heartbeat: Callable[[], Heartbeat | None]
+    #: topics the client declared it publishes (besides those it sends to)
+    topics: Callable[[], Sequence[str]]
+    #: a request the endpoint sent (a check-back), its body (the half's record), and what
+    #: answers it
+    serve: Callable[[Request[Any], bytes, Calls], None]
+
+
+class _Closes(Protocol):
+    async def aclose(self) -> None: ...
 
 
 def default_address() -> str:
@@ -82,6 +142,9 @@ class BrokerClient:
     #: again at each heartbeat), not only the brokers this client has talked to: a
     #: transactional producer, so that any broker set's check-backs reach it
     heartbeat_every_master = False
+    #: whether this client can work over RocketMQ 5's gRPC protocol (``transport="grpc"``);
+    #: those that cannot (admin, pull) keep txmq's protocol whatever $TXMQ_TRANSPORT says
+    grpc_capable = False
 
     def __init__(
         self,
@@ -93,7 +156,16 @@ class BrokerClient:
         route_ttl: float = 30.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         handler: Handler | None = None,
+        transport: Transport | None = None,
     ) -> None:
+        self.transport = self._choose_transport(transport)
+        if self.transport == "grpc":
+            if namesrv or (not address and os.environ.get("TXMQ_NAMESRV_ADDR")):
+                raise ValueError(
+                    "transport='grpc' takes one RocketMQ 5 endpoint's address (a proxy, or a "
+                    "txmq broker's --grpc-port), not name servers: the endpoint routes itself"
+                )
+            address = address or os.environ.get("TXMQ_BROKER_ADDRESS") or DEFAULT_GRPC_ADDRESS
         direct, servers = endpoints(address, namesrv)
         #: the broker this client talks to alone (None: it routes through name servers)
         self.direct = direct
@@ -119,6 +191,29 @@ class BrokerClient:
         self._unreachable: set[str] = set()
         self._stop_event: anyio.Event | None = None
         self._lifetime: asyncio.Task[None] | None = None
+        #: who this client is to a broker (producers and consumers name it themselves)
+        self.client_id = f"{socket.gethostname()}@{os.getpid()}#{next(_INSTANCES)}"
+        self._closing: list[_Closes] = []
+
+    def _choose_transport(self, transport: Transport | None) -> Transport:
+        if transport is None:
+            return default_transport() if self.grpc_capable else "txmq"
+        if transport not in ("txmq", "grpc"):
+            raise ValueError(f"transport must be 'txmq' or 'grpc', not {transport!r}")
+        if transport == "grpc":
+            if not self.grpc_capable:
+                raise ValueError(
+                    f"{type(self).__name__} speaks txmq's own protocol only: RocketMQ 5's gRPC "
+                    "protocol has no such requests (transport='grpc' works for Producer, "
+                    "TransactionProducer and PushConsumer)"
+                )
+            for module in _TRANSPORT_NEEDS[transport]:
+                if importlib.util.find_spec(module.partition(".")[0]) is None:
+                    raise ImportError(
+                        f"transport={transport!r} needs the txmq[{transport}] extra "
+                        f"({module} is not installed): pip install 'txmq[{transport}]'"
+                    )
+        return transport
 
     @property
     def started(self) -> bool:
@@ -141,6 +236,8 @@ class BrokerClient:
                     await stop.wait()
                     for remote in self.routes.remotes():
                         remote.detach()
+                    for closing in self._closing:
+                        await closing.aclose()
                     tg.cancel_scope.cancel()
             finally:
                 self._tg = None
@@ -177,7 +274,9 @@ class BrokerClient:
                 errors.append(str(exc))
         raise BrokerUnavailable("no name server is reachable: " + "; ".join(errors))
 
-    def _remote(self, address: str) -> RemotingClient:
+    def _remote(self, address: str) -> Remote:
+        if self.transport != "txmq":
+            return self._plugged_remote(address)
         remote = RemotingClient(
             address,
             self._handler,
@@ -189,8 +288,32 @@ class BrokerClient:
             remote.attach(self._tg)
         return remote
 
+    def _plugged_remote(self, address: str) -> Remote:
+        """The remote of a transport other than txmq's own (see :data:`TRANSPORT_MODULES`)."""
+        module = importlib.import_module(TRANSPORT_MODULES[self.transport])
+        side = ClientSide(
+            client_id=lambda: self.client_id,
+            heartbeat=self._heartbeat_request,
+            topics=self._declared_topics,
+            serve=self._serve,
+        )
+        remote: Remote = module.make_remote(address, side, connect_timeout=self.connect_timeout)
+        self._closing.append(remote)  # type: ignore[arg-type]
+        if self._tg is not None:
+            remote.attach(self._tg)
+        return remote
+
+    def _declared_topics(self) -> Sequence[str]:
+        """Topics this client says it publishes (over gRPC, before it sends to them)."""
+        return ()
+
+    def _serve(self, request: Request[Any], body: bytes, origin: Calls) -> None:
+        """A request a RocketMQ 5 endpoint sent this client (over txmq's protocol requests
+        arrive through the ``handler`` instead); ``origin`` answers it."""
+        log.warning("%s ignores %s from %s", type(self).__name__, type(request).__name__, origin)
+
     @property
-    def remoting(self) -> RemotingClient:
+    def remoting(self) -> Remote:
         """The connection to the broker this client was given (clients of name servers
         have one per broker: :meth:`remote`)."""
         if self.direct is None:
@@ -199,7 +322,7 @@ class BrokerClient:
             )
         return self.routes.remote(self.direct)
 
-    def remote(self, broker_name: str | None = None) -> RemotingClient:
+    def remote(self, broker_name: str | None = None) -> Remote:
         """The connection to a broker set's master (None: the broker given directly)."""
         return self.routes.remote(self.routes.address_of(broker_name))
 
@@ -257,7 +380,7 @@ class BrokerClient:
             for remote in remotes:
                 tg.start_soon(self._heartbeat_one, remote, heartbeat)
 
-    async def _heartbeat_one(self, remote: RemotingClient, heartbeat: Heartbeat) -> None:
+    async def _heartbeat_one(self, remote: Remote, heartbeat: Heartbeat) -> None:
         try:
             await remote.call(heartbeat, timeout=self.request_timeout)
         except TxmqError as exc:
@@ -279,7 +402,7 @@ class BrokerClient:
             return []
         return sorted({a for b in info.brokers if (a := b.addresses.get(MASTER_ID)) is not None})
 
-    def broker_remotes(self) -> list[RemotingClient]:
+    def broker_remotes(self) -> list[Remote]:
         """The connections to brokers (not to name servers) this client has made."""
         return [r for r in self.routes.remotes() if r.address not in self.namesrv]
 

@@ -44,6 +44,7 @@ __all__ = [
     "RecordHeader",
     "decode_record",
     "decode_records",
+    "encode_message",
     "encode_record",
     "record_topic_and_props",
 ]
@@ -249,3 +250,22 @@ def decode_records(
                 break
         pos += total
     return out
+
+
+def encode_message(msg: MessageExt) -> bytes:
+    """The record of ``msg`` (what :func:`decode_record` turns back into it): a message that
+    came another way than a record (RocketMQ 5's protocol) handed to code that reads records."""
+    return encode_record(
+        topic=msg.topic,
+        queue_id=msg.queue_id,
+        body=msg.body,
+        properties=msg.all_properties,
+        queue_offset=msg.queue_offset,
+        commit_log_offset=msg.commit_log_offset,
+        born_timestamp=msg.born_timestamp,
+        store_timestamp=msg.store_timestamp,
+        sys_flag=msg.sys_flag,
+        flag=msg.flag,
+        reconsume_times=msg.reconsume_times,
+        prepared_transaction_offset=msg.prepared_transaction_offset,
+    )

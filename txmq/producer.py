@@ -17,6 +17,7 @@ from txmq.errors import (
     MessageTooLarge,
     SlaveNotAvailable,
     TxmqError,
+    UnsupportedRequest,
 )
 from txmq.message import Message, Prop, is_system_topic, new_message_id, stable_hash
 from txmq.message import validate_topic_name as _why_bad_topic
@@ -166,7 +167,17 @@ class Producer(BrokerClient):
       availability; a broker set added still moves keys).
     - ``"available"``: like ``"route"``, but a key whose broker set is left out or fails
       moves at once to the next available queue (availability over order).
+
+    ``transport="grpc"`` (see :mod:`txmq.client`): the address is a RocketMQ 5 endpoint,
+    which picks the queue itself — round robin, or by message group: a sharding key is sent
+    as the message group, so a key's messages stay in one queue, in order.  A queue chosen
+    by ``queue_id`` or ``selector`` cannot be asked for (UnsupportedRequest).  ``topics``:
+    the topics it publishes, declared to the endpoint at start (over gRPC the endpoint sends
+    the check-backs of a topic's half messages to the producers that declared it; topics
+    sent to are declared at their first send).
     """
+
+    grpc_capable = True
 
     def __init__(
         self,
@@ -177,16 +188,21 @@ class Producer(BrokerClient):
         retry_times: int = 2,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         sharding: str = "route",
+        topics: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(address, request_timeout=send_timeout, **kwargs)
         self.group = group
+        self.topics = tuple(topics)
         self.retry_times = retry_times
         self.max_message_size = max_message_size
         if sharding not in ("route", "strict", "available"):
             raise ValueError(f"sharding must be 'route', 'strict' or 'available', not {sharding!r}")
         self.sharding = sharding
         self._round_robin = itertools.count()
+
+    def _declared_topics(self) -> Sequence[str]:
+        return self.topics
 
     # -- validation ------------------------------------------------------------------------
 
@@ -196,6 +212,14 @@ class Producer(BrokerClient):
     async def _pick(self, msg: Message, options: QueueOptions) -> tuple[MessageQueue, int | None]:
         """(queue, where a retry starts looking for another queue: None, it may not move)."""
         self._task_group()
+        if self.transport == "grpc" and (
+            options.get("queue_id") is not None or options.get("selector") is not None
+        ):
+            raise UnsupportedRequest(
+                "choosing the queue (queue_id=, selector=) over transport='grpc': a RocketMQ 5 "
+                "endpoint picks the queue itself (give a sharding_key to keep messages in one "
+                "queue, in order)"
+            )
         wait = options.get("timeout") or self.request_timeout
         route = await self.routes.writable(msg.topic, wait, create=True)
         queue_id = options.get("queue_id")

@@ -25,12 +25,12 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import anyio
+import anyio.abc
 
 from txmq.errors import BrokerUnavailable, TopicNotFound, TxmqError
-from txmq.remoting import RemotingClient
 from txmq.wire import (
     MASTER_ID,
     PERM_READ,
@@ -41,13 +41,16 @@ from txmq.wire import (
     QueueData,
     Request,
     TopicRoute,
+    WithBody,
 )
 from txmq.wire.base import R
 
 __all__ = [
     "FAILURE_LATENCY_MS",
+    "Calls",
     "LatencyFaultTolerance",
     "MessageQueue",
+    "Remote",
     "Route",
     "RouteTable",
 ]
@@ -61,6 +64,33 @@ NOT_AVAILABLE_S = (0.0, 0.0, 30.0, 60.0, 120.0, 180.0, 600.0)
 FAILURE_LATENCY_MS = 550
 #: how often a send waiting out a failover fetches the route again
 WAIT_FOR_MASTER_S = 0.1
+
+
+class Calls(Protocol):
+    """Whatever answers txmq's typed requests: a connection, a broker (:class:`Remote`)."""
+
+    async def call(
+        self, request: Request[R], body: bytes = b"", *, timeout: float = 3.0
+    ) -> WithBody[R]: ...
+
+
+class Remote(Calls, Protocol):
+    """One broker (or name server) as the client core sees it: a
+    :class:`txmq.remoting.RemotingClient` over txmq's protocol, or a
+    :class:`txmq.grpc.remote.GrpcRemote` over RocketMQ 5's gRPC protocol."""
+
+    @property
+    def address(self) -> str: ...
+
+    def attach(self, tg: anyio.abc.TaskGroup) -> None: ...
+
+    def detach(self) -> None: ...
+
+    async def connection(self) -> object:
+        """Connect now (if not connected) or raise :class:`BrokerUnavailable`."""
+        ...
+
+    async def send_oneway(self, request: Request[Any], body: bytes = b"") -> None: ...
 
 
 class MessageQueue(NamedTuple):
@@ -161,7 +191,7 @@ class LatencyFaultTolerance:
 class RouteTable:
     """One client's routes and broker connections.
 
-    ``connect(address)`` makes the :class:`RemotingClient` for a broker or name server
+    ``connect(address)`` makes the :class:`Remote` for a broker or name server
     (the client gives them its handler, hooks and task group).
     """
 
@@ -170,7 +200,7 @@ class RouteTable:
         *,
         broker: str | None,
         namesrv: Sequence[str],
-        connect: Callable[[str], RemotingClient],
+        connect: Callable[[str], Remote],
         ttl: float = 30.0,
         request_timeout: float = 3.0,
     ) -> None:
@@ -182,7 +212,7 @@ class RouteTable:
         self.ttl = ttl
         self.request_timeout = request_timeout
         self._connect = connect
-        self._remotes: dict[str, RemotingClient] = {}
+        self._remotes: dict[str, Remote] = {}
         self._routes: dict[str, Route] = {}
         self._stale: set[str] = set()
         self._seen: dict[str, tuple[MessageQueue, ...]] = {}
@@ -197,13 +227,13 @@ class RouteTable:
 
     # -- connections -----------------------------------------------------------------------
 
-    def remote(self, address: str) -> RemotingClient:
+    def remote(self, address: str) -> Remote:
         r = self._remotes.get(address)
         if r is None:
             r = self._remotes[address] = self._connect(address)
         return r
 
-    def remotes(self) -> list[RemotingClient]:
+    def remotes(self) -> list[Remote]:
         return list(self._remotes.values())
 
     # -- routes ----------------------------------------------------------------------------

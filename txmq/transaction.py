@@ -58,9 +58,9 @@ from txmq.producer import (
     not_yet_safe,
     send_result,
 )
-from txmq.remoting import Connection, RemotingClient
+from txmq.route import Calls
 from txmq.rpc import Call, Router
-from txmq.wire import CheckTransactionState, EndTransaction, Heartbeat, UnregisterClient
+from txmq.wire import CheckTransactionState, EndTransaction, Heartbeat, Request, UnregisterClient
 
 __all__ = [
     "LocalTransactionState",
@@ -249,7 +249,7 @@ class TransactionProducer(Producer):
         msg_id: str,
         state: LocalTransactionState | str,
         from_check: bool,
-        to: RemotingClient | Connection,
+        to: Calls,
     ) -> str:
         """End a half message on the broker that stored it (``to``: its connection, or the
         connection its check-back came on)."""
@@ -351,6 +351,18 @@ class TransactionProducer(Producer):
     # -- check-backs ------------------------------------------------------------------------
 
     def _schedule_check(self, check: CheckTransactionState, call: Call) -> None:
+        """A check-back over txmq's protocol (the Router's handler)."""
+        self._check_later(check, call.body, call.conn)
+
+    def _serve(self, request: Request[Any], body: bytes, origin: Calls) -> None:
+        """A check-back from a RocketMQ 5 endpoint (transport="grpc"): the same request and
+        half-message record as txmq's broker sends, answered through ``origin``."""
+        if isinstance(request, CheckTransactionState):
+            self._check_later(request, body, origin)
+        else:
+            super()._serve(request, body, origin)
+
+    def _check_later(self, check: CheckTransactionState, body: bytes, to: Calls) -> None:
         offset = check.transaction_offset
         if offset in self._checking:
             return  # the previous check of it is still running
@@ -361,11 +373,9 @@ class TransactionProducer(Producer):
         if tg is None:
             return
         self._checking.add(offset)
-        tg.start_soon(self._check_back, check, call.body, call.conn)
+        tg.start_soon(self._check_back, check, body, to)
 
-    async def _check_back(
-        self, check: CheckTransactionState, body: bytes, conn: Connection
-    ) -> None:
+    async def _check_back(self, check: CheckTransactionState, body: bytes, conn: Calls) -> None:
         offset, msg_id = check.transaction_offset, check.msg_id
         try:
             try:

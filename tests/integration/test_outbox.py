@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from tests.conftest import ROOT
 from tests.outbox_support import Db, by_key, effects, make_db, read_topic, until
+from tests.sqla_support import TRANSPORTS, start_broker
 from txmq import AdminClient, Message, Producer, outbox
 from txmq.broker.server import EmbeddedBroker
 from txmq.errors import InvalidTopic, NoPermission
@@ -108,13 +109,15 @@ async def test_add_refuses_what_the_broker_would(db: Db) -> None:
     assert db.outbox_rows() == []
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_relay_sends_in_order_per_key_with_stable_ids(
-    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker], transport: str
 ) -> None:
-    b = embedded_broker()
+    via = start_broker(embedded_broker, transport)
+    b = via.broker
     rows = [(f"k{i % 3}", f"{i % 3}:{i // 3}") for i in range(30)] + [(None, "free")]
     ids = await add_rows(db, "ordered", rows)
-    async with outbox.OutboxRelay(db.aurl, b.address) as relay:
+    async with outbox.OutboxRelay(db.aurl, via.address, **via.kw) as relay:
         await until(lambda: db.count(state="sent") == 31)
         assert await relay.backlog() == 0 and await relay.lag_seconds() == 0.0
         assert relay.sent_total == 31
@@ -317,8 +320,15 @@ async def test_relay_refuses_a_database_it_cannot_use(
     with anyio.fail_after(60):
         r = await anyio.run_process(
             [
-                sys.executable, "-m", "txmq.cli", "outbox", "relay",
-                "--db", empty, "--broker", b.address,
+                sys.executable,
+                "-m",
+                "txmq.cli",
+                "outbox",
+                "relay",
+                "--db",
+                empty,
+                "--broker",
+                b.address,
             ],
             cwd=ROOT,
             check=False,

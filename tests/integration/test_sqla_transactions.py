@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.conftest import wait_for
-from tests.sqla_support import Order, create_all, orders, pg_schema
+from tests.sqla_support import TRANSPORTS, Order, Via, create_all, orders, pg_schema, start_broker
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer, TransactionProducer
 from txmq import sync as txsync
 from txmq.broker.server import EmbeddedBroker
@@ -107,7 +107,9 @@ def _noop() -> Iterator[None]:
     yield
 
 
-async def consume(address: str, topic: str, db: Db, seen: Seen) -> PushConsumer:
+async def consume(
+    address: str, topic: str, db: Db, seen: Seen, via: Via | None = None
+) -> PushConsumer:
     def on_message(msg: MessageExt) -> None:  # runs in a worker thread
         order_id = msg.keys[0]
         seen.committed_when_seen.append(order_id in db.order_ids())
@@ -116,7 +118,11 @@ async def consume(address: str, topic: str, db: Db, seen: Seen) -> PushConsumer:
     async with AdminClient(address) as admin:
         await admin.create_topic(topic, 4)  # so that the consumer's first rebalance finds it
     consumer = PushConsumer(
-        address, f"{topic}-readers", listener=on_message, consume_from=ConsumeFrom.FIRST_OFFSET
+        via.address if via else address,
+        f"{topic}-readers",
+        listener=on_message,
+        consume_from=ConsumeFrom.FIRST_OFFSET,
+        **(via.kw if via else {}),
     )
     consumer.subscribe(topic)
     await consumer.start()
@@ -134,20 +140,26 @@ async def until(predicate: Callable[[], Any], timeout: float = 20.0) -> None:
             await anyio.sleep(0.05)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_commit_is_consumed_only_after_the_database_commit(
-    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker], transport: str
 ) -> None:
-    b = embedded_broker()
+    via = start_broker(embedded_broker, transport)
+    b = via.broker
     seen = Seen()
     checker = SqlTransactionChecker(db.aengine)
-    async with TransactionProducer(b.address, "orders-tx", listener=checker) as producer:
-        consumer = await consume(b.address, "orders", db, seen)
+    # RocketMQ 5's protocol has no transactional FIFO messages: no sharding key over gRPC
+    key: dict[str, Any] = {"sharding_key": "o-1"} if transport == "txmq" else {}
+    async with TransactionProducer(
+        via.address, "orders-tx", listener=checker, **via.kw
+    ) as producer:
+        consumer = await consume(b.address, "orders", db, seen, via)
         try:
             async with AsyncSession(db.aengine) as session:
                 async with transaction(producer, session) as tx:
                     session.add(Order(id="o-1", amount=10))
-                    await tx.send(Message("orders", b"created", keys=["o-1"]), sharding_key="o-1")
-                    await tx.send(Message("orders", b"paid", keys=["o-1"]), sharding_key="o-1")
+                    await tx.send(Message("orders", b"created", keys=["o-1"]), **key)
+                    await tx.send(Message("orders", b"paid", keys=["o-1"]), **key)
                     await anyio.sleep(0.5)  # a consumer would have had time to see it
                     assert seen.messages == []
                     assert db.order_ids() == []
@@ -159,23 +171,30 @@ async def test_commit_is_consumed_only_after_the_database_commit(
             await until(both_seen)
         finally:
             await consumer.stop()
-    in_queue = sorted(seen.messages, key=lambda m: m.queue_offset)
-    assert [m.body for m in in_queue] == [b"created", b"paid"]  # committed in send order
-    assert len({m.queue_id for m in in_queue}) == 1  # one sharding key, one queue
+    if transport == "txmq":
+        in_queue = sorted(seen.messages, key=lambda m: m.queue_offset)
+        assert [m.body for m in in_queue] == [b"created", b"paid"]  # committed in send order
+        assert len({m.queue_id for m in in_queue}) == 1  # one sharding key, one queue
+    else:
+        assert sorted(m.body for m in seen.messages) == [b"created", b"paid"]
     assert seen.committed_when_seen == [True, True]
     assert {m.msg_id for m in seen.messages} == {r.msg_id for r in tx.results}
     assert db.log_state(tx.transaction_id) == COMMITTED
     assert await pending(b.address) == []
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_exception_leaves_no_rows_and_no_message(
-    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker], transport: str
 ) -> None:
-    b = embedded_broker(**FAST)
+    via = start_broker(embedded_broker, transport, **FAST)
+    b = via.broker
     seen = Seen()
     checker = SqlTransactionChecker(db.aengine)
-    async with TransactionProducer(b.address, "orders-tx", listener=checker) as producer:
-        consumer = await consume(b.address, "orders-rb", db, seen)
+    async with TransactionProducer(
+        via.address, "orders-tx", listener=checker, **via.kw
+    ) as producer:
+        consumer = await consume(b.address, "orders-rb", db, seen, via)
         try:
             async with async_sessionmaker(db.aengine)() as session:
                 with pytest.raises(RuntimeError, match="payment declined"):
@@ -202,15 +221,18 @@ class LosingEnds(TransactionProducer):
         raise BrokerUnavailable("connection lost")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 async def test_lost_ending_is_resolved_by_the_check_back(
-    db: Db, embedded_broker: Callable[..., EmbeddedBroker], outcome: str
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker], outcome: str, transport: str
 ) -> None:
-    b = embedded_broker(**FAST)
+    """Over gRPC the check-back arrives on the producer's Telemetry stream."""
+    via = start_broker(embedded_broker, transport, **FAST)
+    b = via.broker
     seen = Seen()
     checker = SqlTransactionChecker(db.aengine)
-    async with LosingEnds(b.address, "orders-tx", listener=checker) as producer:
-        consumer = await consume(b.address, "orders-lost", db, seen)
+    async with LosingEnds(via.address, "orders-tx", listener=checker, **via.kw) as producer:
+        consumer = await consume(b.address, "orders-lost", db, seen, via)
         try:
             async with AsyncSession(db.aengine) as session:
                 with pytest.raises(ValueError) if outcome == "rollback" else _noop():
