@@ -12,13 +12,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import anyio.abc
 
 from txmq.allocate import AllocateStrategy, MessageQueue, allocate_averagely
-from txmq.errors import TopicNotFound, TxmqError
+from txmq.errors import TopicNotFound, TxmqError, UnsupportedRequest
 from txmq.message import MessageExt, Prop, is_system_topic, retry_topic
 from txmq.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from txmq.process_queue import ProcessQueue
@@ -35,6 +35,24 @@ from txmq.wire import (
     UnlockBatchMq,
     UnregisterClient,
 )
+
+
+class Receiver(Protocol):
+    """Consumption where a transport has no pull (RocketMQ 5's receive and ack)."""
+
+    def start(self, tg: anyio.abc.TaskGroup) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def consume(self, msg: MessageExt) -> None: ...
+
+
+@runtime_checkable
+class Receives(Protocol):
+    """A remote whose transport consumes by receiving (``transport="grpc"``)."""
+
+    def receiver(self, consumer: PushConsumer) -> Receiver: ...
+
 
 __all__ = [
     "ConsumeFrom",
@@ -90,7 +108,18 @@ class PushConsumer(PullConsumer):
     change); offsets live on the broker. BROADCASTING: every member gets every message;
     offsets live in a local file under ``offset_dir``. CONCURRENT (default) or ``orderly``:
     orderly holds a broker-side lock per queue and consumes it one message at a time.
+
+    ``transport="grpc"`` (see :mod:`txmq.client`): RocketMQ 5 has no pull; the consumer
+    receives from the queues the endpoint assigns (:mod:`txmq.grpc.receiving`), each message
+    invisible to the group's other members for ``invisible_time`` seconds (renewed while its
+    listener runs; default ``$TXMQ_INVISIBLE_TIME_S`` or 15: how soon the messages of a
+    member that died come back).  The listener, its concurrency and results are the same.
+    A new group starts where the endpoint starts it (``consume_from`` is the endpoint's);
+    BROADCASTING and ``orderly`` (txmq queue locks) are txmq-protocol only: configure the
+    group as FIFO on the endpoint for ordered delivery.
     """
+
+    grpc_capable = True
 
     def __init__(
         self,
@@ -118,11 +147,30 @@ class PushConsumer(PullConsumer):
         pull_delay_on_error: float = 3.0,
         instance_name: str | None = None,
         offset_dir: str | Path | None = None,
+        invisible_time: float | None = None,
         **kwargs: Any,
     ) -> None:
         router = Router("consumers")
         router.route(NotifyConsumerIdsChanged, self._on_notify)
         super().__init__(address, group, handler=router.handle, **kwargs)
+        if self.transport == "grpc":
+            if MessageModel(message_model) is MessageModel.BROADCASTING:
+                raise UnsupportedRequest(
+                    "BROADCASTING over transport='grpc': RocketMQ 5's protocol has no "
+                    "broadcasting consumption (use transport='txmq')"
+                )
+            if orderly:
+                raise UnsupportedRequest(
+                    "orderly=True over transport='grpc': orderly consumption holds txmq queue "
+                    "locks, which RocketMQ 5's protocol has not; make the group FIFO on the "
+                    "endpoint instead (it then delivers a message group in order)"
+                )
+        if invisible_time is None:
+            invisible_time = float(os.environ.get("TXMQ_INVISIBLE_TIME_S") or 15.0)
+        if not invisible_time > 0:
+            raise ValueError("invisible_time must be positive")
+        self.invisible_time = invisible_time
+        self._receiver: Receiver | None = None
         self.listener = listener
         self.message_model = MessageModel(message_model)
         self.orderly = orderly
@@ -190,6 +238,13 @@ class PushConsumer(PullConsumer):
         await self._heartbeat()
         tg = self._task_group()
         tg.start_soon(self._heartbeat_loop)
+        remote = self.remote() if self.transport != "txmq" else None
+        if isinstance(remote, Receives):
+            self._receiver = remote.receiver(self)
+            for _ in range(self.consume_concurrency):
+                tg.start_soon(self._consume_worker)
+            self._receiver.start(tg)
+            return
         tg.start_soon(self._rebalance_loop)
         tg.start_soon(self._persist_loop)
         if self.orderly and self.message_model is MessageModel.CLUSTERING:
@@ -201,6 +256,13 @@ class PushConsumer(PullConsumer):
 
     async def _on_stop(self) -> None:
         self._stopping = True
+        if self._receiver is not None:
+            self._receiver.stop()
+            with anyio.move_on_after(5):
+                await self._unregister(
+                    UnregisterClient(client_id=self.client_id, consumer_groups=[self.group])
+                )
+            return
         async with self._rebalance_lock:  # no rebalance may pick queues up again meanwhile
             held = set(self.queues_held)
             for mq in list(held):
@@ -485,7 +547,9 @@ class PushConsumer(PullConsumer):
     async def _consume_worker(self) -> None:
         while True:
             mq, pq, msg = await self._work.get()
-            if not pq.dropped:
+            if self._receiver is not None:
+                await self._receiver.consume(msg)
+            elif not pq.dropped:
                 await self._consume_concurrently(mq, pq, msg)
 
     async def _retry_locally(self, mq: MessageQueue, pq: ProcessQueue, msg: MessageExt) -> None:

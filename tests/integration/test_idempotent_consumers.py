@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 import txmq
 from tests.conftest import Spawner, read_line
 from tests.outbox_support import Db, effects, make_db, until
+from tests.sqla_support import TRANSPORTS, start_broker
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, Producer, PushConsumer
 from txmq.broker.server import EmbeddedBroker
 from txmq.sqla.tables import consumed_keys
@@ -120,25 +121,34 @@ def key_states(db: Db) -> set[tuple[str, str]]:
         return {(k, state) for k, state in conn.execute(sql_select(t.c.key, t.c.state))}
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("mode", ["transaction", "mark"])
 async def test_consumer_killed_inside_the_handler_is_retried_and_applied_once(
     db: Db,
     mode: str,
+    transport: str,
     tmp_path: Path,
     embedded_broker: Callable[..., EmbeddedBroker],
     spawn: Spawner,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    b = embedded_broker(message_delay_levels=LEVELS)
+    """Over gRPC the killed member's message comes back when its invisible time is over
+    (1 s here), with its delivery attempt counted."""
+    via = start_broker(embedded_broker, transport, message_delay_levels=LEVELS)
+    b = via.broker
+    # the consumer process and this one's clients (not admin: txmq's protocol only)
+    monkeypatch.setenv("TXMQ_TRANSPORT", transport)
+    monkeypatch.setenv("TXMQ_INVISIBLE_TIME_S", "1")
     topic = f"killed-{db.backend}-{mode}"
     group = f"g-{mode}"
     out = tmp_path / "sent-mails.txt"  # mark mode's effect outside the database
     await create_topic(b.address, topic)
-    args = ["--broker", b.address, "--group", group, "--topic", topic, "--db", db.url]
+    args = ["--broker", via.address, "--group", group, "--topic", topic, "--db", db.url]
     args += ["--mode", mode, "--hang-on", "hang", "--expiry", "2", "--out", str(out)]
     proc = spawn("tests/idempotent_consumer_proc.py", *args)
     try:
         read_line(proc, "READY")
-        async with Producer(b.address) as producer:
+        async with Producer(via.address) as producer:
             # "ok" is applied and its key done before "hang" arrives (a kill between an
             # outside effect and its "done" would repeat that effect: mark mode's contract)
             await producer.send(Message(topic, b"ok", keys=["evt-ok"]), sharding_key="order-7")
@@ -173,7 +183,7 @@ async def test_consumer_killed_inside_the_handler_is_retried_and_applied_once(
         lines = out.read_text().splitlines() if out.exists() else []
         return Counter(line.split()[0] for line in lines)
 
-    consumer = PushConsumer(b.address, group, listener=listener, consume_from="FIRST_OFFSET")
+    consumer = PushConsumer(via.address, group, listener=listener, consume_from="FIRST_OFFSET")
     consumer.subscribe(topic)
     try:
         async with consumer:

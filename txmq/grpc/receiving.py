@@ -1,0 +1,177 @@
+"""The push consumer's receive mode: consumption over RocketMQ 5's gRPC protocol.
+
+RocketMQ 5 has no pull: a consumer asks which message queues its group is assigned
+(QueryAssignment), receives batches from each with long polling (ReceiveMessage), each
+message invisible to the group's other receives for a while, and then acknowledges it
+(AckMessage) or makes it visible again later (ChangeInvisibleDuration).  The endpoint
+counts delivery attempts and dead-letters a message after the group's last one.
+
+The listener dispatch is the push consumer's own (:meth:`PushConsumer._invoke`, its worker
+pool and concurrency limits): SUCCESS acknowledges; RECONSUME_LATER or an exception makes
+the message visible again after the retry back-off of its attempt (the endpoint's policy,
+told in its settings; else RocketMQ's delay levels from level 3).  While a listener runs
+longer than half the invisible time, the message's invisibility is renewed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from txmq.errors import TopicNotFound, TxmqError
+from txmq.grpc.convert import DEFAULT_DELAY_LEVELS_MS, duration_ms
+from txmq.grpc.remote import GrpcRemote, Received
+from txmq.message import MessageExt
+from txmq.process_queue import ProcessQueue
+from txmq.route import MessageQueue
+
+if TYPE_CHECKING:
+    from txmq.push import ConsumeResult, PushConsumer
+
+__all__ = ["ReceiveMode", "backoff_s"]
+
+log = logging.getLogger("txmq.consumer")
+
+#: the most a ReceiveMessage may carry, and the longest long poll RocketMQ's proxy allows
+MAX_BATCH = 32
+MAX_LONG_POLL_S = 20.0
+
+
+def backoff_s(settings: Any, attempt: int) -> float:
+    """Seconds until delivery attempt ``attempt`` + 1 of a failed message: the endpoint's
+    retry policy (``settings.backoff_policy``), else RocketMQ's delay level 2 + attempt."""
+    policy = settings.backoff_policy if settings is not None else None
+    if (
+        policy is not None
+        and policy.HasField("customized_backoff")
+        and policy.customized_backoff.next
+    ):
+        steps = policy.customized_backoff.next
+        return duration_ms(steps[min(max(attempt, 1), len(steps)) - 1]) / 1000
+    if policy is not None and policy.HasField("exponential_backoff"):
+        exp = policy.exponential_backoff
+        initial = duration_ms(exp.initial) / 1000
+        longest = duration_ms(exp.max) / 1000 or float("inf")
+        return float(min(initial * (exp.multiplier or 2.0) ** (max(attempt, 1) - 1), longest))
+    levels = DEFAULT_DELAY_LEVELS_MS
+    return levels[min(2 + max(attempt, 1), len(levels)) - 1] / 1000
+
+
+class ReceiveMode:
+    """Receives for one push consumer (``transport="grpc"``); see the module's documentation."""
+
+    def __init__(self, consumer: PushConsumer, remote: GrpcRemote) -> None:
+        self.consumer = consumer
+        self.remote = remote
+        self.invisible_s = consumer.invisible_time
+        #: received messages waiting for (or in) their listener: what ack needs
+        self._receipts: dict[int, Received] = {}
+        self._scope = anyio.CancelScope()
+
+    def start(self, tg: anyio.abc.TaskGroup) -> None:
+        tg.start_soon(self._run)
+
+    def stop(self) -> None:
+        self._scope.cancel()
+
+    async def _run(self) -> None:
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                for topic, expression in self.consumer.subscriptions.items():
+                    tg.start_soon(self._topic_loop, topic, expression)
+
+    async def _topic_loop(self, topic: str, expression: str) -> None:
+        """Receive from each queue the endpoint assigns; ask again after a failure."""
+        c = self.consumer
+        while True:
+            try:
+                queues = await self.remote.query_assignment(topic, c.group, c.request_timeout)
+            except TopicNotFound:
+                c._no_route(topic)
+                await anyio.sleep(c.pull_delay_on_error)
+                continue
+            except TxmqError as exc:
+                log.warning("assignment of %s to %s failed: %s", topic, c.group, exc)
+                await anyio.sleep(c.pull_delay_on_error)
+                continue
+            c._unrouted.discard(topic)
+            if not queues:
+                await anyio.sleep(c.rebalance_interval)
+                continue
+            log.info("%s/%s receives %s from %s", c.group, c.client_id, topic, self.remote.address)
+            async with anyio.create_task_group() as tg:
+                for queue in queues:
+                    tg.start_soon(self._receive_loop, topic, queue, expression)
+
+    async def _receive_loop(self, topic: str, queue: Any, expression: str) -> None:
+        c = self.consumer
+        mq = MessageQueue(topic, queue.broker.name, queue.id)
+        pq = ProcessQueue()  # the work items' queue: dropped when the consumer stops
+        failures = 0
+        while failures < 3:
+            # flow control: receive no more while the worker pool has enough queued
+            while c._work.qsize() >= c.consume_concurrency:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+            try:
+                got = await self.remote.receive(
+                    c.group,
+                    queue,
+                    expression,
+                    batch=max(1, min(c.pull_batch_size, MAX_BATCH, c.consume_concurrency)),
+                    invisible_s=self.invisible_s,
+                    long_poll_s=min(c.long_poll, MAX_LONG_POLL_S),
+                    timeout=c.request_timeout,
+                )
+            except TxmqError as exc:
+                failures += 1
+                log.warning("receive from %s failed: %s", mq, exc)
+                await anyio.sleep(c.pull_delay_on_error)
+                continue
+            failures = 0
+            for r in got:
+                self._receipts[id(r.msg)] = r
+                c._work.put_nowait((mq, pq, r.msg))
+        # several failures in a row: the assignment may have changed (asked again)
+
+    async def consume(self, msg: MessageExt) -> None:
+        """Run the listener on ``msg`` (renewing its invisibility meanwhile), then
+        acknowledge it or hand it back for a later attempt."""
+
+        r = self._receipts.pop(id(msg), None)
+        if r is None:
+            return
+        status: ConsumeResult
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._renew, r)
+            status = await self.consumer._invoke(msg)
+            tg.cancel_scope.cancel()
+        await self.settle(r, status)
+
+    async def settle(self, r: Received, status: ConsumeResult) -> None:
+        from txmq.push import ConsumeResult
+
+        c = self.consumer
+        try:
+            if status is ConsumeResult.SUCCESS:
+                await self.remote.ack(c.group, r, c.request_timeout)
+            else:
+                later = backoff_s(self.remote.settings, r.attempt)
+                await self.remote.change_invisible(c.group, r, later, c.request_timeout)
+        except TxmqError as exc:
+            # it comes back once its invisible time is over (consumers are idempotent)
+            log.warning("settling %s (%s) failed: %s", r.msg.msg_id, status.name, exc)
+
+    async def _renew(self, r: Received) -> None:
+        c = self.consumer
+        while True:
+            await anyio.sleep(self.invisible_s / 2)
+            with anyio.CancelScope(shield=True):  # the new receipt handle must not be lost
+                try:
+                    await self.remote.change_invisible(
+                        c.group, r, self.invisible_s, c.request_timeout
+                    )
+                except TxmqError as exc:
+                    log.warning("renewing %s failed: %s", r.msg.msg_id, exc)
