@@ -6,14 +6,13 @@ its requests are routed by the same core (:mod:`txmq.route`).
 ``transport``: ``"txmq"`` (default: ``$TXMQ_TRANSPORT``, else txmq's own protocol) or
 ``"grpc"``: the address is then a RocketMQ 5 gRPC endpoint (a RocketMQ proxy, or a txmq
 broker's ``--grpc-port``), and each broker "connection" of the core is a
-:class:`txmq.grpc.remote.GrpcRemote` that translates the core's requests into RocketMQ 5
+:class:`txmq.grpc_remote.GrpcRemote` that translates the core's requests into RocketMQ 5
 RPCs.  Only the producers and the push consumer speak it (:attr:`BrokerClient.grpc_capable`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.util
 import itertools
 import logging
@@ -40,7 +39,6 @@ from txmq.wire.base import R
 
 __all__ = [
     "DEFAULT_ADDRESS",
-    "TRANSPORT_MODULES",
     "BrokerClient",
     "ClientSide",
     "Replica",
@@ -51,10 +49,6 @@ __all__ = [
 ]
 
 Transport = Literal["txmq", "grpc"]
-#: transports other than txmq's own -> the module whose ``make_remote(address, side,
-#: connect_timeout=...)`` makes a client's remotes (loaded by name when a client uses it:
-#: the transport stands on this floor, which does not import it)
-TRANSPORT_MODULES: dict[str, str] = {"grpc": "txmq.grpc.remote"}
 #: what each transport needs installed (a clear ImportError names the extra)
 _TRANSPORT_NEEDS = {"grpc": ("grpc", "rocketmq.grpc_protocol")}
 
@@ -289,15 +283,17 @@ class BrokerClient:
         return remote
 
     def _plugged_remote(self, address: str) -> Remote:
-        """The remote of a transport other than txmq's own (see :data:`TRANSPORT_MODULES`)."""
-        module = importlib.import_module(TRANSPORT_MODULES[self.transport])
+        """The remote of a transport other than txmq's own: RocketMQ 5's gRPC
+        (:mod:`txmq.grpc_remote`, imported only now: it needs the txmq[grpc] extra)."""
+        from txmq.grpc_remote import make_remote
+
         side = ClientSide(
             client_id=lambda: self.client_id,
             heartbeat=self._heartbeat_request,
             topics=self._declared_topics,
             serve=self._serve,
         )
-        remote: Remote = module.make_remote(address, side, connect_timeout=self.connect_timeout)
+        remote: Remote = make_remote(address, side, connect_timeout=self.connect_timeout)
         self._closing.append(remote)  # type: ignore[arg-type]
         if self._tg is not None:
             remote.attach(self._tg)

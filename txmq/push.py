@@ -110,7 +110,7 @@ class PushConsumer(PullConsumer):
     orderly holds a broker-side lock per queue and consumes it one message at a time.
 
     ``transport="grpc"`` (see :mod:`txmq.client`): RocketMQ 5 has no pull; the consumer
-    receives from the queues the endpoint assigns (:mod:`txmq.grpc.receiving`), each message
+    receives from the queues the endpoint assigns (:mod:`txmq.grpc_receiving`), each message
     invisible to the group's other members for ``invisible_time`` seconds (renewed while its
     listener runs; default ``$TXMQ_INVISIBLE_TIME_S`` or 15: how soon the messages of a
     member that died come back).  The listener, its concurrency and results are the same.

@@ -77,7 +77,7 @@ class Calls(Protocol):
 class Remote(Calls, Protocol):
     """One broker (or name server) as the client core sees it: a
     :class:`txmq.remoting.RemotingClient` over txmq's protocol, or a
-    :class:`txmq.grpc.remote.GrpcRemote` over RocketMQ 5's gRPC protocol."""
+    :class:`txmq.grpc_remote.GrpcRemote` over RocketMQ 5's gRPC protocol."""
 
     @property
     def address(self) -> str: ...

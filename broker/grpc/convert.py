@@ -1,5 +1,6 @@
-"""Between RocketMQ 5's protocol (``apache.rocketmq.v2``) and txmq's own types: status
-codes for txmq's errors, resources, timestamps, and messages both ways.
+"""The broker's side of RocketMQ 5's protocol (``apache.rocketmq.v2``): answers' statuses,
+resources, stored messages as delivered.  What clients share with it (timestamps, the
+error <-> code table) is in :mod:`txmq.grpc_convert`.
 
 The generated protobuf modules come from the official Python client's package
 (``rocketmq.grpc_protocol``, the ``txmq[grpc]`` extra); nothing of it is copied here.
@@ -13,25 +14,8 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from txmq.errors import (
-    BadRequest,
-    BrokerBusy,
-    DiskFull,
-    FlushDiskTimeout,
-    FlushSlaveTimeout,
-    InvalidReceiptHandle,
-    InvalidTopic,
-    MessageNotFound,
-    MessageTooLarge,
-    NoPermission,
-    NotMaster,
-    RequestTimeout,
-    SlaveNotAvailable,
-    TopicNotFound,
-    TransactionNotFound,
-    TxmqError,
-    UnsupportedRequest,
-)
+from txmq.errors import TxmqError
+from txmq.grpc_convert import code_of, duration, duration_ms, ms_of, timestamp
 from txmq.message import MessageExt, Prop, SysFlag
 
 __all__ = [
@@ -46,31 +30,6 @@ __all__ = [
     "status_of",
     "timestamp",
 ]
-
-#: a delivery timestamp whose seconds field is above this is in milliseconds: the official
-#: Python client 5.1.2 puts its millisecond value in the seconds field (year 5138 or later
-#: is not a delivery time anybody means)
-_MS_IN_SECONDS_FIELD = 100_000_000_000
-
-_CODES: tuple[tuple[type[TxmqError], int], ...] = (
-    (MessageTooLarge, pb.MESSAGE_BODY_TOO_LARGE),
-    (TopicNotFound, pb.TOPIC_NOT_FOUND),
-    (InvalidTopic, pb.ILLEGAL_TOPIC),
-    (TransactionNotFound, pb.INVALID_TRANSACTION_ID),
-    (MessageNotFound, pb.MESSAGE_NOT_FOUND),
-    (InvalidReceiptHandle, pb.INVALID_RECEIPT_HANDLE),
-    (NoPermission, pb.FORBIDDEN),
-    (FlushDiskTimeout, pb.MASTER_PERSISTENCE_TIMEOUT),
-    (FlushSlaveTimeout, pb.SLAVE_PERSISTENCE_TIMEOUT),
-    (SlaveNotAvailable, pb.HA_NOT_AVAILABLE),
-    (BrokerBusy, pb.TOO_MANY_REQUESTS),
-    (RequestTimeout, pb.PROXY_TIMEOUT),
-    (UnsupportedRequest, pb.NOT_IMPLEMENTED),
-    # the client retries these on another queue (which may be another broker set)
-    (DiskFull, pb.INTERNAL_SERVER_ERROR),
-    (NotMaster, pb.INTERNAL_SERVER_ERROR),
-    (BadRequest, pb.BAD_REQUEST),
-)
 
 
 class GrpcError(Exception):
@@ -90,10 +49,7 @@ def status_of(exc: Exception) -> Any:
     if isinstance(exc, GrpcError):
         return status(exc.code, str(exc))
     if isinstance(exc, TxmqError):
-        for kind, code in _CODES:
-            if isinstance(exc, kind):
-                return status(code, str(exc))
-        return status(pb.INTERNAL_SERVER_ERROR, str(exc))
+        return status(code_of(exc), str(exc))
     return status(pb.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
 
 
@@ -111,30 +67,6 @@ def resource_name(resource: Any, what: str) -> str:
             "namespaces (leave the client's namespace empty)",
         )
     return name
-
-
-def timestamp(ms: int) -> Any:
-    from google.protobuf.timestamp_pb2 import Timestamp
-
-    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
-
-
-def duration_ms(d: Any) -> int:
-    return int(d.seconds) * 1000 + int(d.nanos) // 1_000_000
-
-
-def duration(ms: int) -> Any:
-    from google.protobuf.duration_pb2 import Duration
-
-    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
-
-
-def ms_of(ts: Any) -> int:
-    """Milliseconds of a ``Timestamp`` (see :data:`_MS_IN_SECONDS_FIELD`)."""
-    seconds = int(ts.seconds)
-    if seconds > _MS_IN_SECONDS_FIELD:
-        return seconds
-    return seconds * 1000 + int(ts.nanos) // 1_000_000
 
 
 def now_ms() -> int:

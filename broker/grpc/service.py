@@ -25,6 +25,7 @@ from txmq.broker.grpc.convert import (
     duration_ms,
     message_of,
     ms_of,
+    now_ms,
     resource_name,
     status,
     status_of,
@@ -331,7 +332,7 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return
         host = self.ep.address()
         # when the broker handed them over: the client measures its receive latency by it
-        yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms()))
+        yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(now_ms()))
         for p in popped:
             yield spb.ReceiveMessageResponse(
                 message=message_of(
@@ -339,7 +340,7 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     topic=topic,
                     handle=p.handle,
                     attempt=p.attempt,
-                    invisible_ms=max(p.invisible_until_ms - _now_ms(), 0),
+                    invisible_ms=max(p.invisible_until_ms - now_ms(), 0),
                     store_host=host,
                 )
             )
@@ -447,12 +448,6 @@ def _not_served(rpc: str) -> Any:
         f"{rpc} is not implemented by txmq's gRPC endpoint (RocketMQ 5 clients consume with "
         "ReceiveMessage/AckMessage; txmq's own clients pull over txmq's protocol)",
     )
-
-
-def _now_ms() -> int:
-    import time
-
-    return time.time_ns() // 1_000_000
 
 
 def _new_id() -> str:

@@ -20,7 +20,7 @@ from txmq.errors import (
     TransactionNotFound,
     UnsupportedRequest,
 )
-from txmq.grpc.convert import (
+from txmq.grpc_convert import (
     check_error,
     delay_ms,
     duration,
@@ -30,7 +30,7 @@ from txmq.grpc.convert import (
     timestamp,
     to_proto,
 )
-from txmq.grpc.receiving import backoff_s
+from txmq.grpc_receiving import backoff_s
 from txmq.message import Message, Prop
 
 NOW = 1_700_000_000_000

@@ -27,6 +27,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from txmq.errors import (
     BadRequest,
     BrokerBusy,
+    DiskFull,
     FlushDiskTimeout,
     FlushSlaveTimeout,
     InvalidReceiptHandle,
@@ -34,6 +35,7 @@ from txmq.errors import (
     MessageNotFound,
     MessageTooLarge,
     NoPermission,
+    NotMaster,
     RequestTimeout,
     ServerError,
     SlaveNotAvailable,
@@ -46,8 +48,10 @@ from txmq.message import MessageExt, Prop, new_message_id
 
 __all__ = [
     "ALIASES",
+    "CODES",
     "DEFAULT_DELAY_LEVELS_MS",
     "check_error",
+    "code_of",
     "delay_ms",
     "duration",
     "duration_ms",
@@ -80,8 +84,10 @@ def timestamp(ms: int) -> Any:
 
 
 def ms_of(ts: Any) -> int:
+    """Milliseconds of a ``Timestamp``.  A seconds field above 10^11 (year 5138) holds
+    milliseconds: the official Python client 5.1.2 puts its delivery time (ms) there."""
     seconds = int(ts.seconds)
-    if seconds > 100_000_000_000:  # a millisecond value in the seconds field (client 5.1.2)
+    if seconds > 100_000_000_000:
         return seconds
     return seconds * 1000 + int(ts.nanos) // 1_000_000
 
@@ -212,33 +218,54 @@ def from_proto(m: Any) -> MessageExt:
     )
 
 
-# -- status codes -> txmq's errors ------------------------------------------------------------
+# -- txmq's errors <-> status codes ------------------------------------------------------------
 
+#: txmq's errors as RocketMQ codes (what a txmq broker answers), most specific first
+CODES: tuple[tuple[type[TxmqError], int], ...] = (
+    (MessageTooLarge, pb.MESSAGE_BODY_TOO_LARGE),
+    (TopicNotFound, pb.TOPIC_NOT_FOUND),
+    (InvalidTopic, pb.ILLEGAL_TOPIC),
+    (TransactionNotFound, pb.INVALID_TRANSACTION_ID),
+    (MessageNotFound, pb.MESSAGE_NOT_FOUND),
+    (InvalidReceiptHandle, pb.INVALID_RECEIPT_HANDLE),
+    (NoPermission, pb.FORBIDDEN),
+    (FlushDiskTimeout, pb.MASTER_PERSISTENCE_TIMEOUT),
+    (FlushSlaveTimeout, pb.SLAVE_PERSISTENCE_TIMEOUT),
+    (SlaveNotAvailable, pb.HA_NOT_AVAILABLE),
+    (BrokerBusy, pb.TOO_MANY_REQUESTS),
+    (RequestTimeout, pb.PROXY_TIMEOUT),
+    (UnsupportedRequest, pb.NOT_IMPLEMENTED),
+    # a client retries these on another queue (which may be another broker set)
+    (DiskFull, pb.INTERNAL_SERVER_ERROR),
+    (NotMaster, pb.INTERNAL_SERVER_ERROR),
+    (BadRequest, pb.BAD_REQUEST),
+)
+
+#: RocketMQ codes as txmq's errors (what a client reads): the codes above, and the other
+#: codes a RocketMQ proxy answers (unlisted: BadRequest for 4xxxx, ServerError for 5xxxx)
 _ERRORS: dict[int, type[TxmqError]] = {
-    pb.ILLEGAL_TOPIC: InvalidTopic,
-    pb.TOPIC_NOT_FOUND: TopicNotFound,
+    **{
+        code: kind for kind, code in CODES if code not in (pb.BAD_REQUEST, pb.INTERNAL_SERVER_ERROR)
+    },
     pb.NOT_FOUND: TopicNotFound,
-    pb.MESSAGE_NOT_FOUND: MessageNotFound,
-    pb.INVALID_RECEIPT_HANDLE: InvalidReceiptHandle,
-    pb.INVALID_TRANSACTION_ID: TransactionNotFound,
     pb.UNAUTHORIZED: NoPermission,
-    pb.FORBIDDEN: NoPermission,
     pb.PAYMENT_REQUIRED: NoPermission,
     pb.PAYLOAD_TOO_LARGE: MessageTooLarge,
-    pb.MESSAGE_BODY_TOO_LARGE: MessageTooLarge,
     pb.MESSAGE_PROPERTIES_TOO_LARGE: MessageTooLarge,
     pb.REQUEST_HEADER_FIELDS_TOO_LARGE: MessageTooLarge,
-    pb.TOO_MANY_REQUESTS: BrokerBusy,
     pb.REQUEST_TIMEOUT: RequestTimeout,
-    pb.PROXY_TIMEOUT: RequestTimeout,
-    pb.MASTER_PERSISTENCE_TIMEOUT: FlushDiskTimeout,
-    pb.SLAVE_PERSISTENCE_TIMEOUT: FlushSlaveTimeout,
-    pb.HA_NOT_AVAILABLE: SlaveNotAvailable,
-    pb.NOT_IMPLEMENTED: UnsupportedRequest,
     pb.UNSUPPORTED: UnsupportedRequest,
     pb.VERSION_UNSUPPORTED: UnsupportedRequest,
     pb.VERIFY_FIFO_MESSAGE_UNSUPPORTED: UnsupportedRequest,
 }
+
+
+def code_of(exc: TxmqError) -> int:
+    """The RocketMQ code answering ``exc`` (INTERNAL_SERVER_ERROR if none fits)."""
+    for kind, code in CODES:
+        if isinstance(exc, kind):
+            return code
+    return int(pb.INTERNAL_SERVER_ERROR)
 
 
 def error_of(status: Any, what: str = "") -> TxmqError:

@@ -1,4 +1,4 @@
-"""The channel under :class:`txmq.grpc.remote.GrpcRemote`: one gRPC channel to a RocketMQ 5
+"""The channel under :class:`txmq.grpc_remote.GrpcRemote`: one gRPC channel to a RocketMQ 5
 endpoint, the request metadata RocketMQ's proxies expect, unary calls with gRPC failures
 as txmq's errors, and the client's Telemetry stream (its settings first, then the
 endpoint's commands: check-backs go to :meth:`Channel._check_back`)."""
@@ -28,7 +28,7 @@ from txmq.errors import (
     TxmqError,
     UnsupportedRequest,
 )
-from txmq.grpc.convert import duration, error_of
+from txmq.grpc_convert import duration, error_of
 from txmq.remoting import parse_address
 
 __all__ = ["Channel", "rpc_error"]

@@ -22,8 +22,8 @@ import anyio
 import anyio.abc
 
 from txmq.errors import TopicNotFound, TxmqError
-from txmq.grpc.convert import DEFAULT_DELAY_LEVELS_MS, duration_ms
-from txmq.grpc.remote import GrpcRemote, Received
+from txmq.grpc_convert import DEFAULT_DELAY_LEVELS_MS, duration_ms
+from txmq.grpc_remote import GrpcRemote, Received
 from txmq.message import MessageExt
 from txmq.process_queue import ProcessQueue
 from txmq.route import MessageQueue

@@ -14,7 +14,7 @@ producer: the topics it publishes; a consumer: its group and subscriptions), and
 to the client core's ``serve`` hook, whose EndTransaction comes back through :meth:`call`.
 
 Consumption has no pull: :meth:`query_assignment`, :meth:`receive`, :meth:`ack` and
-:meth:`change_invisible` serve :mod:`txmq.grpc.receiving`.
+:meth:`change_invisible` serve :mod:`txmq.grpc_receiving`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from txmq.errors import (
     TxmqError,
     UnsupportedRequest,
 )
-from txmq.grpc.channel import Channel, rpc_error
-from txmq.grpc.convert import check_error, duration, error_of, from_proto, to_proto
+from txmq.grpc_channel import Channel, rpc_error
+from txmq.grpc_convert import check_error, duration, error_of, from_proto, to_proto
 from txmq.message import MessageExt, Prop
 from txmq.wire import (
     BatchResult,
@@ -64,7 +64,7 @@ from txmq.wire.base import R
 from txmq.wire.route import MASTER_ID, PERM_READ, PERM_WRITE
 
 if TYPE_CHECKING:
-    from txmq.grpc.receiving import ReceiveMode
+    from txmq.grpc_receiving import ReceiveMode
     from txmq.push import PushConsumer
 
 __all__ = ["GrpcRemote", "Received", "make_remote"]
@@ -335,7 +335,7 @@ class GrpcRemote(Channel):
 
     def receiver(self, consumer: PushConsumer) -> ReceiveMode:
         """The push consumer's receive mode through this endpoint."""
-        from txmq.grpc.receiving import ReceiveMode
+        from txmq.grpc_receiving import ReceiveMode
 
         return ReceiveMode(consumer, self)
 
@@ -435,5 +435,6 @@ class GrpcRemote(Channel):
 
 
 def make_remote(address: str, side: ClientSide, *, connect_timeout: float = 3.0) -> GrpcRemote:
-    """The remote of a client with ``transport="grpc"`` (:data:`txmq.client.TRANSPORT_MODULES`)."""
+    """The remote of a client with ``transport="grpc"`` (the client core calls it:
+    :meth:`txmq.client.BrokerClient._plugged_remote`)."""
     return GrpcRemote(address, side, connect_timeout=connect_timeout)
