@@ -194,8 +194,8 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 if command.HasField("settings"):
                     session.push(self._settings(session, command.settings))
                 # thread stack traces and verify results: nothing asked for them
-        except (asyncio.CancelledError, Exception):
-            pass
+        except Exception as exc:  # the stream broke: the session ends with it
+            log.debug("telemetry stream of %s ended: %s", session.name, exc)
         finally:
             session.close()
 

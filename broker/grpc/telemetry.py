@@ -68,8 +68,14 @@ class Session:
         return True
 
     def close(self) -> None:
+        """No more commands; the stream's writer ends at the end marker (commands not yet
+        written are dropped: the client is gone or too slow)."""
+        if self.closed:
+            return
         self.closed = True
-        self.queue.put_nowait(None) if not self.queue.full() else None
+        while self.queue.full():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
 
     # -- what the transaction checker calls (like txmq.remoting.Connection) ---------------
 
