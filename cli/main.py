@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from txmq.cli import admin, broker, db, namesrv, outbox, quickstart, reconcile
+from txmq.cli import admin, broker, console, db, namesrv, outbox, quickstart, reconcile
 from txmq.cli.options import CommandError, share
 from txmq.errors import TxmqError
 from txmq.settings import SettingsError
@@ -22,6 +22,7 @@ EXAMPLES = """\
   txmq db upgrade --url postgresql+psycopg://app@db/orders
   txmq outbox relay --db sqlite:///app.db --broker 127.0.0.1:10911
   txmq reconcile --store /var/lib/txmq --db sqlite:///app.db --sla 10m
+  txmq console --broker 127.0.0.1:10911            # a web console on http://127.0.0.1:8080
 
 Every option works before or after its subcommand; 'txmq COMMAND --help' shows more."""
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_parser(sub)
     outbox.add_parser(sub)
     reconcile.add_parser(sub)
+    console.add_parser(sub)
     quickstart.add_parser(sub)
     share(p, _log_level)
     return p

@@ -20,6 +20,7 @@ FOLDERS = {
     "migrations": "txmq.migrations",
     "cli": "txmq.cli",
     "namesrv": "txmq.namesrv",
+    "console": "txmq.console",
 }
 ABOVE_THE_FLOOR = (
     "txmq.broker",
@@ -28,8 +29,9 @@ ABOVE_THE_FLOOR = (
     "txmq.migrations",
     "txmq.cli",
     "txmq.namesrv",
+    "txmq.console",
 )
-TOP_LEVEL_NAMES = ("broker", "outbox", "spark", "migrations", "cli", "namesrv")
+TOP_LEVEL_NAMES = ("broker", "outbox", "spark", "migrations", "cli", "namesrv", "console")
 
 
 def _within(module: str, *packages: str) -> bool:

@@ -1,0 +1,101 @@
+"""``txmq console``: the web console (:mod:`txmq.console`) served with uvicorn, on
+loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+
+from txmq.cli.options import (
+    CommandError,
+    SubParsers,
+    add_command,
+    add_endpoints,
+    endpoints,
+    non_negative_float,
+)
+
+__all__ = ["add_parser"]
+
+#: what the console imports besides txmq (the ``console`` extra)
+NEEDS = ("starlette", "jinja2", "uvicorn", "multipart")
+
+
+def add_parser(sub: SubParsers) -> None:
+    c = add_command(
+        sub,
+        "console",
+        help="a web console: cluster, topics, groups, messages, transactions, dead letters",
+        description=(
+            "Serve txmq's web console: brokers and their rates, topics and queues, consumer "
+            "groups and their lag (charts kept while the console runs), messages by id or "
+            "key, undecided and parked transactions with COMMIT / ROLLBACK, dead letters "
+            "and re-sending them. Pages refresh themselves every few seconds. It listens on "
+            "127.0.0.1 unless --host says otherwise: it has no login, so put it behind "
+            "something that has one before you open it to a network. Needs the console "
+            "extra: pip install 'txmq[console]'."
+        ),
+        examples="  txmq console --broker 127.0.0.1:10911               # http://127.0.0.1:8080\n"
+        "  txmq console --namesrv '127.0.0.1:9876;127.0.0.1:9877' --port 9000\n"
+        "  txmq console --broker 127.0.0.1:10911 --db postgresql+psycopg://app@db/orders",
+    )
+    add_endpoints(c, None)
+    c.add_argument(
+        "--db",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a producer database (SQLAlchemy URL) whose transaction log the console may "
+        "read (repeat for several)",
+    )
+    c.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    c.add_argument("--port", type=int, default=8080, help="port to listen on (8080; 0: any)")
+    c.add_argument(
+        "--refresh",
+        type=non_negative_float,
+        default=3.0,
+        metavar="SECONDS",
+        help="how often a page refreshes its live part (3)",
+    )
+    c.add_argument(
+        "--sample-every",
+        type=non_negative_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the console samples rates and lag for its charts (5)",
+    )
+    c.set_defaults(func=run_console)
+
+
+def _check_installed() -> None:
+    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CommandError(
+            f"the web console needs the console extra ({', '.join(missing)} not installed): "
+            "pip install 'txmq[console]'"
+        )
+
+
+def run_console(args: argparse.Namespace) -> int:
+    _check_installed()
+    import uvicorn
+
+    from txmq.console import ConsoleConfig, create_app
+
+    where = endpoints(args)
+    config = ConsoleConfig(
+        broker=where["address"],
+        namesrv=where["namesrv"],
+        dbs=list(args.db),
+        refresh_s=max(args.refresh, 0.5),
+        sample_every_s=max(args.sample_every, 0.2),
+    )
+    app = create_app(config)
+    level = logging.getLogger().getEffectiveLevel()
+    asks = config.namesrv or config.broker or "the default broker"
+    logging.getLogger("txmq.console").info(
+        "txmq console for %s on http://%s:%d/", asks, args.host, args.port
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=level, access_log=False)
+    return 0

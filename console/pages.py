@@ -1,0 +1,214 @@
+"""The console's pages (GET): what each asks the brokers and hands its template."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from txmq.console.render import chart, show_body
+from txmq.console.web import page, state_of
+from txmq.errors import MessageNotFound
+from txmq.message import MessageExt, Prop
+
+__all__ = [
+    "cluster",
+    "dlq",
+    "group",
+    "groups",
+    "message",
+    "message_body",
+    "topic",
+    "topics",
+    "transactions",
+]
+
+#: what a console shows at most of a listing
+LIST_MAX = 200
+DLQ_PREFIX, RETRY_PREFIX = "%DLQ%", "%RETRY%"
+
+
+def _param(request: Request, name: str, *, required: bool = True) -> str:
+    value = request.query_params.get(name, "").strip()
+    if required and not value:
+        raise HTTPException(400, f"say which: ?{name}=...")
+    return value
+
+
+async def cluster(request: Request) -> Response:
+    state = state_of(request)
+    client = await state.client()
+    rows = await client.cluster()
+    infos = {(i.broker_name, i.address): i for i in await client.runtime_infos()}
+    history = state.history
+    series: dict[str, list[tuple[float, float]]] = {}
+    for key, points in history.put.items():
+        series[f"put {key}"] = list(points)
+    for key, points in history.get.items():
+        series[f"get {key}"] = list(points)
+    return page(
+        request,
+        "cluster",
+        {
+            "rows": rows,
+            "infos": infos,
+            "rates": chart(series),
+            "sampled": history.last_sample,
+            "sample_error": history.last_error,
+        },
+    )
+
+
+async def topics(request: Request) -> Response:
+    client = await state_of(request).client()
+    rows = sorted(await client.topics(), key=lambda r: (r.system, r.topic))
+    return page(
+        request,
+        "topics",
+        {
+            "user": [r for r in rows if not r.system],
+            "system": [r for r in rows if r.system],
+        },
+    )
+
+
+async def topic(request: Request) -> Response:
+    name = _param(request, "name")
+    client = await state_of(request).client()
+    queues = await client.topic_stats(name)
+    offsets = [o for o in await client.offsets() if o.topic == name]
+    return page(request, "topic", {"name": name, "queues": queues, "offsets": offsets})
+
+
+async def groups(request: Request) -> Response:
+    client = await state_of(request).client()
+    offsets = await client.offsets()
+    configs = {g.group: g for g in await client.groups()}
+    lag: dict[str, int] = defaultdict(int)
+    topics_of: dict[str, set[str]] = defaultdict(set)
+    for o in offsets:
+        lag[o.group] += o.lag
+        topics_of[o.group].add(o.topic)
+    names = sorted(set(lag) | set(configs))
+    rows = [
+        {
+            "group": g,
+            "lag": lag.get(g, 0),
+            "topics": sorted(topics_of.get(g, ())),
+            "config": configs.get(g),
+        }
+        for g in names
+    ]
+    history = state_of(request).history
+    lines = {g: list(p) for g, p in history.group_lag.items()}
+    return page(request, "groups", {"rows": rows, "lag_chart": chart(lines)})
+
+
+async def group(request: Request) -> Response:
+    name = _param(request, "name")
+    state = state_of(request)
+    client = await state.client()
+    offsets = [o for o in await client.offsets() if o.group == name]
+    members = await client.members(name)
+    lines = {
+        f"{topic}{'@' + broker if broker else ''}#{qid}": list(points)
+        for (g, topic, broker, qid), points in state.history.queue_lag.items()
+        if g == name
+    }
+    return page(
+        request,
+        "group",
+        {
+            "name": name,
+            "offsets": offsets,
+            "lag": sum(o.lag for o in offsets),
+            "members": members,
+            "lag_chart": chart(lines),
+        },
+    )
+
+
+def _journey(msg: MessageExt, offsets: list[Any]) -> list[dict[str, Any]]:
+    """Which consumer groups have consumed this message (their committed offset is past
+    it on its queue)."""
+    out = []
+    for o in offsets:
+        same_queue = (o.topic, o.queue_id) == (msg.topic, msg.queue_id)
+        if same_queue and (o.broker_name or "") == (msg.broker_name or ""):
+            out.append({"group": o.group, "consumed": o.offset > msg.queue_offset, "at": o.offset})
+    return out
+
+
+async def message(request: Request) -> Response:
+    msg_id = request.query_params.get("id", "").strip()
+    key = request.query_params.get("key", "").strip()
+    broker = request.query_params.get("broker", "").strip() or None
+    state = state_of(request)
+    if not msg_id and not key:
+        return page(request, "message", {"msg_id": "", "key": "", "found": []})
+    client = await state.client()
+    if msg_id:
+        found = [await client.message_by_id(msg_id, broker=broker)]
+    else:
+        found = await client.messages_by_key(key, 32, broker=broker)
+        if not found:
+            raise MessageNotFound(f"no message has the key {key!r}")
+    offsets = await client.offsets()
+    shown = [
+        {
+            "msg": m,
+            "body": show_body(m.body, state.config.body_limit),
+            "system": {k: v for k, v in sorted(m.all_properties.items()) if k in Prop.ALL},
+            "user": dict(sorted(m.properties.items())),
+            "journey": _journey(m, offsets),
+            "retry_of": m.all_properties.get(Prop.RETRY_TOPIC, ""),
+            "dead": m.topic.startswith(DLQ_PREFIX),
+            "retried": m.topic.startswith(RETRY_PREFIX) or m.reconsume_times > 0,
+        }
+        for m in found
+    ]
+    return page(request, "message", {"msg_id": msg_id, "key": key, "found": shown})
+
+
+async def message_body(request: Request) -> Response:
+    """The whole body of a message, as a download (never shown as a page)."""
+    msg_id = _param(request, "id")
+    broker = request.query_params.get("broker", "").strip() or None
+    msg = await (await state_of(request).client()).message_by_id(msg_id, broker=broker)
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", msg_id)[:64]
+    return Response(
+        msg.body,
+        media_type="application/octet-stream",
+        headers={"content-disposition": f'attachment; filename="{safe}.bin"'},
+    )
+
+
+async def transactions(request: Request) -> Response:
+    client = await state_of(request).client()
+    pending = await client.transactions("pending", LIST_MAX)
+    parked = await client.transactions("parked", LIST_MAX)
+    return page(request, "transactions", {"pending": pending, "parked": parked})
+
+
+async def dlq(request: Request) -> Response:
+    name = request.query_params.get("group", "").strip()
+    client = await state_of(request).client()
+    dead_groups = sorted(
+        (r.topic.removeprefix(DLQ_PREFIX), r.messages)
+        for r in await client.topics()
+        if r.topic.startswith(DLQ_PREFIX)
+    )
+    try:
+        offset = max(int(request.query_params.get("offset", "0")), 0)
+    except ValueError:
+        raise HTTPException(400, "offset must be a number") from None
+    messages = await client.dlq_list(name, offset, 50) if name else []
+    return page(
+        request,
+        "dlq",
+        {"group": name, "dead_groups": dead_groups, "messages": messages, "offset": offset},
+    )

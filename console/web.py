@@ -1,0 +1,77 @@
+"""Rendering a page (or its live fragment) with the browser's CSRF token, and error pages."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from txmq.console import render
+from txmq.console.security import COOKIE, FIELD, token_for
+from txmq.console.state import ConsoleState
+
+__all__ = ["HERE", "error_page", "page", "state_of"]
+
+log = logging.getLogger("txmq.console")
+HERE = Path(__file__).resolve().parent
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,  # every value a page shows is escaped, whatever the template
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.globals.update(
+    show_ms=render.show_ms,
+    human_bytes=render.human_bytes,
+    csrf_field=FIELD,
+)
+templates = Jinja2Templates(env=_env)
+
+
+def state_of(request: Request) -> ConsoleState:
+    state: ConsoleState = request.app.state.console
+    return state
+
+
+def page(
+    request: Request,
+    name: str,
+    context: Mapping[str, Any],
+    *,
+    status: int = 200,
+) -> Response:
+    """Render ``name``.html, or its live fragment ``_name``.html for ``?partial=1``; set
+    the browser's CSRF cookie if it has none yet."""
+    state = state_of(request)
+    token, new = token_for(request, state.secret)
+    partial = request.query_params.get("partial") == "1"
+    flash = state.flashes.pop(request.query_params.get("flash", ""), None)
+    response = templates.TemplateResponse(
+        request,
+        f"_{name}.html" if partial else f"{name}.html",
+        {
+            **context,
+            "csrf": token,
+            "flash": flash,
+            "refresh_ms": int(state.config.refresh_s * 1000),
+            "where": state.where,
+            "nav": request.url.path,
+        },
+        status_code=status,
+    )
+    if new:
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+    return response
+
+
+def error_page(request: Request, status: int, title: str, detail: str) -> Response:
+    return page(request, "error", {"status": status, "title": title, "detail": detail},
+                status=status)  # fmt: skip
