@@ -98,6 +98,10 @@ class BrokerConfig(ConnectionSettings):
     #: is missing; 0: off; any other port: that port, and the broker does not start
     #: without it
     grpc_port: int = -1
+    #: Prometheus metrics (``GET /metrics``) on this port, bound to ``host``.  -1 (the
+    #: default): port 5557 (the RocketMQ exporter's), or off with a warning when it is
+    #: taken; 0: off; any other port: that port, and the broker does not start without it
+    metrics_port: int = -1
     #: the gRPC address clients are told to use (default: host:grpc port)
     grpc_advertised_address: str = ""
     #: how often a broker registers with its name servers (RocketMQ: 30 s)
@@ -175,6 +179,11 @@ class BrokerConfig(ConnectionSettings):
         if not -1 <= self.grpc_port <= 65535:
             raise SettingsError(
                 f"grpc_port {self.grpc_port} is not between 0 (off) and 65535 (-1: 8081 if free)"
+            )
+        if not -1 <= self.metrics_port <= 65535:
+            raise SettingsError(
+                f"metrics_port {self.metrics_port} is not between 0 (off) and 65535 "
+                "(-1: 5557 if free)"
             )
         if self.ha_master_address:
             try:

@@ -204,6 +204,11 @@ class PopService:
             )
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
+                tally = self.ctx.throughput.tally
+                if tally is not None and out:
+                    tally.popped(
+                        group, topic, [(len(p.msg.body), p.msg.store_timestamp) for p in out]
+                    )
                 return out
             # taken in the same step as the empty reads: nothing stored meanwhile is missed
             events = [self.ctx.arrivals.event(t, q) for t, q in sources]
@@ -309,6 +314,15 @@ class PopService:
             self._run_wake.set()
         handle = f"{self._epoch}:{token:x}:{key[2]}:{offset}:{phy}:{key[1]}"
         return Popped(msg, handle, attempt, _now_ms() + how.invisible_ms)
+
+    def inflight(self) -> dict[tuple[str, str], int]:
+        """(group, topic) -> messages popped and neither acked nor visible again yet."""
+        out: dict[tuple[str, str], int] = {}
+        for (group, _, _), q in self._queues.items():
+            for topic, c in q.cursors.items():
+                if c.inflight:
+                    out[(group, topic)] = out.get((group, topic), 0) + len(c.inflight) - c.ready
+        return out
 
     # -- queue state and offsets ------------------------------------------------------------
 

@@ -48,8 +48,13 @@ _WAITABLE = {
 Answer = WithBody[Pulled]
 
 
-def _answer(result: GetResult, ctx: BrokerContext) -> Answer:
+def _answer(result: GetResult, ctx: BrokerContext, req: PullMessage) -> Answer:
     ctx.throughput.got += len(result.records)
+    tally = ctx.throughput.tally
+    if tally is not None:
+        tally.handed_out(
+            req.group, req.topic, req.queue_id, result.records, result.next_begin_offset
+        )
     suggest = 0
     if result.first_phy_offset >= 0:
         suggest = ctx.replica.read_from(ctx.store.commit_log_max_offset - result.first_phy_offset)
@@ -79,7 +84,7 @@ class PullService:
             # runs it as a task), and a message stored meanwhile must still wake it
             arrival = self.ctx.arrivals.event(topic, queue_id)
             return self._long_poll(req, max_msgs, tag_codes, arrival)
-        return _answer(result, self.ctx)
+        return _answer(result, self.ctx, req)
 
     async def _long_poll(
         self,
@@ -98,7 +103,7 @@ class PullService:
                     await arrival.wait()
             result = self.store.get_messages(topic, queue_id, offset, max_msgs, tag_codes=tag_codes)
             if result.status not in _WAITABLE or remaining <= 0:
-                return _answer(result, self.ctx)
+                return _answer(result, self.ctx, req)
             arrival = self.ctx.arrivals.event(topic, queue_id)  # same step as the empty read
 
     # -- offsets ----------------------------------------------------------------------------

@@ -114,6 +114,24 @@ class RetryService:
         ``times``: in ``%DLQ%<group>`` for ``level`` < 0, in ``%RETRY%<group>`` at once for
         0, else after delay level ``level`` (through the schedule topic).  Shared by
         :meth:`send_back` and the pop service (:mod:`txmq.broker.pop`)."""
+        stored = self._store_copy(
+            msg, group, times=times, max_times=max_times, level=level, origin=origin
+        )
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            tally.retried(group, dead=level < 0)
+        return stored
+
+    def _store_copy(
+        self,
+        msg: MessageExt,
+        group: str,
+        *,
+        times: int,
+        max_times: int,
+        level: int,
+        origin: str,
+    ) -> tuple[SendBack, PutResult]:
         props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
         props.setdefault(Prop.RETRY_TOPIC, msg.topic)
         props.setdefault(Prop.ORIGIN_MESSAGE_ID, origin or msg.msg_id)

@@ -87,6 +87,9 @@ class SendService:
         else:
             self.schedule.stored(delayed[4], delayed[3])
         self.ctx.throughput.put += 1
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            tally.stored(topic, _kind(props, delayed is not None), len(body))
         return self.ctx.acks.after_flush(r.end_offset, sent(props, queue_id, r))
 
     def send_batch(
@@ -126,6 +129,11 @@ class SendService:
             raise BadRequest("batch entry sizes do not add up to the frame body")
         results = [check_put(r) for r in self.store.put_batch(items)]
         self.ctx.throughput.put += len(results)
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            for it in items:
+                kind = _kind(it["properties"], "cq_tag_code" in it)
+                tally.stored(topic, kind, len(it["body"]))
         if len(delays) < len(items):
             self.ctx.arrivals.notify(topic, queue_id)
         for level, due in delays:
@@ -164,6 +172,13 @@ class SendService:
             topic, queue_id, props, due, level = delayed
             item.update(topic=topic, queue_id=queue_id, properties=props, cq_tag_code=due)
             delays.append((level, due))
+
+
+def _kind(props: dict[str, str], delayed: bool) -> str:
+    """RocketMQ 5's message_type label of a stored message."""
+    if delayed:
+        return "delay"
+    return "fifo" if Prop.SHARDING_KEY in props else "normal"
 
 
 def _now_ms() -> int:

@@ -27,6 +27,13 @@ from txmq.broker.consumers import (
 from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
 from txmq.broker.identity import claim_store
 from txmq.broker.locks import LockService, RebalanceLockManager
+from txmq.broker.metrics import (
+    MetricsSources,
+    registry_for,
+    start_metrics,
+    time_flushes,
+    timed_handler,
+)
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.pop import PopService
 from txmq.broker.processor import Services, request_router
@@ -37,6 +44,7 @@ from txmq.broker.replication import Replication
 from txmq.broker.retry import FIRST_RETRY_LEVEL, RetryService
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.sending import SendService
+from txmq.broker.stats import Tally
 from txmq.broker.store import MessageStore
 from txmq.broker.store.disk import is_disk_full
 from txmq.broker.subscriptions import SubscriptionGroupManager
@@ -45,6 +53,7 @@ from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
 from txmq.errors import TopicNotFound
 from txmq.fmt import ms_time
+from txmq.remoting import Handler
 from txmq.serving import Acceptor, EmbeddedServer, ListenerUnavailable, Stoppable
 from txmq.wire import RuntimeInfo
 
@@ -126,8 +135,15 @@ class Broker(Stoppable):
             self.replication.rediscover = registration.register_now
         self._tg: anyio.abc.TaskGroup | None = None
         self._duties: anyio.CancelScope | None = None
+        handle: Handler = self.router.handle
+        #: the port /metrics is served on, once started (0: off)
+        self.metrics_port = 0
+        if config.metrics_port != 0:  # counted only while metrics are on
+            tally = ctx.throughput.tally = Tally()
+            handle = timed_handler(handle, tally)
+            time_flushes(self.store, tally.flush)
         self.acceptor = Acceptor(
-            self.router.handle,
+            handle,
             max_frame_size=config.max_frame_size,
             limits=config.connection_limits(),
             log_to="txmq.broker",
@@ -192,6 +208,7 @@ class Broker(Stoppable):
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
                 log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
                 await self._start_grpc()
+                await self._start_metrics(tg)
                 if self.registration is not None:
                     await tg.start(self.registration.run)
                 task_status.started(self)
@@ -273,6 +290,33 @@ class Broker(Stoppable):
         endpoint, self.grpc = self.grpc, None
         if endpoint is not None:
             await endpoint.stop()
+
+    # -- Prometheus metrics (broker/metrics.py) ---------------------------------------------
+
+    async def _start_metrics(self, tg: anyio.abc.TaskGroup) -> None:
+        sources = self.metrics_sources()
+        if sources is None:
+            return
+        registry = registry_for(sources)
+        self.metrics_port = await start_metrics(
+            tg, registry, self.config.host, self.config.metrics_port
+        )
+
+    def metrics_sources(self) -> MetricsSources | None:
+        """What the metrics read (None: metrics are off)."""
+        tally = self.context.throughput.tally
+        if tally is None:
+            return None
+        return MetricsSources(
+            ctx=self.context,
+            tally=tally,
+            version=VERSION,
+            pending=lambda: self.transactions.pending.values(),
+            pop_inflight=self.pop.inflight,
+            replication=self.replication.describe,
+            broker_id=lambda: self.replication.registered_id,
+            connections=lambda: len(self.connections),
+        )
 
     # -- what only the master runs (broker.replication.MasterDuties) -----------------------
 

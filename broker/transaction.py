@@ -82,6 +82,8 @@ _DROP = frozenset(
         CQ_TAG_PROPERTY,
     }
 )
+#: a resolution as the metrics name it
+_SETTLED = {COMMIT: "committed", ROLLBACK: "rolled_back", PARKED: "parked"}
 _RESOLVED_CACHE = 65536
 _SCAN_BATCH = 256
 
@@ -338,6 +340,9 @@ class TransactionService:
         self.pending.pop(half.offset, None)
         self._remember(half.offset, resolution)
         self.dirty = True
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            tally.half(half.group, _SETTLED.get(resolution, resolution.lower()))
         return r if r.ok else None
 
     # -- requests -------------------------------------------------------------------------
@@ -387,6 +392,9 @@ class TransactionService:
             op_mark=op_mark,
         )
         self.pending[half.offset] = half
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            tally.half(group, "prepared")
         answer = Sent(
             msg_id=half.msg_id,
             offset_msg_id=f"{r.commit_log_offset:016X}",
@@ -426,6 +434,9 @@ class TransactionService:
             raise TransactionNotFound(
                 f"the half message at commit-log offset {offset} is {msg.msg_id}, not {msg_id}"
             )
+        tally = self.ctx.throughput.tally
+        if tally is not None and req.from_check:
+            tally.check_answer(group, state)
         half = self.pending.get(offset)
         if half is None:
             resolution = self.resolution_of(offset, msg.msg_id)
@@ -482,6 +493,9 @@ class TransactionService:
             flag=msg.flag,
             prepared_transaction_offset=half.offset,
         )
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            tally.stored(half.topic, "transaction", len(msg.body))
         return queue_id, r
 
     def forget(self, half: PendingHalf, why: str) -> None:

@@ -127,6 +127,9 @@ class TransactionChecker:
             half.check_times += 1
             svc.dirty = True
             sent += 1
+            tally = self.ctx.throughput.tally
+            if tally is not None:
+                tally.checked(half.group)
             log.info(
                 "checking half message %s (transaction %s, group %s) with %s (check %d of %d)",
                 half.msg_id,

@@ -34,7 +34,9 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq broker start --store ./b1 --port 10931 --namesrv ns1:9876 --broker-name b \\\n"
         "      --broker-id 1 --replication sync --controller ns1:9876\n"
         "  # official RocketMQ 5 clients (gRPC) on port 8090 instead of 8081:\n"
-        "  txmq broker start --store ./store --grpc-port 8090",
+        "  txmq broker start --store ./store --grpc-port 8090\n"
+        "  # Prometheus metrics on http://0.0.0.0:9557/metrics instead of 127.0.0.1:5557:\n"
+        "  txmq broker start --store ./store --host 0.0.0.0 --metrics-port 9557",
     )
     start.add_argument(
         "--store", type=Path, help="storage folder, created if missing (default ./txmq-store)"
@@ -51,6 +53,12 @@ def add_parser(sub: SubParsers) -> None:
         type=int,
         help="serve RocketMQ 5's gRPC protocol (official RocketMQ clients) on this port "
         "(default 8081 when free and txmq[grpc] is installed; 0: off)",
+    )
+    start.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics (GET /metrics) on this port, on --host "
+        "(default 5557 when free; 0: off)",
     )
     cluster = start.add_argument_group(
         "cluster", "register with name servers (without --namesrv the broker runs alone)"
@@ -119,6 +127,7 @@ def start_broker(args: argparse.Namespace) -> int:
         "ha_master_address": args.ha_master,
         "controller": args.controller,
         "grpc_port": args.grpc_port,
+        "metrics_port": args.metrics_port,
     }
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False

@@ -99,6 +99,7 @@ def embedded_broker(tmp_path: Path) -> Iterator[Callable[..., EmbeddedBroker]]:
         overrides.setdefault("store", tmp_path / f"store{len(started)}")
         overrides.setdefault("port", 0)
         overrides.setdefault("grpc_port", 0)
+        overrides.setdefault("metrics_port", 0)
         broker = EmbeddedBroker(BrokerConfig(**overrides)).start()
         started.append(broker)
         return broker
@@ -190,6 +191,8 @@ class BrokerProcess(ServerProcess):
         command = ["broker", "start", "--store", str(self.store), "--port", "0", *self.args]
         if "--grpc-port" not in self.args:  # off unless a test asks (8081 is one port)
             command += ["--grpc-port", "0"]
+        if "--metrics-port" not in self.args:  # off unless a test asks (5557 is one port)
+            command += ["--metrics-port", "0"]
         ready = self.store.parent / f"{self.store.name}.ready"
         limit = self._limit_files if self.max_files or self.soft_max_files else None
         self._launch(command, ready, "broker", timeout, limit)

@@ -105,6 +105,7 @@ transaction_timeout_s = 2.0
 message_delay_levels = "100ms 200ms 300ms 500ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s"
 # the services speak txmq's own protocol: no RocketMQ 5 gRPC endpoint (port 8081)
 grpc_port = 0
+metrics_port = 0
 """
 INVENTORY_MAX_RECONSUME = 3
 # Short for a demo (default 30 s): a restarted broker set checks its transactions back as
