@@ -44,6 +44,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from txmq import observe
 from txmq.client import Transport
 from txmq.db import describe_db_error
 from txmq.errors import (
@@ -142,7 +143,10 @@ class OutboxRelay:
     than a cycle's sends can take: the producer's send timeout and retries).
     ``transport``: of the relay's own producer (default ``$TXMQ_TRANSPORT``): ``"grpc"``
     sends to a RocketMQ 5 endpoint at ``broker`` (a sharding key becomes the message group,
-    so the endpoint keeps a key's rows in one queue, in order).
+    so the endpoint keeps a key's rows in one queue, in order).  ``metrics_interval``:
+    seconds between readings of the backlog, lag and parked rows into the client metrics
+    (:meth:`update_metrics`; 0: none).  Each row's send continues the trace that was current
+    when it was added (see :mod:`txmq.observe`).
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class OutboxRelay:
         claim_lease: float = 30.0,
         namesrv: str | Sequence[str] | None = None,
         transport: Transport | None = None,
+        metrics_interval: float = 5.0,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -202,6 +207,7 @@ class OutboxRelay:
         self.retention = retention
         self.cleanup_interval = cleanup_interval
         self.send_concurrency = send_concurrency
+        self.metrics_interval = metrics_interval
         # counters since start
         self.sent_total = 0
         self.failed_total = 0
@@ -296,6 +302,24 @@ class OutboxRelay:
         async with self.engine.connect() as conn:
             return await conn.run_sync(stats)
 
+    async def update_metrics(self) -> OutboxStats:
+        """Read the outbox's backlog, lag and parked rows into the client metrics
+        (``txmq_outbox_backlog_rows``, ``txmq_outbox_lag_seconds``,
+        ``txmq_outbox_parked_rows``; see :mod:`txmq.observe`); the relay does it every
+        ``metrics_interval`` seconds while it runs."""
+        now = await self.stats()
+        observe.outbox_stats(now.backlog, now.lag_seconds, now.parked)
+        return now
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self.update_metrics()
+            except SQLAlchemyError as exc:
+                log.debug("outbox metrics not read: %s", self._short(exc))
+            await anyio.sleep(self.metrics_interval)
+
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -305,6 +329,8 @@ class OutboxRelay:
                 tg.start_soon(self._listen_loop)
             if self.retention > timedelta(0) and self.cleanup_interval > 0:
                 tg.start_soon(self._cleanup_loop)
+            if self.metrics_interval > 0 and observe.metrics() is not None:
+                tg.start_soon(self._metrics_loop)
             await self._relay_loop()
 
     async def _relay_loop(self) -> None:

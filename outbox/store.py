@@ -27,6 +27,7 @@ from sqlalchemy import Connection, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from txmq import observe
 from txmq.message import Message, new_message_id
 from txmq.producer import check_message
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
@@ -135,13 +136,21 @@ def _rows(msgs: Sequence[Message], sharding_key: str | None, dialect: str) -> li
             "sharding_key": sharding_key,
             "tags": msg.tags or None,
             "keys": " ".join(keys),
-            "properties": dict(msg.properties) or None,
+            "properties": _properties(msg),
             "body": bytes(msg.body),
         }
         if now is not None:
             row["created_at"] = now
         rows.append(row)
     return rows
+
+
+def _properties(msg: Message) -> dict[str, str] | None:
+    """The row's user properties: the message's, and the trace context current now (the
+    relay's send continues that trace)."""
+    props = dict(msg.properties)
+    observe.capture(props)
+    return props or None
 
 
 def _check(msg: Message) -> None:

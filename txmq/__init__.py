@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from txmq.admin import AdminClient
+from txmq.admin import AdminClient, ConsumeTimeout, wait_consumed
 from txmq.errors import (
     BrokerUnavailable,
     InvalidTopic,
@@ -32,6 +32,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConsumeFrom",
     "ConsumeResult",
+    "ConsumeTimeout",
     "InvalidTopic",
     "LocalTransactionState",
     "Message",
@@ -54,6 +55,7 @@ __all__ = [
     "TxmqError",
     "idempotent",
     "stable_hash",
+    "wait_consumed",
 ]
 
 

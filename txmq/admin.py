@@ -20,7 +20,9 @@ and where not.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+import anyio
 import msgspec
 
 from txmq import controller_client
@@ -29,7 +31,7 @@ from txmq.codec import decode_record, decode_records
 from txmq.controller_client import SwitchoverResult
 from txmq.errors import MessageNotFound, TopicNotFound, TxmqError
 from txmq.fanout import BrokerAddress, ClusterClient, is_offset_id, merged
-from txmq.message import MessageExt
+from txmq.message import MessageExt, Prop, is_system_topic
 from txmq.remoting import parse_namesrv
 from txmq.wire import (
     DeleteSubscriptionGroup,
@@ -44,6 +46,7 @@ from txmq.wire import (
     GetTransactions,
     GroupConfigRow,
     GroupOffset,
+    QueryConsumerOffset,
     QueryMessageByKey,
     QueueStats,
     ReplicaInfo,
@@ -61,9 +64,18 @@ __all__ = [
     "BrokerAddress",
     "BrokerRow",
     "BrokerTransactionRow",
+    "ConsumeTimeout",
     "ControllerView",
     "SwitchoverResult",
+    "wait_consumed",
 ]
+
+
+class ConsumeTimeout(TxmqError, TimeoutError):
+    """:meth:`AdminClient.wait_consumed` gave up: the group had not consumed the message
+    (or the message was not found) before the time-out."""
+
+    retriable = True
 
 
 class BrokerTransactionRow(TransactionRow, frozen=True, kw_only=True, omit_defaults=True):
@@ -235,6 +247,70 @@ class AdminClient(ClusterClient):
             await self.brokers(broker=broker), query, nothing=(MessageNotFound,)
         )
         return merged([msgs for _, msgs in found], lambda m: m.store_timestamp, max_num)
+
+    async def wait_consumed(
+        self,
+        msg_id_or_key: str,
+        group: str,
+        *,
+        timeout: float = 10.0,
+        poll_interval: float = 0.05,
+    ) -> MessageExt:
+        """Wait until consumer group ``group`` has consumed the message with this id (a
+        :class:`SendResult`'s ``msg_id``) or, if none has that id, the newest message
+        with this key: until the group's committed offset of the message's queue is past
+        the message.  Returns the message; raises :class:`ConsumeTimeout` after
+        ``timeout`` seconds (also when no such message is stored by then: a transactional
+        message is found once it is committed).
+
+        A consumer commits its offsets every few seconds (a push consumer's
+        ``persist_interval``, 5 s by default): that is how late this may answer."""
+        found: MessageExt | None = None
+        with anyio.move_on_after(timeout):
+            while found is None:
+                found = await self._consumable(msg_id_or_key)
+                if found is None:
+                    await anyio.sleep(poll_interval)
+            target = (await self.brokers(broker=found.broker_name or None))[0]
+            request = QueryConsumerOffset(group=group, topic=found.topic, queue_id=found.queue_id)
+            while True:
+                if (await self._ask(target, request)).offset > found.queue_offset:
+                    return found
+                await anyio.sleep(poll_interval)
+        if found is None:
+            raise ConsumeTimeout(
+                f"no message {msg_id_or_key!r} (by id or key) was found within {timeout:g} s, "
+                f"so group {group!r} cannot have consumed it"
+            )
+        raise ConsumeTimeout(
+            f"group {group!r} has not consumed message {found.msg_id} ({found.topic}, queue "
+            f"{found.queue_id} offset {found.queue_offset}"
+            f"{', broker ' + found.broker_name if found.broker_name else ''}) "
+            f"within {timeout:g} s"
+        )
+
+    async def _consumable(self, msg_id_or_key: str) -> MessageExt | None:
+        """The stored message a consumer group consumes (not a half message, nor a retry or
+        DLQ copy) with this id or else this key; None: none (yet)."""
+        try:
+            msg: MessageExt | None = await self.message_by_id(msg_id_or_key)
+        except (MessageNotFound, ValueError):
+            msg = None
+        if msg is not None and not is_system_topic(msg.topic):
+            return msg
+        # a half message or a retry copy is newer: the original is found by its key
+        key = msg.keys[0] if msg is not None and msg.keys else msg_id_or_key
+        try:
+            by_key = await self.messages_by_key(key, 64)
+        except MessageNotFound:
+            return None
+        candidates = [
+            m
+            for m in by_key
+            if not is_system_topic(m.topic)
+            and (msg is None or m.all_properties.get(Prop.UNIQ_KEY) == msg.msg_id)
+        ]
+        return max(candidates, key=lambda m: m.store_timestamp, default=None)
 
     # -- offsets and the brokers ------------------------------------------------------------
 
@@ -422,3 +498,20 @@ def _addresses(given: str | Sequence[str] | None) -> list[str]:
         return []
     text = given if isinstance(given, str) else ";".join(given)
     return list(parse_namesrv(text, setting="--controller"))
+
+
+async def wait_consumed(
+    msg_id_or_key: str,
+    group: str,
+    address: str | None = None,
+    *,
+    timeout: float = 10.0,
+    poll_interval: float = 0.05,
+    **client: Any,
+) -> MessageExt:
+    """:meth:`AdminClient.wait_consumed` with a client of its own: ``address`` (a broker)
+    or ``namesrv=`` (a cluster's name servers) and the client's other keyword arguments."""
+    async with AdminClient(address, **client) as admin:
+        return await admin.wait_consumed(
+            msg_id_or_key, group, timeout=timeout, poll_interval=poll_interval
+        )

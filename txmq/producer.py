@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
+from txmq import observe
 from txmq.client import BrokerClient
 from txmq.errors import (
     BrokerUnavailable,
@@ -290,21 +291,23 @@ class Producer(BrokerClient):
         attempts = 1 + (self.retry_times if index is not None else 0)
         born = int(time.time() * 1000)
         timeout = options.get("timeout")
-        for attempt in range(attempts):
-            request = self._send_request(msg.topic, mq.queue_id, props, born)
-            try:
-                sent = await self._send_to(mq, request, body, timeout)
-            except TxmqError as exc:
-                if not exc.retriable or attempt + 1 >= attempts:
-                    raise
-                log.warning("send to %s failed (%s); retrying on another queue", mq, exc)
-                wait = timeout or self.request_timeout
-                route = await self.routes.writable(msg.topic, wait, create=True, refresh=True)
-                if options.get("sharding_key") is None:
-                    index = next(self._round_robin)
-                mq = self.routes.pick(route, index or 0, avoid=mq.broker_name)
-                continue
-            return send_result(msg.topic, sent, mq.broker_name)
+        with observe.sending(msg.topic, self.group, [props], len(body)) as obs:
+            for attempt in range(attempts):
+                request = self._send_request(msg.topic, mq.queue_id, props, born)
+                try:
+                    sent = await self._send_to(mq, request, body, timeout)
+                except TxmqError as exc:
+                    if not exc.retriable or attempt + 1 >= attempts:
+                        raise
+                    log.warning("send to %s failed (%s); retrying on another queue", mq, exc)
+                    wait = timeout or self.request_timeout
+                    route = await self.routes.writable(msg.topic, wait, create=True, refresh=True)
+                    if options.get("sharding_key") is None:
+                        index = next(self._round_robin)
+                    mq = self.routes.pick(route, index or 0, avoid=mq.broker_name)
+                    continue
+                obs.sent(sent.queue_id, mq.broker_name)
+                return send_result(msg.topic, sent, mq.broker_name)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _send_to(
@@ -351,8 +354,10 @@ class Producer(BrokerClient):
         """Send without waiting for an answer (no acknowledgement, no retry, no timeout)."""
         props = self._wire_properties(msg, options.get("sharding_key"))
         mq, _ = await self._pick(msg, options)
-        request = self._send_request(msg.topic, mq.queue_id, props)
-        await self.remote(mq.broker_name).send_oneway(request, bytes(msg.body))
+        body = bytes(msg.body)
+        with observe.sending(msg.topic, self.group, [props], len(body)):
+            request = self._send_request(msg.topic, mq.queue_id, props)
+            await self.remote(mq.broker_name).send_oneway(request, body)
 
     async def send_batch(
         self, msgs: Sequence[Message], **options: Unpack[SendOptions]
@@ -383,10 +388,14 @@ class Producer(BrokerClient):
                 f"batch of {len(body)} bytes is over the frame limit; split it into smaller batches"
             )
         mq, _ = await self._pick(msgs[0], options)
-        request = SendBatchMessage(
-            topic=topic, queue_id=mq.queue_id, messages=entries, group=self.group
-        )
-        sent = await self.call(request, body, timeout=options.get("timeout"), broker=mq.broker_name)
+        with observe.sending(topic, self.group, [e.properties for e in entries], len(body)) as obs:
+            request = SendBatchMessage(
+                topic=topic, queue_id=mq.queue_id, messages=entries, group=self.group
+            )
+            sent = await self.call(
+                request, body, timeout=options.get("timeout"), broker=mq.broker_name
+            )
+            obs.sent(sent.queue_id, mq.broker_name)
         return SendResult(
             sent.status or SEND_OK,
             sent.msg_ids[0],

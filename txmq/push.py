@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 import anyio.abc
 
+from txmq import observe
 from txmq.allocate import AllocateStrategy, MessageQueue, allocate_averagely
 from txmq.errors import TopicNotFound, TxmqError, UnsupportedRequest
 from txmq.message import MessageExt, Prop, is_system_topic, retry_topic
@@ -526,23 +527,37 @@ class PushConsumer(PullConsumer):
     # -- consuming -------------------------------------------------------------------------
 
     async def _invoke(self, msg: MessageExt) -> ConsumeResult:
+        """Run the listener on ``msg`` (every transport and consumption mode comes here:
+        inside its ``process`` span, timed for the client metrics)."""
         listener = self.listener
         assert listener is not None
-        try:
-            if inspect.iscoroutinefunction(listener):
-                result = await listener(msg)  # concurrency is bounded by the worker pool
-            else:
-                result = await anyio.to_thread.run_sync(listener, msg, limiter=self._limiter)
-                if inspect.isawaitable(result):
-                    result = await result
-        except Exception as exc:
-            log.warning(
-                "listener failed on %s (reconsume %d): %r", msg.msg_id, msg.reconsume_times, exc
-            )
+        with observe.consuming(
+            self.group,
+            msg.topic,
+            msg.msg_id,
+            msg.all_properties,
+            queue_id=msg.queue_id,
+            reconsume_times=msg.reconsume_times,
+            body_size=len(msg.body),
+            model=self.message_model.value.lower(),
+        ) as obs:
+            try:
+                if inspect.iscoroutinefunction(listener):
+                    result = await listener(msg)  # concurrency is bounded by the worker pool
+                else:
+                    result = await anyio.to_thread.run_sync(listener, msg, limiter=self._limiter)
+                    if inspect.isawaitable(result):
+                        result = await result
+            except Exception as exc:
+                log.warning(
+                    "listener failed on %s (reconsume %d): %r", msg.msg_id, msg.reconsume_times, exc
+                )
+                obs.failed(exc)
+                return ConsumeResult.RECONSUME_LATER
+            if result is None or result is True or result is ConsumeResult.SUCCESS:
+                return ConsumeResult.SUCCESS
+            obs.result("reconsume_later")
             return ConsumeResult.RECONSUME_LATER
-        if result is None or result is True or result is ConsumeResult.SUCCESS:
-            return ConsumeResult.SUCCESS
-        return ConsumeResult.RECONSUME_LATER
 
     async def _consume_worker(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from txmq import pull as _pull
 from txmq import push as _push
 from txmq import transaction as _tx
 from txmq.caller import CallerThread, serving
+from txmq.message import MessageExt
 from txmq.route import MessageQueue
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "SyncClient",
     "TransactionProducer",
     "blocking",
+    "wait_consumed",
 ]
 
 P = ParamSpec("P")
@@ -237,6 +239,24 @@ class AdminClient(SyncClient[_admin.AdminClient]):
     cluster = blocking(_admin.AdminClient.cluster)
     topic_route = blocking(_admin.AdminClient.topic_route)
     runtime_infos = blocking(_admin.AdminClient.runtime_infos)
+    wait_consumed = blocking(_admin.AdminClient.wait_consumed)
+
+
+def wait_consumed(
+    msg_id_or_key: str,
+    group: str,
+    address: str | None = None,
+    *,
+    timeout: float = 10.0,
+    poll_interval: float = 0.05,
+    **client: Any,
+) -> MessageExt:
+    """The blocking twin of :func:`txmq.wait_consumed` (see
+    :meth:`txmq.admin.AdminClient.wait_consumed`)."""
+    with AdminClient(address, **client) as admin:
+        return admin.wait_consumed(
+            msg_id_or_key, group, timeout=timeout, poll_interval=poll_interval
+        )
 
 
 class PushConsumer(SyncClient[_push.PushConsumer]):

@@ -46,6 +46,7 @@ from typing import Any, Protocol, Unpack
 import anyio
 import anyio.to_thread
 
+from txmq import observe
 from txmq.caller import in_caller_thread
 from txmq.codec import decode_record
 from txmq.errors import BrokerUnavailable, TxmqError
@@ -211,17 +212,20 @@ class TransactionProducer(Producer):
                 raise ValueError("check_immunity_s must not be negative")
             props[Prop.CHECK_IMMUNITY_TIME_IN_SECONDS] = repr(float(check_immunity_s))
         mq, _ = await self._pick(msg, options)
-        request = self._send_request(msg.topic, mq.queue_id, props)
-        # not retried (a second half), but a broker set that failed is left out of the next
-        try:
-            sent = await self._send_to(mq, request, bytes(msg.body), options.get("timeout"))
-        except BrokerUnavailable as exc:
-            if exc.sent:
-                raise
-            # it never left (the master was gone: a failover?): once more, on a fresh route
-            mq, _ = await self._pick(msg, options)
+        body = bytes(msg.body)
+        with observe.sending(msg.topic, self.group, [props], len(body), "transaction") as obs:
             request = self._send_request(msg.topic, mq.queue_id, props)
-            sent = await self._send_to(mq, request, bytes(msg.body), options.get("timeout"))
+            # not retried (a second half), but a broker set that failed is left out of the next
+            try:
+                sent = await self._send_to(mq, request, body, options.get("timeout"))
+            except BrokerUnavailable as exc:
+                if exc.sent:
+                    raise
+                # it never left (the master was gone: a failover?): once more, on a fresh route
+                mq, _ = await self._pick(msg, options)
+                request = self._send_request(msg.topic, mq.queue_id, props)
+                sent = await self._send_to(mq, request, body, options.get("timeout"))
+            obs.sent(sent.queue_id, mq.broker_name)
         return send_result(msg.topic, sent, mq.broker_name)
 
     async def end_transaction(
@@ -394,7 +398,9 @@ class TransactionProducer(Producer):
                 )
             except Exception:
                 log.exception("checking the transaction of message %s failed (UNKNOWN)", msg_id)
+                observe.checkback(self.group, "ERROR")
                 return
+            observe.checkback(self.group, state.value)
             if state is LocalTransactionState.UNKNOWN:
                 return
             try:

@@ -37,6 +37,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
+from txmq import observe
 from txmq.message import MessageExt
 from txmq.push import ConsumeResult
 from txmq.sqla.tables import CONSUMING, DONE, consumed_keys
@@ -206,6 +207,7 @@ class _Guard:
     def duplicate(self, msg: MessageExt, k: str) -> ConsumeResult:
         """A duplicate was skipped: log it, tell ``on_duplicate``; acknowledge it."""
         log.debug("%s: duplicate %r (message %s) skipped", self.group, k, msg.msg_id)
+        observe.duplicate_skipped(self.group)
         if self.on_duplicate is not None:
             self.on_duplicate(msg, k)
         return ConsumeResult.SUCCESS

@@ -1,0 +1,193 @@
+"""txmq.observe without servers: the trace context's round trip through message properties,
+hooks that do nothing without a tracer provider or a registry, metrics in a private
+registry, and txmq without opentelemetry installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import ROOT
+from txmq import observe
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observe.use_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        observe.use_tracer_provider(None)
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    before = observe._registry
+    reg = CollectorRegistry()
+    observe.use_registry(reg)
+    try:
+        yield reg
+    finally:
+        observe.use_registry(before)
+
+
+@pytest.fixture
+def no_metrics() -> Iterator[None]:
+    before = observe._registry
+    observe.use_registry(None)
+    try:
+        yield
+    finally:
+        observe.use_registry(before)
+
+
+def _props(msg_id: str = "ID1") -> dict[str, str]:
+    return {"UNIQ_KEY": msg_id, "TAGS": "created", "KEYS": "order-1 o1", "note": "x"}
+
+
+def test_the_trace_context_goes_round_trip_through_the_properties(
+    spans: InMemorySpanExporter, no_metrics: None
+) -> None:
+    props = _props()
+    with observe.sending("orders", "producers", [props], 12) as obs:
+        obs.sent(3, "broker-a")
+    assert props["traceparent"].startswith("00-")
+    assert props["note"] == "x"  # the user's own properties stay
+    # what a consumer receives: the stored properties
+    with observe.consuming("billing", "orders", "ID1", dict(props), queue_id=3) as c:
+        c.result("success")
+    send, process = spans.get_finished_spans()
+    assert send.name == "send orders" and send.kind is SpanKind.PRODUCER
+    assert process.name == "process orders" and process.kind is SpanKind.CONSUMER
+    assert process.context.trace_id == send.context.trace_id
+    assert process.parent is not None and process.parent.span_id == send.context.span_id
+    assert send.attributes is not None and process.attributes is not None
+    assert send.attributes["messaging.system"] == "rocketmq"
+    assert send.attributes["messaging.operation.type"] == "send"
+    assert send.attributes["messaging.destination.name"] == "orders"
+    assert send.attributes["messaging.message.id"] == "ID1"
+    assert send.attributes["messaging.destination.partition.id"] == "3"
+    assert send.attributes["messaging.rocketmq.message.tag"] == "created"
+    assert send.attributes["messaging.rocketmq.message.keys"] == ("order-1", "o1")
+    assert process.attributes["messaging.operation.type"] == "process"
+    assert process.attributes["messaging.consumer.group.name"] == "billing"
+    assert process.attributes["messaging.message.id"] == "ID1"
+    assert process.attributes["txmq.consume.result"] == "success"
+
+
+def test_a_message_that_carries_a_context_continues_it(
+    spans: InMemorySpanExporter, no_metrics: None
+) -> None:
+    tracer = observe.tracer()
+    with tracer.start_as_current_span("request") as request:
+        row: dict[str, str] = {}
+        observe.capture(row)  # what outbox.add keeps with the row
+    assert "traceparent" in row
+    props = {**_props(), **row}
+    with tracer.start_as_current_span("relay cycle"):  # the relay's own context loses
+        with observe.sending("replies", "relay", [props], 3):
+            pass
+    send = next(s for s in spans.get_finished_spans() if s.name == "send replies")
+    assert send.parent is not None
+    assert send.parent.span_id == request.get_span_context().span_id
+    assert props["traceparent"] != row["traceparent"]  # now: the send span's own
+
+
+def test_a_failed_send_or_listener_marks_its_span(
+    spans: InMemorySpanExporter, no_metrics: None
+) -> None:
+    with pytest.raises(RuntimeError), observe.sending("orders", "p", [_props()], 1):
+        raise RuntimeError("broker gone")
+    with observe.consuming("g", "orders", "ID1", {}) as c:
+        c.failed(ValueError("bad body"))
+    send, process = spans.get_finished_spans()
+    assert send.status.status_code is StatusCode.ERROR
+    assert process.status.status_code is StatusCode.ERROR
+    assert process.parent is None  # an untraced message starts a trace of its own
+    assert process.attributes is not None
+    assert process.attributes["txmq.consume.result"] == "error"
+
+
+def test_without_a_tracer_provider_or_a_registry_the_hooks_do_nothing(no_metrics: None) -> None:
+    observe.use_tracer_provider(None)  # the global one: none configured in the tests
+    assert observe.tracer() is None
+    props = _props()
+    with observe.sending("orders", "p", [props], 1) as obs:
+        obs.sent(1, "b")
+    assert props == _props()
+    with observe.consuming("g", "orders", "ID1", props) as c:
+        c.result("success")
+    row: dict[str, str] = {}
+    observe.capture(row)
+    assert row == {}
+    assert observe.metrics() is None
+    observe.checkback("g", "COMMIT")
+    observe.duplicate_skipped("g")
+    observe.outbox_stats(1, 2.0, 3)
+
+
+def test_metrics_move_in_a_private_registry(registry: CollectorRegistry) -> None:
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    with observe.sending("orders", "p", [_props()], 1):
+        pass
+    with pytest.raises(TimeoutError), observe.sending("orders", "p", [_props()], 1):
+        raise TimeoutError
+    assert value("txmq_client_send_seconds_count", topic="orders", result="ok") == 1
+    assert value("txmq_client_send_seconds_count", topic="orders", result="error") == 1
+    assert value("txmq_client_send_errors_total", topic="orders", error="TimeoutError") == 1
+    for outcome in ("success", "reconsume_later", "success"):
+        with observe.consuming("g", "orders", "ID", {}) as c:
+            c.result(outcome)
+    with observe.consuming("g", "orders", "ID", {}) as c:
+        c.failed(ValueError())
+    assert value("txmq_client_consume_seconds_count", group="g", topic="orders", result="success")
+    assert (
+        value("txmq_client_consume_seconds_count", group="g", topic="orders", result="success") == 2
+    )
+    assert value("txmq_client_consume_seconds_count", group="g", topic="orders", result="error")
+    observe.checkback("p", "COMMIT")
+    observe.duplicate_skipped("g")
+    observe.duplicate_skipped("g")
+    observe.outbox_stats(7, 1.5, 2)
+    assert value("txmq_client_checkback_total", group="p", state="COMMIT") == 1
+    assert value("txmq_idempotent_duplicates_total", group="g") == 2
+    assert value("txmq_outbox_backlog_rows") == 7
+    assert value("txmq_outbox_lag_seconds") == 1.5
+    assert value("txmq_outbox_parked_rows") == 2
+    # a second use of the same registry finds the collectors already there
+    observe.use_registry(registry)
+    observe.duplicate_skipped("g")
+    assert value("txmq_idempotent_duplicates_total", group="g") == 3
+
+
+def test_txmq_works_without_opentelemetry_installed() -> None:
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "import txmq, txmq.sync, txmq.outbox\n"
+        "from txmq import observe\n"
+        "assert observe.tracer() is None\n"
+        "props = {'UNIQ_KEY': 'x'}\n"
+        "with observe.sending('t', 'g', [props], 1): pass\n"
+        "with observe.consuming('g', 't', 'x', props) as c: c.result('success')\n"
+        "observe.capture(props)\n"
+        "assert props == {'UNIQ_KEY': 'x'}, props\n"
+        "assert 'opentelemetry.trace' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
