@@ -8,10 +8,13 @@ SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
 # Debian packages for the Spark reconciliation job: the PostgreSQL JDBC driver, and a Java
-# runtime for Spark (17, unless one is there already).
+# runtime for Spark (17, unless one is there already); chromium for the console's tests.
 debs=""
 dpkg -s libpostgresql-jdbc-java >/dev/null 2>&1 || debs="libpostgresql-jdbc-java"
 command -v java >/dev/null || debs="$debs openjdk-17-jre-headless"
+# the web console's browser tests (tests/console/): Debian's chromium and its driver
+dpkg -s chromium >/dev/null 2>&1 || debs="$debs chromium"
+dpkg -s chromium-driver >/dev/null 2>&1 || debs="$debs chromium-driver"
 if [ -n "$debs" ]; then
     echo "== installing Debian packages:$debs"
     $SUDO apt-get update -qq

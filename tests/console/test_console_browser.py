@@ -1,0 +1,210 @@
+"""The web console in a real headless browser (Debian's chromium and chromium-driver, driven
+by Selenium) against ``txmq console`` and a broker, each in a process of its own: every
+page renders live data, a pending transaction is committed from its page and consumed, a
+dead letter is re-sent from its page and consumed, a ``<script>`` body is shown as text.
+
+``TXMQ_CONSOLE_SCREENSHOTS=docs/console`` saves a PNG of each main page there (the
+README's pictures)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, wait_for
+from tests.console.conftest import (
+    NO_EXTRA,
+    SCRIPT_BODY,
+    ConsoleProcess,
+    Seeded,
+    read_topic,
+)
+
+pytest.importorskip("starlette", reason=NO_EXTRA)
+pytest.importorskip("selenium", reason=NO_EXTRA)
+
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
+    pytest.skip(
+        "no chromium / chromedriver (scripts/test.sh installs Debian's chromium and "
+        "chromium-driver)",
+        allow_module_level=True,
+    )
+SHOTS = os.environ.get("TXMQ_CONSOLE_SCREENSHOTS", "")
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1360,900",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def console(seeded: Seeded, console_process: Callable[..., ConsoleProcess]) -> ConsoleProcess:
+    return console_process("--broker", seeded.address, "--refresh", "0.5", "--sample-every", "0.3")
+
+
+def shot(driver: WebDriver, name: str) -> None:
+    if SHOTS:
+        folder = ROOT / SHOTS
+        folder.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(folder / f"{name}.png"))
+
+
+def text(driver: WebDriver) -> str:
+    return str(driver.find_element(By.TAG_NAME, "body").text)
+
+
+def no_alert(driver: WebDriver, wait: float = 1.0) -> bool:
+    try:
+        WebDriverWait(driver, wait).until(ec.alert_is_present())
+    except TimeoutException:
+        return True
+    return False
+
+
+def test_every_page_renders_live_data(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    browser.get(console.url + "/cluster")
+    assert "Cluster" in browser.title
+    assert seeded.address in text(browser)
+    # the live part is refreshed by the page's script, and the chart gets samples
+    live = browser.find_element(By.CSS_SELECTOR, "[data-live]")
+    wait_for(lambda: live.get_attribute("data-updated"), timeout=15)
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "figure.chart polyline"), timeout=15)
+    shot(browser, "cluster")
+
+    browser.get(console.url + "/topics")
+    assert "orders" in text(browser) and "invoices" in text(browser)
+    shot(browser, "topics")
+    browser.find_element(By.LINK_TEXT, "orders").click()
+    assert "shipping" in text(browser)
+
+    browser.get(console.url + "/groups")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "figure.chart polyline"), timeout=15)
+    shot(browser, "groups")
+    browser.find_element(By.LINK_TEXT, "shipping").click()
+    assert browser.find_element(By.ID, "group-lag").text == "3"
+    shot(browser, "group")
+
+    browser.get(f"{console.url}/message?key=order-42")
+    body = browser.find_element(By.CSS_SELECTOR, "pre.body.json").text
+    assert '"order": 42' in body and '"a<b>"' in body
+    shot(browser, "message")
+
+    browser.get(console.url + "/transactions")
+    assert seeded.pending_id in text(browser) and seeded.parked_id in text(browser)
+    shot(browser, "transactions")
+
+    browser.get(console.url + "/dlq?group=billing")
+    assert seeded.dead_id in text(browser)
+    shot(browser, "dlq")
+    assert "Traceback" not in console.output()
+
+
+def test_a_script_body_is_shown_as_text_and_never_run(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    browser.get(f"{console.url}/message?id={seeded.script_id}")
+    assert no_alert(browser, 2.0)
+    shown = browser.find_element(By.CSS_SELECTOR, "pre.body.text").text
+    assert shown == SCRIPT_BODY.decode()
+    assert "evil<key>" in text(browser)
+    # still after a refresh of the live part of another page showing it
+    browser.get(console.url + "/dlq?group=billing")
+    assert no_alert(browser, 1.5)
+
+
+def test_commit_a_transaction_from_the_page(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    browser.get(console.url + "/transactions")
+    row = browser.find_element(By.CSS_SELECTOR, f'#pending tr[data-msg-id="{seeded.pending_id}"]')
+    row.find_element(By.CSS_SELECTOR, "button.commit").click()
+    alert = WebDriverWait(browser, 5).until(ec.alert_is_present())
+    assert "COMMIT half message" in alert.text
+    alert.accept()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
+    assert f"{seeded.pending_id}: COMMITTED" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    consumed = read_topic(seeded.address, "payments", group="payments-reader")
+    assert [m.body for m in consumed] == [b"payment 9"]
+    assert "operator 127.0.0.1: COMMIT for half message" in console.output()
+
+    # a parked one: the broker holds it as resolved (PARKED) and says so
+    row = browser.find_element(By.CSS_SELECTOR, f'#parked tr[data-msg-id="{seeded.parked_id}"]')
+    row.find_element(By.CSS_SELECTOR, "button.commit").click()
+    WebDriverWait(browser, 5).until(ec.alert_is_present()).accept()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
+    assert "already resolved (PARKED)" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+
+
+def test_cancelled_confirmation_does_nothing(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    browser.get(console.url + "/transactions")
+    row = browser.find_element(By.CSS_SELECTOR, f'#pending tr[data-msg-id="{seeded.pending_id}"]')
+    row.find_element(By.CSS_SELECTOR, "button.danger").click()
+    WebDriverWait(browser, 5).until(ec.alert_is_present()).dismiss()
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.accept()
+    assert browser.find_elements(By.CSS_SELECTOR, ".flash") == []
+    assert read_topic(seeded.address, "payments", group="payments-reader") == []
+
+
+def test_resend_a_dead_letter_from_the_page(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    browser.get(console.url + "/dlq")
+    browser.find_element(By.LINK_TEXT, "billing").click()
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-msg-id="{seeded.dead_id}"]')
+    row.find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 5).until(ec.alert_is_present()).accept()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
+    assert (
+        "re-sent 1 message(s) to %RETRY%billing"
+        in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    )
+    again = read_topic(seeded.address, "%RETRY%billing", group="billing")
+    assert [(m.msg_id, m.body) for m in again] == [(seeded.dead_id, b"invoice 7")]
+
+
+def test_a_broker_that_goes_down_is_a_clear_page(
+    browser: WebDriver, console_process: Callable[..., ConsoleProcess]
+) -> None:
+    from tests.conftest import free_port
+
+    nobody = f"127.0.0.1:{free_port()}"
+    console = console_process("--broker", nobody)
+    browser.get(console.url + "/topics")
+    assert "503 · Broker unavailable" in text(browser)
+    assert f"broker {nobody} did not answer" in text(browser)
+    browser.get(console.url + "/message?id=whatever")
+    assert "503" in text(browser) and "Traceback" not in browser.page_source
