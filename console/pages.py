@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from txmq.console.dblog import log_states
 from txmq.console.render import chart, show_body
 from txmq.console.web import page, state_of
 from txmq.errors import MessageNotFound
@@ -191,7 +192,14 @@ async def transactions(request: Request) -> Response:
     client = await state_of(request).client()
     pending = await client.transactions("pending", LIST_MAX)
     parked = await client.transactions("parked", LIST_MAX)
-    return page(request, "transactions", {"pending": pending, "parked": parked})
+    dbs = state_of(request).config.dbs
+    ids = [t.transaction_id for t in [*pending, *parked]]
+    logs, db_errors = await log_states(dbs, ids) if dbs else ({}, [])
+    return page(
+        request,
+        "transactions",
+        {"pending": pending, "parked": parked, "dbs": dbs, "logs": logs, "db_errors": db_errors},
+    )
 
 
 async def dlq(request: Request) -> Response:

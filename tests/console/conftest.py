@@ -72,6 +72,8 @@ class Seeded:
     pending_id: str
     #: a parked half of producer group "tx-parking" (topic "payments")
     parked_id: str
+    #: the broker's process
+    broker: BrokerProcess | None = None
 
 
 async def _seed(address: str) -> Seeded:
@@ -154,7 +156,9 @@ def seeded(broker_process: Callable[..., BrokerProcess]) -> Iterator[Seeded]:
     bp = broker_process()
     bp.env.update(FAST_PARKING)
     bp.start()
-    yield anyio.run(_seed, bp.address)
+    seeded = anyio.run(_seed, bp.address)
+    seeded.broker = bp
+    yield seeded
 
 
 @dataclass

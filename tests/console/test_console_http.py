@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,14 @@ def test_actions_ask_then_act(web: TestClient, seeded: Seeded) -> None:
     assert [m.body for m in read_topic(seeded.address, "%RETRY%billing")] == [b"invoice 7"]
 
 
+def test_a_broker_that_goes_down_is_a_503_page(web: TestClient, seeded: Seeded) -> None:
+    assert web.get("/topics").status_code == 200
+    assert seeded.broker is not None
+    seeded.broker.kill()
+    r = web.get("/topics")
+    assert r.status_code == 503 and f"broker {seeded.address} did not answer" in r.text
+
+
 def test_a_broker_that_is_down_is_a_503_page() -> None:
     nobody = f"127.0.0.1:{free_port()}"
     app = create_app(ConsoleConfig(broker=nobody, request_timeout=1.0), sample=False)
@@ -155,3 +164,29 @@ def test_a_broker_that_is_down_is_a_503_page() -> None:
             assert f"broker {nobody} did not answer" in r.text and "Traceback" not in r.text
         part = web.get("/groups", params={"partial": "1"})
         assert part.status_code == 503 and "<html" not in part.text
+
+
+def test_the_producer_databases_log_beside_each_transaction(seeded: Seeded, tmp_path: Path) -> None:
+    from sqlalchemy import create_engine, insert
+
+    from txmq.sqla.tables import COMMITTED, metadata, transaction_log
+
+    url = f"sqlite:///{tmp_path / 'orders.db'}"
+    engine = create_engine(url)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(transaction_log).values(
+                transaction_id="T-9", producer_group="tx-console", state=COMMITTED
+            )
+        )
+    engine.dispose()
+    missing = f"sqlite:///{tmp_path / 'empty.db'}"
+    app = create_app(ConsoleConfig(broker=seeded.address, dbs=[url, missing]), sample=False)
+    with TestClient(app, base_url="http://127.0.0.1") as web:
+        page = web.get("/transactions").text
+    [pending_row] = re.findall(rf'<tr data-msg-id="{seeded.pending_id}">.*?</tr>', page, re.S)
+    assert '<span class="ok">COMMITTED</span>' in pending_row and "orders.db" in pending_row
+    [parked_row] = re.findall(rf'<tr data-msg-id="{seeded.parked_id}">.*?</tr>', page, re.S)
+    assert "no row" in parked_row
+    assert "empty.db has no txmq tables yet" in page
