@@ -49,7 +49,12 @@ def add_parser(sub: SubParsers) -> None:
         help="a producer database (SQLAlchemy URL) whose transaction log the console may "
         "read (repeat for several)",
     )
-    c.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    c.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (127.0.0.1); the console answers only requests that name "
+        "it by this address or a loopback name (0.0.0.0: any name)",
+    )
     c.add_argument("--port", type=int, default=8080, help="port to listen on (8080; 0: any)")
     c.add_argument(
         "--refresh",
@@ -82,14 +87,20 @@ def run_console(args: argparse.Namespace) -> int:
     import uvicorn
 
     from txmq.console import ConsoleConfig, create_app
+    from txmq.console.state import LOOPBACK
 
     where = endpoints(args)
+    if args.host in ("0.0.0.0", "::", ""):
+        allowed = ["*"]  # any name of this machine (said in the help: put a proxy in front)
+    else:
+        allowed = list(dict.fromkeys([args.host, *LOOPBACK]))
     config = ConsoleConfig(
         broker=where["address"],
         namesrv=where["namesrv"],
         dbs=list(args.db),
         refresh_s=max(args.refresh, 0.5),
         sample_every_s=max(args.sample_every, 0.2),
+        allowed_hosts=allowed,
     )
     app = create_app(config)
     level = logging.getLogger().getEffectiveLevel()

@@ -17,6 +17,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -107,7 +108,10 @@ def create_app(config: ConsoleConfig | None = None, *, sample: bool = True) -> S
             Route("/dlq/resend", actions.dlq_resend, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=state.config.allowed_hosts),
+            Middleware(SecurityHeaders),
+        ],
         exception_handlers={
             HTTPException: _http_error,
             TxmqError: _txmq_error,

@@ -25,6 +25,7 @@ from txmq.fanout import BrokerAddress
 from txmq.wire import Ended, EndTransaction, GetConsumerListByGroup, GroupOffset
 
 __all__ = [
+    "LOOPBACK",
     "ConsoleConfig",
     "ConsoleState",
     "History",
@@ -37,6 +38,8 @@ log = logging.getLogger("txmq.console")
 #: (epoch seconds, value)
 Point = tuple[float, float]
 K = TypeVar("K")
+#: the names of this machine a browser uses for a console on loopback
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 @dataclass
@@ -58,6 +61,9 @@ class ConsoleConfig:
     body_limit: int = 64 * 1024
     #: seconds a broker request may take
     request_timeout: float = 3.0
+    #: the Host headers the console answers ("*": any); the loopback names by default, so
+    #: that a page of another site cannot reach it through DNS rebinding
+    allowed_hosts: list[str] = field(default_factory=lambda: list(LOOPBACK))
 
 
 class OperatorClient(AdminClient):

@@ -88,6 +88,13 @@ def test_binary_and_huge_bodies(web: TestClient, seeded: Seeded) -> None:
     assert download.headers["content-disposition"].startswith("attachment;")
 
 
+def test_only_its_own_host_names_are_answered(web: TestClient) -> None:
+    """A page of another site that rebinds its name to 127.0.0.1 gets nothing."""
+    r = web.get("/transactions", headers={"host": "attacker.example:8080"})
+    assert r.status_code == 400 and "T-9" not in r.text
+    assert web.get("/transactions", headers={"host": "localhost:8080"}).status_code == 200
+
+
 def test_unknown_ids_are_404_pages(web: TestClient) -> None:
     for path, params in [
         ("/message", {"id": "0123456789ABCDEF0123456789ABCDEF"}),
