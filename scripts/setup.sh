@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras=""
 if [ "${1:-}" = "dev" ]; then
-    extras="[dev,bench,spark,grpc]"
+    extras="[dev,bench,spark,grpc,console]"
 fi
 stamp=".venv/.txmq-installed${extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
