@@ -35,6 +35,7 @@ one check (no span objects, nothing written into the properties).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -156,6 +157,15 @@ class _Metrics:
         self.outbox_parked = make(
             Gauge, "txmq_outbox_parked_rows", "Outbox rows parked after their last attempt"
         )
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered (labels() takes a lock and builds a key)."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
 
 def metrics() -> _Metrics | None:
@@ -191,6 +201,8 @@ class _Otel:
         self.context = context
         self.propagate = propagate
         self.trace = trace
+        #: set from the environment: the global provider is made on first ask
+        self.from_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
         self.inactive = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         self.producer = trace.SpanKind.PRODUCER
         self.consumer = trace.SpanKind.CONSUMER
@@ -227,7 +239,15 @@ def tracer_provider() -> Any:
     api = _otel if _otel is not None else _api()
     if api is None:
         return None
-    provider = _provider if _provider is not None else api.trace.get_tracer_provider()
+    provider = _provider
+    if provider is None:
+        # the global provider as set_tracer_provider left it (what get_tracer_provider
+        # answers, without its look at os.environ on every call while none is set)
+        provider = api.trace._TRACER_PROVIDER
+        if provider is None:
+            if not api.from_env:
+                return None
+            provider = api.trace.get_tracer_provider()
     return None if isinstance(provider, api.inactive) else provider
 
 
@@ -310,8 +330,6 @@ class _Sending:
         """Where the broker stored it."""
         for span in self.spans:
             span.set_attribute("messaging.destination.partition.id", str(queue_id))
-            if broker_name:
-                span.set_attribute("messaging.rocketmq.broker_name", broker_name)
 
     def __exit__(
         self,
@@ -322,9 +340,9 @@ class _Sending:
         m = self.m
         if m is not None:
             took = time.perf_counter() - self.began
-            m.send_seconds.labels(self.topic, "ok" if exc is None else "error").observe(took)
+            m.child(m.send_seconds, self.topic, "ok" if exc is None else "error").observe(took)
             if exc is not None:
-                m.send_errors.labels(self.topic, type(exc).__name__).inc()
+                m.child(m.send_errors, self.topic, type(exc).__name__).inc()
         for span in self.spans:
             if exc is not None:
                 _failed_span(span, exc)
@@ -363,9 +381,7 @@ def sending(
             "messaging.rocketmq.client_group": group,
             "messaging.rocketmq.message.type": message_type,
         }
-        if len(messages) == 1:
-            attributes["messaging.message.body.size"] = body_size
-        else:
+        if len(messages) > 1:
             attributes["messaging.batch.message_count"] = len(messages)
         _message_attributes(attributes, props)
         span = t.start_span(
@@ -427,12 +443,14 @@ class _Consuming:
     ) -> None:
         if self.m is not None:
             took = time.perf_counter() - self.began
-            self.m.consume_seconds.labels(self.group, self.topic, self.outcome).observe(took)
+            m = self.m
+            m.child(m.consume_seconds, self.group, self.topic, self.outcome).observe(took)
         span = self.span
         if span is not None:
             assert _otel is not None
             _otel.context.detach(self.token)
-            span.set_attribute("txmq.consume.result", self.outcome)
+            if self.outcome != "success":
+                span.set_attribute("txmq.consume.result", self.outcome)
             if exc is not None:
                 _failed_span(span, exc)
             span.end()
@@ -463,13 +481,13 @@ def consuming(
         "messaging.operation.name": "process",
         "messaging.destination.name": topic,
         "messaging.consumer.group.name": group,
-        "messaging.rocketmq.client_group": group,
-        "messaging.rocketmq.consumption_model": model,
-        "messaging.message.body.size": body_size,
-        "txmq.reconsume_times": reconsume_times,
     }
     if queue_id >= 0:
         attributes["messaging.destination.partition.id"] = str(queue_id)
+    if reconsume_times:
+        attributes["txmq.reconsume_times"] = reconsume_times
+    if model != "clustering":
+        attributes["messaging.rocketmq.consumption_model"] = model
     _message_attributes(attributes, properties)
     attributes["messaging.message.id"] = msg_id
     # the message's context, or none: a message sent untraced starts a trace of its own
@@ -487,14 +505,14 @@ def checkback(group: str, state: str) -> None:
     """A check-back was answered ``state`` (COMMIT, ROLLBACK, UNKNOWN; ERROR: it raised)."""
     m = metrics()
     if m is not None:
-        m.checkbacks.labels(group, state).inc()
+        m.child(m.checkbacks, group, state).inc()
 
 
 def duplicate_skipped(group: str) -> None:
     """``txmq.idempotent`` skipped a message already consumed by ``group``."""
     m = metrics()
     if m is not None:
-        m.duplicates.labels(group).inc()
+        m.child(m.duplicates, group).inc()
 
 
 def outbox_stats(backlog: int, lag_seconds: float, parked: int) -> None:
