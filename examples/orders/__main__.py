@@ -85,8 +85,9 @@ def _front(args: argparse.Namespace) -> int:
     from examples.orders.web import request
 
     if args.cmd == "place":
+        path = "/orders" + (f"?wait={args.wait:g}" if args.wait else "")
         status, data = request(
-            args.url, "POST", "/orders", {"product": args.product, "quantity": args.quantity}
+            args.url, "POST", path, {"product": args.product, "quantity": args.quantity}
         )
     elif args.cmd == "orders":
         status, data = request(
@@ -204,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "place":
             f.add_argument("--product", required=True)
             f.add_argument("--quantity", type=int, default=1)
+            f.add_argument(
+                "--wait",
+                type=float,
+                default=0.0,
+                help="seconds to wait for the inventory to take the order (default: answer "
+                "at once, PENDING)",
+            )
         if name == "orders":
             f.add_argument("--state")
         f.set_defaults(func=_front)

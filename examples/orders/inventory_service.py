@@ -99,6 +99,8 @@ class InventoryService:
             consume_from=ConsumeFrom.FIRST_OFFSET,
             max_reconsume_times=max_reconsume_times,
             route_ttl=route_ttl,
+            # offsets committed soon: the order front's wait_consumed sees them (0.5 s, not 5)
+            persist_interval=0.5,
         )
         self.consumer.subscribe(ORDER_CREATED)
         self.server: JsonServer | None = None

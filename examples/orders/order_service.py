@@ -11,7 +11,10 @@ The inventory's ``StockReserved`` / ``StockRejected`` replies are consumed idemp
 (the reply's key is recorded in the same transaction as the order's new state): the order
 becomes CONFIRMED, or CANCELLED — the compensation when stock is short.
 
-HTTP: ``POST /orders {"product", "quantity"}``, ``GET /orders[?state=]``,
+HTTP: ``POST /orders[?wait=S] {"product", "quantity"}`` (with ``wait``: the answer waits
+up to S seconds for the inventory service to consume the order's ``OrderCreated`` —
+``txmq.wait_consumed`` — and says ``"inventory": "consumed"`` with the order as it is then,
+or ``"pending"``), ``GET /orders[?state=]``,
 ``GET /orders/<id>``, ``GET /stats``, ``POST /faults {"crash": point}``.
 Crash points: ``before-db-commit`` (the half message is sent, the order not committed:
 the check-back rolls it back) and ``after-db-commit`` (the order is committed, the broker
@@ -60,6 +63,9 @@ log = logging.getLogger("examples.orders.order_service")
 GROUP = "order-service"
 """The service's producer group (check-backs go to any live member) and consumer group."""
 MAX_QUANTITY = 1000
+MAX_WAIT = 30.0
+INVENTORY_GROUP = "inventory-service"
+"""The inventory service's consumer group (``inventory_service.GROUP``)."""
 
 
 class _FaultyProducer(txmq.sync.TransactionProducer):
@@ -146,6 +152,8 @@ class OrderService:
             route_ttl=route_ttl,
         )
         self.consumer.subscribe(STOCK_REPLIES)
+        # the front's wait for the inventory (POST /orders?wait=S): offset lookups
+        self.admin = txmq.sync.AdminClient(broker, namesrv=namesrv)
         self.server: JsonServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -154,7 +162,9 @@ class OrderService:
         self.producer.start()
         try:
             self.consumer.start()
+            self.admin.start()
         except BaseException:
+            self.consumer.stop()
             self.producer.stop()
             raise
         self.server = JsonServer(
@@ -172,6 +182,7 @@ class OrderService:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self.admin.stop()
         self.consumer.stop()
         self.producer.stop()
         self.engine.dispose()
@@ -205,7 +216,22 @@ class OrderService:
             sent = tx.send(msg, sharding_key=order_id)
             self.faults.reached("before-db-commit", order_id)
         self.counters.add("orders_placed")
-        return {**order.as_dict(), "broker": sent.broker_name}
+        return {**order.as_dict(), "broker": sent.broker_name, "msg_id": sent.msg_id}
+
+    def wait_for_inventory(self, placed: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """``placed`` (from :meth:`place`) once the inventory service has consumed its
+        ``OrderCreated`` (then the order as it is now: CONFIRMED or CANCELLED if the reply
+        came back already), or after ``timeout`` seconds as it was; ``inventory`` says
+        which ("consumed" or "pending")."""
+        try:
+            self.admin.wait_consumed(placed["msg_id"], INVENTORY_GROUP, timeout=timeout)
+        except TxmqError as exc:  # ConsumeTimeout, or the broker did not answer
+            log.info("order %s: inventory not seen yet (%s)", placed["id"], exc)
+            return {**placed, "inventory": "pending"}
+        with self.sessions() as s:
+            order = s.get(Order, placed["id"])
+            now = order.as_dict() if order is not None else {}
+        return {**placed, **now, "inventory": "consumed"}
 
     def _apply_reply(self, msg: MessageExt, session: Session) -> None:
         reply = StockReply.decode(msg.body)
@@ -231,7 +257,14 @@ class OrderService:
     def _post_order(self, req: Request) -> tuple[int, Any]:
         if not isinstance(req.body, dict):
             raise ValueError('expected {"product": "...", "quantity": N}')
-        return 201, self.place(req.body.get("product"), req.body.get("quantity"))  # type: ignore[arg-type]
+        wait = req.param("wait")
+        timeout = float(wait) if wait is not None else 0.0
+        if not 0 <= timeout <= MAX_WAIT:
+            raise ValueError(f"wait must be between 0 and {MAX_WAIT} seconds")
+        placed = self.place(req.body.get("product"), req.body.get("quantity"))  # type: ignore[arg-type]
+        if timeout:
+            placed = self.wait_for_inventory(placed, timeout)
+        return 201, placed
 
     def _get_orders(self, req: Request) -> tuple[int, Any]:
         q = select(Order).order_by(Order.created_at.desc()).limit(100)

@@ -4,22 +4,29 @@ Routes are ``(method, path regex)`` → ``handler(request) -> (status, data)``, 
 request has the path's ``match``, the decoded JSON ``body`` and the ``query`` parameters.
 Errors map to statuses: ``ValueError`` 400, ``LookupError`` 404, a retriable txmq error
 (broker down, timeout) 503, anything else 500 — always with ``{"error": "..."}``.
+
+Traced when txmq traces (:mod:`txmq.observe`: an OpenTelemetry tracer provider is set):
+each request runs in a SERVER span ``METHOD /route`` continuing the caller's
+``traceparent`` header, so the messages a request sends, and their consumers, are in the
+request's trace; :func:`request` sends the current trace context along.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from txmq import observe
 from txmq.errors import TxmqError
 
 __all__ = ["Handler", "JsonServer", "Request", "request"]
@@ -58,7 +65,12 @@ class JsonServer:
                 for m, pattern, handler in compiled:
                     match = pattern.match(path)
                     if match and m == method:
-                        status, data = _call(handler, match, self._body(), parse_qs(query))
+                        with _server_span(
+                            method, pattern.pattern, path, dict(self.headers)
+                        ) as span:
+                            status, data = _call(handler, match, self._body(), parse_qs(query))
+                            if span is not None:
+                                span.set_attribute("http.response.status_code", status)
                         break
                 payload = json.dumps(data, default=str).encode()
                 self.send_response(status)
@@ -105,6 +117,26 @@ class JsonServer:
         self.httpd.server_close()
 
 
+@contextlib.contextmanager
+def _server_span(method: str, route: str, path: str, headers: Mapping[str, str]) -> Iterator[Any]:
+    """The request's SERVER span, current while it is handled (None: not traced)."""
+    provider = observe.tracer_provider()
+    if provider is None:
+        yield None
+        return
+    from opentelemetry import propagate, trace
+
+    tracer = provider.get_tracer("examples.orders.web")
+    route = route.removesuffix(r"\Z")
+    with tracer.start_as_current_span(
+        f"{method} {route}",
+        context=propagate.extract({k.lower(): v for k, v in headers.items()}),
+        kind=trace.SpanKind.SERVER,
+        attributes={"http.request.method": method, "url.path": path, "http.route": route},
+    ) as span:
+        yield span
+
+
 class _Malformed:
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
@@ -134,9 +166,9 @@ def request(
 ) -> tuple[int, Any]:
     """One JSON request; returns (status, decoded body). Connection errors raise OSError."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    observe.capture(headers)  # the current trace context, if traced
+    req = urllib.request.Request(base_url + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
