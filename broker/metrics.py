@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,7 +40,7 @@ from txmq.broker.store import MessageStore
 from txmq.message import PARKED_TOPIC
 from txmq.remoting import Connection, Handler, HandlerResult
 from txmq.serving import ListenerUnavailable
-from txmq.wire.base import requests
+from txmq.wire.base import Response, WithBody, requests
 from txmq.wire.frame import Frame
 
 __all__ = [
@@ -59,6 +58,8 @@ log = logging.getLogger("txmq.broker")
 #: the RocketMQ exporter's port
 DEFAULT_METRICS_PORT = 5557
 _DLQ_PREFIX = "%DLQ%"
+#: an answer at once (anything else: a future, timed when it settles, or a coroutine)
+_REPLIES = (Response, WithBody)
 _MAX_REQUEST_HEAD = 8192
 _READ_TIMEOUT_S = 10.0
 
@@ -467,18 +468,20 @@ def timed_handler(handle: Handler, tally: Tally) -> Handler:
     when its future settles (SYNC flush, SYNC_MASTER); a long poll (a coroutine) is not
     timed, its wait is the point."""
 
+    answered, clock = tally.answered, time.perf_counter
+
     def timed(conn: Connection, frame: Frame) -> HandlerResult:
-        began = time.perf_counter()
+        began = clock()
         try:
             result = handle(conn, frame)
         except Exception as exc:
-            tally.answered(frame.code, _response(exc), began)
+            answered(frame.code, _response(exc), began)
             raise
-        if isinstance(result, asyncio.Future):
+        if result is None or isinstance(result, _REPLIES):
+            answered(frame.code, "success", began)
+        elif isinstance(result, asyncio.Future):
             code = frame.code
-            result.add_done_callback(lambda f: tally.answered(code, _settled(f), began))
-        elif not inspect.isawaitable(result):
-            tally.answered(frame.code, "success", began)
+            result.add_done_callback(lambda f: answered(code, _settled(f), began))
         return result
 
     return timed

@@ -118,9 +118,20 @@ class Tally:
         dist = self.delivery.get(key)
         if dist is None:
             dist = self.delivery[key] = Dist(DELIVERY_BUCKETS_MS)
-        now = time.time() * 1000
-        for record in records:
-            dist.observe(max(now - _STORE_TS.unpack_from(record, _STORE_TS_AT)[0], 0))
+        now, bounds, counts, unpack = (
+            time.time() * 1000,
+            dist.bounds,
+            dist.counts,
+            _STORE_TS.unpack_from,
+        )
+        total = 0.0
+        for record in records:  # Dist.observe, inlined: this runs for every message pulled
+            waited = now - unpack(record, _STORE_TS_AT)[0]
+            if waited < 0:
+                waited = 0
+            counts[bisect_left(bounds, waited)] += 1
+            total += waited
+        dist.total += total
 
     def popped(self, group: str, topic: str, messages: list[tuple[int, int]]) -> None:
         """Messages handed out by a pop: (body size, store timestamp) each."""
