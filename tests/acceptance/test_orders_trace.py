@@ -11,12 +11,11 @@ OpenTelemetry SDK tracer provider and an in-memory exporter given to txmq
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -29,21 +28,10 @@ from examples.orders.order_service import GROUP as ORDERS
 from examples.orders.order_service import OrderService
 from examples.orders.web import request
 from tests.conftest import running_async, wait_for
-from txmq import observe
+from tests.observe_support import spans
 from txmq.broker.server import EmbeddedBroker
 
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    observe.use_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        observe.use_tracer_provider(None)
-        provider.shutdown()
+__all__ = ["spans"]  # fixtures
 
 
 def _one(spans: list[ReadableSpan], name: str, **attributes: object) -> ReadableSpan:

@@ -11,8 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 
 import txmq
 import txmq.sync
+from tests.observe_support import registry, spans
 from tests.outbox_support import Db, make_db, until
 from tests.sqla_support import TRANSPORTS, start_broker
 from txmq import (
@@ -42,29 +42,7 @@ pytestmark = pytest.mark.anyio
 
 LEVELS = "10ms 20ms 40ms 60ms 80ms 100ms 120ms 140ms 160ms 180ms 200ms 220ms 240ms 260ms"
 
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    observe.use_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        observe.use_tracer_provider(None)
-        provider.shutdown()
-
-
-@pytest.fixture
-def registry() -> Iterator[CollectorRegistry]:
-    before = observe._registry
-    reg = CollectorRegistry()
-    observe.use_registry(reg)
-    try:
-        yield reg
-    finally:
-        observe.use_registry(before)
+__all__ = ["registry", "spans"]  # fixtures
 
 
 @pytest.fixture

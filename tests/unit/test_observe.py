@@ -9,37 +9,15 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import ROOT
+from tests.observe_support import registry, spans
 from txmq import observe
 
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    observe.use_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        observe.use_tracer_provider(None)
-
-
-@pytest.fixture
-def registry() -> Iterator[CollectorRegistry]:
-    before = observe._registry
-    reg = CollectorRegistry()
-    observe.use_registry(reg)
-    try:
-        yield reg
-    finally:
-        observe.use_registry(before)
+__all__ = ["registry", "spans"]  # fixtures
 
 
 @pytest.fixture
