@@ -61,7 +61,12 @@ class Dist:
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
+        #: an int while only ints are observed (the size histogram's bytes stay exact)
+        self.total: float = 0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
@@ -72,13 +77,15 @@ class Tally:
     """What happened, by topic and group, for the broker's metrics (broker/metrics.py reads
     it when scraped).  Only plain increments here: the services call these on their own
     event loop (the flush timing from the flush thread, into its own histogram); the
-    broker sets ``Throughput.tally`` only when metrics are on."""
+    broker sets ``Throughput.tally`` only when metrics are on.
+
+    A stored message touches one dict entry, its (topic, type) size histogram: the
+    messages-in and bytes-in counters are that histogram's count and sum, added up when
+    scraped (:attr:`messages_in`, :attr:`bytes_in`)."""
 
     def __init__(self) -> None:
-        #: (topic, message type) -> messages stored / their sizes; topic -> bytes
-        self.messages_in: dict[tuple[str, str], int] = {}
+        #: (topic, message type) -> the sizes of the messages stored (count: messages in)
         self.sizes: dict[tuple[str, str], Dist] = {}
-        self.bytes_in: dict[str, int] = {}
         #: (topic, consumer group) -> messages / bytes pulled, store-to-pull latency
         self.messages_out: dict[tuple[str, str], int] = {}
         self.bytes_out: dict[tuple[str, str], int] = {}
@@ -97,14 +104,25 @@ class Tally:
         self.dead: dict[str, int] = {}
         self.flush = Dist(FLUSH_BUCKETS_S)
 
+    @property
+    def messages_in(self) -> dict[tuple[str, str], int]:
+        """(topic, message type) -> messages stored (read when scraped)."""
+        return {key: dist.count for key, dist in self.sizes.items()}
+
+    @property
+    def bytes_in(self) -> dict[str, int]:
+        """topic -> body bytes stored (read when scraped)."""
+        out: dict[str, int] = {}
+        for (topic, _), dist in self.sizes.items():
+            out[topic] = out.get(topic, 0) + int(dist.total)
+        return out
+
     def stored(self, topic: str, kind: str, size: int) -> None:
-        key = (topic, kind)
-        self.messages_in[key] = self.messages_in.get(key, 0) + 1
-        self.bytes_in[topic] = self.bytes_in.get(topic, 0) + size
-        dist = self.sizes.get(key)
+        dist = self.sizes.get((topic, kind))
         if dist is None:
-            dist = self.sizes[key] = Dist(SIZE_BUCKETS)
-        dist.observe(size)
+            dist = self.sizes[(topic, kind)] = Dist(SIZE_BUCKETS)
+        dist.counts[bisect_left(SIZE_BUCKETS, size)] += 1  # Dist.observe, inlined
+        dist.total += size
 
     def handed_out(
         self, group: str, topic: str, queue_id: int, records: list[bytes], next_offset: int
@@ -141,16 +159,27 @@ class Tally:
         dist = self.delivery.get(key)
         if dist is None:
             dist = self.delivery[key] = Dist(DELIVERY_BUCKETS_MS)
-        now = time.time() * 1000
-        for _, stored_at in messages:
-            dist.observe(max(now - stored_at, 0))
+        now, bounds, counts = time.time() * 1000, dist.bounds, dist.counts
+        total = 0.0
+        for _, stored_at in messages:  # Dist.observe, inlined
+            waited = now - stored_at
+            if waited < 0:
+                waited = 0
+            counts[bisect_left(bounds, waited)] += 1
+            total += waited
+        dist.total += total
 
     def answered(self, code: int, response: str, started: float) -> None:
+        self.rpc_dist(code, response).observe((time.perf_counter() - started) * 1000)
+
+    def rpc_dist(self, code: int, response: str) -> Dist:
+        """The latency histogram of (request code, response), made on first use (the
+        request timer keeps the successes' at hand: broker/metrics.py timed_handler)."""
         key = (code, response)
         dist = self.rpc.get(key)
         if dist is None:
             dist = self.rpc[key] = Dist(RPC_BUCKETS_MS)
-        dist.observe((time.perf_counter() - started) * 1000)
+        return dist
 
     def half(self, group: str, what: str) -> None:
         key = (group, what)
