@@ -28,7 +28,11 @@ pytest.importorskip("starlette", reason=NO_EXTRA)
 pytest.importorskip("selenium", reason=NO_EXTRA)
 
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -82,6 +86,37 @@ def text(driver: WebDriver) -> str:
     return str(driver.find_element(By.TAG_NAME, "body").text)
 
 
+def _again(act: Callable[[], object]) -> object:
+    """``act()``, again while the page's live refresh replaces what it found (a stale
+    element), for up to 10 s."""
+    done: list[object] = []
+
+    def attempt() -> bool:
+        try:
+            done.append(act())
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_for(attempt, timeout=10)
+    return done[0]
+
+
+def click(driver: WebDriver, by: str, value: str, *, inside: str | None = None) -> None:
+    """Click the element (in the element matching CSS ``inside``), found afresh until the
+    click lands on a live one."""
+
+    def act() -> None:
+        root = driver.find_element(By.CSS_SELECTOR, inside) if inside else driver
+        root.find_element(by, value).click()
+
+    _again(act)
+
+
+def text_of(driver: WebDriver, by: str, value: str) -> str:
+    return str(_again(lambda: driver.find_element(by, value).text))
+
+
 def no_alert(driver: WebDriver, wait: float = 1.0) -> bool:
     try:
         WebDriverWait(driver, wait).until(ec.alert_is_present())
@@ -105,14 +140,14 @@ def test_every_page_renders_live_data(
     browser.get(console.url + "/topics")
     assert "orders" in text(browser) and "invoices" in text(browser)
     shot(browser, "topics")
-    browser.find_element(By.LINK_TEXT, "orders").click()
+    click(browser, By.LINK_TEXT, "orders")
     assert "shipping" in text(browser)
 
     browser.get(console.url + "/groups")
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "figure.chart polyline"), timeout=15)
     shot(browser, "groups")
-    browser.find_element(By.LINK_TEXT, "shipping").click()
-    assert browser.find_element(By.ID, "group-lag").text == "3"
+    click(browser, By.LINK_TEXT, "shipping")
+    assert text_of(browser, By.ID, "group-lag") == "3"
     shot(browser, "group")
 
     browser.get(f"{console.url}/message?key=order-42")
@@ -147,8 +182,8 @@ def test_commit_a_transaction_from_the_page(
     browser: WebDriver, console: ConsoleProcess, seeded: Seeded
 ) -> None:
     browser.get(console.url + "/transactions")
-    row = browser.find_element(By.CSS_SELECTOR, f'#pending tr[data-msg-id="{seeded.pending_id}"]')
-    row.find_element(By.CSS_SELECTOR, "button.commit").click()
+    row = f'#pending tr[data-msg-id="{seeded.pending_id}"]'
+    click(browser, By.CSS_SELECTOR, "button.commit", inside=row)
     alert = WebDriverWait(browser, 5).until(ec.alert_is_present())
     assert "COMMIT half message" in alert.text
     alert.accept()
@@ -159,8 +194,8 @@ def test_commit_a_transaction_from_the_page(
     assert "operator 127.0.0.1: COMMIT for half message" in console.output()
 
     # a parked one: the broker holds it as resolved (PARKED) and says so
-    row = browser.find_element(By.CSS_SELECTOR, f'#parked tr[data-msg-id="{seeded.parked_id}"]')
-    row.find_element(By.CSS_SELECTOR, "button.commit").click()
+    row = f'#parked tr[data-msg-id="{seeded.parked_id}"]'
+    click(browser, By.CSS_SELECTOR, "button.commit", inside=row)
     WebDriverWait(browser, 5).until(ec.alert_is_present()).accept()
     WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
     assert "already resolved (PARKED)" in browser.find_element(By.CSS_SELECTOR, ".flash").text
@@ -170,8 +205,8 @@ def test_cancelled_confirmation_does_nothing(
     browser: WebDriver, console: ConsoleProcess, seeded: Seeded
 ) -> None:
     browser.get(console.url + "/transactions")
-    row = browser.find_element(By.CSS_SELECTOR, f'#pending tr[data-msg-id="{seeded.pending_id}"]')
-    row.find_element(By.CSS_SELECTOR, "button.danger").click()
+    row = f'#pending tr[data-msg-id="{seeded.pending_id}"]'
+    click(browser, By.CSS_SELECTOR, "button.danger", inside=row)
     WebDriverWait(browser, 5).until(ec.alert_is_present()).dismiss()
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.accept()
@@ -183,9 +218,8 @@ def test_resend_a_dead_letter_from_the_page(
     browser: WebDriver, console: ConsoleProcess, seeded: Seeded
 ) -> None:
     browser.get(console.url + "/dlq")
-    browser.find_element(By.LINK_TEXT, "billing").click()
-    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-msg-id="{seeded.dead_id}"]')
-    row.find_element(By.TAG_NAME, "button").click()
+    click(browser, By.LINK_TEXT, "billing")
+    click(browser, By.TAG_NAME, "button", inside=f'tr[data-msg-id="{seeded.dead_id}"]')
     WebDriverWait(browser, 5).until(ec.alert_is_present()).accept()
     WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
     assert (
