@@ -1,5 +1,6 @@
 """Operators' requests: routes, topics, consumer-group configs, queue statistics, message
-lookups, all group offsets and the broker's runtime information."""
+lookups, all group offsets, a group's offsets reset to a time, and the broker's runtime
+information."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.subscriptions import GroupConfig
+from txmq.broker.topics import check_queue_id
 from txmq.codec import read_header
-from txmq.errors import MessageNotFound, NotMaster, TopicNotFound
+from txmq.errors import GroupNotFound, MessageNotFound, NotMaster, TopicNotFound
 from txmq.rpc import Call
 from txmq.wire import (
     BrokerData,
@@ -28,10 +30,16 @@ from txmq.wire import (
     GroupOffset,
     GroupOffsets,
     MessageCount,
+    Offset,
+    OffsetsReset,
     QueryMessageByKey,
     QueueData,
+    QueueReset,
     QueueStats,
+    ResetConsumerClientOffset,
+    ResetOffset,
     RuntimeInfo,
+    SearchOffset,
     TopicInfo,
     TopicList,
     TopicRoute,
@@ -209,6 +217,66 @@ class AdminService:
                         )
                     )
         return GroupOffsets(offsets=rows)
+
+    def search_offset(self, req: SearchOffset, call: Call) -> Offset:
+        cfg = self.topics.get(req.topic)
+        if cfg is None:
+            raise TopicNotFound(f"topic {req.topic!r} does not exist")
+        check_queue_id(cfg, req.queue_id)
+        return Offset(offset=self.store.offset_by_time(req.topic, req.queue_id, req.timestamp_ms))
+
+    def reset_offset(self, req: ResetOffset, call: Call) -> OffsetsReset:
+        """RocketMQ's ``resetOffset`` (INVOKE_BROKER_TO_RESET_OFFSET): each queue of the
+        topic gets the offset of its first message stored at or after the time (``force``
+        false: only where that is behind the committed offset); the group's connected
+        members are told (RESET_CONSUMER_CLIENT_OFFSET) so that they drop what they pulled
+        and do not commit over it.  A commit may move an offset back, so this is a
+        commit like a consumer's.  Pops (gRPC consumers) are not told: the pop service
+        takes a queue's new offset at its next pop of the queue when nothing of it is in
+        flight; an ack of a message popped before the reset may commit over it."""
+        group, topic = req.group, req.topic
+        self._master_only(group)
+        self.topics.check_name(topic, allow_system=True)
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        offsets = self.ctx.offsets
+        old = {qid: offsets.query(group, topic, qid) for qid in range(cfg.queue_nums)}
+        if (
+            max(old.values(), default=-1) < 0
+            and self.ctx.groups.get(group) is None
+            and self.ctx.consumers.group(group) is None
+        ):
+            raise GroupNotFound(
+                f"consumer group {group!r} has no offsets of topic {topic!r}, no config and "
+                "no connected member on this broker"
+            )
+        rows, new = [], {}
+        for qid, before in old.items():
+            found = self.store.offset_by_time(topic, qid, req.timestamp_ms)
+            after = found if req.force or before < 0 or found < before else before
+            offsets.commit(group, topic, qid, after)
+            new[qid] = after
+            rows.append(QueueReset(queue_id=qid, old_offset=before, new_offset=after))
+        try:
+            offsets.persist()
+        except OSError as exc:  # kept in memory: the periodic persist writes it later
+            log.warning("offsets.json not written after the reset: %s", exc)
+        told = self.ctx.consumers.tell(
+            group,
+            ResetConsumerClientOffset(
+                group=group, topic=topic, broker_name=self.ctx.config.broker_name, offsets=new
+            ),
+        )
+        log.info(
+            "consumer group %s: offsets of %s reset to time %d (%s), %d member(s) told",
+            group,
+            topic,
+            req.timestamp_ms,
+            ", ".join(f"{r.queue_id}: {r.old_offset} -> {r.new_offset}" for r in rows),
+            told,
+        )
+        return OffsetsReset(queues=rows, notified=told)
 
     def runtime_info(self, req: GetBrokerRuntimeInfo, call: Call) -> RuntimeInfo:
         return self._runtime_info()

@@ -26,6 +26,7 @@ from txmq.wire import (
     GetConsumerListByGroup,
     Heartbeat,
     NotifyConsumerIdsChanged,
+    Request,
     UnregisterClient,
 )
 
@@ -132,16 +133,31 @@ class ConsumerManager:
 
     def notify(self, group: str) -> None:
         """Tell every member of ``group`` that its client ids changed (oneway, best effort)."""
+        self.tell(group, NotifyConsumerIdsChanged(group=group))
+
+    def tell(self, group: str, request: Request[Any]) -> int:
+        """Send ``request`` oneway to every connected member of ``group`` (best effort);
+        how many it was sent to."""
         info = self._groups.get(group)
         if info is None:
-            return
+            return 0
+        told = 0
         for member in list(info.members.values()):
             if member.conn.closed:
                 continue
             try:
-                member.conn.send_oneway(NotifyConsumerIdsChanged(group=group))
+                member.conn.send_oneway(request)
             except TxmqError as exc:
-                log.debug("notifying %s of group %s failed: %s", member.client_id, group, exc)
+                log.debug(
+                    "sending %s to %s of group %s failed: %s",
+                    type(request).__name__,
+                    member.client_id,
+                    group,
+                    exc,
+                )
+            else:
+                told += 1
+        return told
 
     def client_ids(self, group: str) -> list[str]:
         info = self._groups.get(group)

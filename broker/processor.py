@@ -14,9 +14,11 @@ from txmq.broker.retry import RetryService
 from txmq.broker.sending import SendService
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
+from txmq.broker.transaction_operator import OperatorDecisions
 from txmq.rpc import Router
 from txmq.wire import (
     ConsumerSendMsgBack,
+    DecideTransaction,
     DeleteSubscriptionGroup,
     DeleteTopic,
     DlqList,
@@ -37,6 +39,8 @@ from txmq.wire import (
     PullMessage,
     QueryConsumerOffset,
     QueryMessageByKey,
+    ResetOffset,
+    SearchOffset,
     SendBatchMessage,
     SendMessage,
     UnlockBatchMq,
@@ -59,6 +63,7 @@ class Services:
     retry: RetryService
     transactions: TransactionService
     checker: TransactionChecker
+    decisions: OperatorDecisions
     admin: AdminService
 
 
@@ -96,8 +101,11 @@ def request_router(s: Services) -> Router:
     r.route(ViewMessageById, s.admin.view_message)
     r.route(QueryMessageByKey, s.admin.query_by_key)
     r.route(GetAllConsumerOffsets, s.admin.all_offsets)
+    r.route(SearchOffset, s.admin.search_offset)
+    r.route(ResetOffset, s.admin.reset_offset)
     r.route(GetBrokerRuntimeInfo, s.admin.runtime_info)
     r.route(DlqList, s.retry.dlq_list)
     r.route(DlqResend, s.retry.dlq_resend)
     r.route(GetTransactions, s.checker.list_transactions)
+    r.route(DecideTransaction, s.decisions.decide)
     return r

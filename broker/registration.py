@@ -34,7 +34,7 @@ log = logging.getLogger("txmq.broker")
 #: topics only the broker itself reads and writes (half and op messages of transactions,
 #: delayed messages): no client routes to them, so name servers are not told about them.
 #: %RETRY% and %DLQ% topics are registered: consumers pull their retry topics by route.
-NOT_REGISTERED_PREFIXES = ("RMQ_SYS_", "SCHEDULE_TOPIC_")
+NOT_REGISTERED_PREFIXES = ("RMQ_SYS_", "TXMQ_SYS_", "SCHEDULE_TOPIC_")
 #: how long a clean stop waits for the name servers' answers to its unregistering
 UNREGISTER_TIMEOUT_S = 3.0
 #: a request to a name server, and connecting to one

@@ -51,6 +51,7 @@ from txmq.broker.subscriptions import SubscriptionGroupManager
 from txmq.broker.topics import TopicManager
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
+from txmq.broker.transaction_operator import OperatorDecisions
 from txmq.errors import TopicNotFound
 from txmq.fmt import ms_time
 from txmq.remoting import Handler
@@ -101,6 +102,7 @@ class Broker(Stoppable):
         self.schedule = ScheduleMessageService(ctx)
         self.transactions = TransactionService(ctx)
         self.transaction_checker = TransactionChecker(ctx, self.transactions)
+        self.decisions = OperatorDecisions(ctx, self.transactions)
         self.services = Services(
             sending=SendService(ctx, self.schedule, self.transactions),
             pulling=PullService(ctx),
@@ -109,6 +111,7 @@ class Broker(Stoppable):
             retry=RetryService(ctx, self.schedule),
             transactions=self.transactions,
             checker=self.transaction_checker,
+            decisions=self.decisions,
             admin=AdminService(ctx, self.runtime_info),
         )
         self.router = request_router(self.services)

@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -54,7 +54,7 @@ from txmq.message import (
     new_message_id,
 )
 from txmq.rpc import Call
-from txmq.wire import Ended, EndTransaction, SendMessage, Sent, TransactionRow
+from txmq.wire import DecisionRow, Ended, EndTransaction, SendMessage, Sent, TransactionRow
 
 __all__ = [
     "COMMIT",
@@ -79,6 +79,7 @@ _DROP = frozenset(
         Prop.TRANSACTION_CHECK_TIMES,
         Prop.CHECK_IMMUNITY_TIME_IN_SECONDS,
         Prop.DELAY,
+        Prop.RECHECK_OF,
         CQ_TAG_PROPERTY,
     }
 )
@@ -122,8 +123,10 @@ class PendingHalf:
     #: the op topic's max offset when the half was stored: its op record comes later
     op_mark: int
     check_times: int = 0
+    #: a re-checked half's copy: the offset of the parked half it copies (else -1)
+    recheck_of: int = -1
 
-    def row(self, now_ms: int) -> TransactionRow:
+    def row(self, now_ms: int, *, parked_timestamp: int | None = None) -> TransactionRow:
         return TransactionRow(
             msg_id=self.msg_id,
             transaction_id=self.transaction_id,
@@ -134,6 +137,7 @@ class PendingHalf:
             born_timestamp=self.born_timestamp,
             check_times=self.check_times,
             age_s=round(max(now_ms - self.born_timestamp, 0) / 1000, 1),
+            parked_timestamp=parked_timestamp,
         )
 
 
@@ -173,6 +177,10 @@ class TransactionService:
         #: pending halves by commit-log offset, in store order
         self.pending: dict[int, PendingHalf] = {}
         self._resolved: OrderedDict[int, str] = OrderedDict()
+        #: operators' decisions by the half's offset (broker/transaction_operator.py)
+        self.decided: dict[int, DecisionRow] = {}
+        #: called at the end of :meth:`recover`
+        self.recovered: list[Callable[[], None]] = []
         self.dirty = False
         self.ready = False
 
@@ -202,7 +210,7 @@ class TransactionService:
             off = msg.commit_log_offset
             if off in resolved:
                 continue
-            half = self._pending_from(msg, op_offset, counts.get(off, 0))
+            half = self.half_of(msg, op_mark=op_offset, check_times=counts.get(off, 0))
             if half is not None:
                 self.pending[off] = half
         repaired = 0
@@ -220,6 +228,8 @@ class TransactionService:
                 repaired += 1
         self.ready = True
         self.dirty = True
+        for then in self.recovered:
+            then()
         log.info(
             "transactions: %d pending half message(s) (check offset %d, op offset %d, "
             "%d op record(s) repaired)",
@@ -241,17 +251,22 @@ class TransactionService:
                 break
             offset = got.next_begin_offset
 
-    def _pending_from(self, msg: MessageExt, op_mark: int, check_times: int) -> PendingHalf | None:
+    def half_of(
+        self, msg: MessageExt, *, offset: int | None = None, op_mark: int = 0, check_times: int = 0
+    ) -> PendingHalf | None:
+        """The :class:`PendingHalf` of a half message's record (or of its parked copy, with
+        the half's ``offset``); None if it is malformed."""
         props = msg.all_properties
         try:
             queue_id = int(props.get(Prop.REAL_QID, ""))
             immunity = _immunity_ms(props, self.config.transaction_timeout_s)
+            recheck_of = int(props.get(Prop.RECHECK_OF, "-1"))
         except (ValueError, BadRequest):
             log.warning("half message at offset %d is malformed; ignored", msg.commit_log_offset)
             return None
         return PendingHalf(
-            offset=msg.commit_log_offset,
-            queue_offset=msg.queue_offset,
+            offset=msg.commit_log_offset if offset is None else offset,
+            queue_offset=msg.queue_offset if offset is None else -1,
             msg_id=msg.msg_id,
             transaction_id=props.get(Prop.TRANSACTION_ID, ""),
             group=props.get(Prop.PRODUCER_GROUP, ""),
@@ -262,19 +277,52 @@ class TransactionService:
             immunity_ms=immunity,
             op_mark=op_mark,
             check_times=check_times,
+            recheck_of=recheck_of,
         )
 
-    def _derived_resolution(self, offset: int, msg_id: str) -> str | None:
-        """COMMIT / PARKED if the store holds the committed message / parked copy of a half."""
+    def _derived(self, offset: int, msg_id: str) -> Iterator[MessageExt]:
+        """The records derived from the half at ``offset``: its committed message, its
+        parked copy."""
         for record in self.store.query_all_by_uniq_key(msg_id):
             msg = decode_record(record)
-            if msg.commit_log_offset == offset or msg.prepared_transaction_offset != offset:
-                continue
-            if msg.topic == PARKED_TOPIC:
-                return PARKED
+            if msg.commit_log_offset != offset and msg.prepared_transaction_offset == offset:
+                yield msg
+
+    def parked(self) -> dict[int, tuple[PendingHalf, MessageExt]]:
+        """The parked halves no operator has decided yet, by the half's offset, oldest
+        first: each with its parked copy (which carries the half's body and properties,
+        and its check count)."""
+        found: dict[int, tuple[PendingHalf, MessageExt]] = {}
+        for copy in self.scan(PARKED_TOPIC, 0):
+            off = copy.prepared_transaction_offset
+            if off in self.decided:
+                continue  # an operator committed, rolled back or re-checked it
+            try:
+                times = int(copy.all_properties.get(Prop.TRANSACTION_CHECK_TIMES, "0"))
+            except ValueError:
+                times = 0
+            half = self.half_of(copy, offset=off, check_times=times)
+            if half is not None:
+                found[off] = (half, copy)
+        return found
+
+    def committed_copy(self, offset: int, msg_id: str) -> MessageExt | None:
+        """The committed message of the half at ``offset``, if the store holds one."""
+        for msg in self._derived(offset, msg_id):
+            if SysFlag.transaction_value(msg.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE:
+                return msg
+        return None
+
+    def _derived_resolution(self, offset: int, msg_id: str) -> str | None:
+        """COMMIT / PARKED if the store holds the committed message / parked copy of a half
+        (COMMIT when both: an operator committed a parked half)."""
+        found = None
+        for msg in self._derived(offset, msg_id):
             if SysFlag.transaction_value(msg.sys_flag) == SysFlag.TRANSACTION_COMMIT_TYPE:
                 return COMMIT
-        return None
+            if msg.topic == PARKED_TOPIC:
+                found = PARKED
+        return found
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -285,6 +333,9 @@ class TransactionService:
 
     def resolution_of(self, offset: int, msg_id: str) -> str:
         """How a half that is no longer pending was resolved."""
+        decided = self.decided.get(offset)
+        if decided is not None:
+            return "RECHECKED" if decided.decision == "RECHECK" else decided.decision
         known = self._resolved.get(offset)
         if known is not None:
             return known
@@ -359,42 +410,17 @@ class TransactionService:
             raise BadRequest("SendMessage: a half message needs header field 'group'")
         if Prop.DELAY in props:
             raise BadRequest("a transactional (half) message cannot be delayed")
-        born = req.born_timestamp or _now_ms()
-        stored = {k: v for k, v in props.items() if k != Prop.TRANSACTION_CHECK_TIMES}
+        stored = {
+            k: v
+            for k, v in props.items()
+            if k not in (Prop.TRANSACTION_CHECK_TIMES, Prop.RECHECK_OF)
+        }
         stored.setdefault(Prop.UNIQ_KEY, new_message_id())
         stored[Prop.TRAN_MSG] = "true"
         stored[Prop.REAL_TOPIC] = topic
         stored[Prop.REAL_QID] = str(queue_id)
         stored[Prop.PRODUCER_GROUP] = group
-        immunity = _immunity_ms(stored, self.config.transaction_timeout_s)
-        op_mark = self.store.max_offset(OP_TOPIC, 0)
-        r = put_or_raise(
-            self.store,
-            topic=HALF_TOPIC,
-            queue_id=0,
-            body=body,
-            properties=stored,
-            born_timestamp=born,
-            sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
-            flag=req.flag,
-        )
-        half = PendingHalf(
-            offset=r.commit_log_offset,
-            queue_offset=r.queue_offset,
-            msg_id=stored[Prop.UNIQ_KEY],
-            transaction_id=stored.get(Prop.TRANSACTION_ID, ""),
-            group=group,
-            topic=topic,
-            queue_id=queue_id,
-            born_timestamp=born,
-            store_timestamp=r.store_timestamp,
-            immunity_ms=immunity,
-            op_mark=op_mark,
-        )
-        self.pending[half.offset] = half
-        tally = self.ctx.throughput.tally
-        if tally is not None:
-            tally.half(group, "prepared")
+        half, r = self._store_half(stored, body, req.born_timestamp or _now_ms(), req.flag)
         answer = Sent(
             msg_id=half.msg_id,
             offset_msg_id=f"{r.commit_log_offset:016X}",
@@ -404,6 +430,48 @@ class TransactionService:
             transaction_offset=r.commit_log_offset,
         )
         return self.ctx.acks.after_flush(r.end_offset, answer)
+
+    def _store_half(
+        self, props: dict[str, str], body: bytes, born: int, flag: int
+    ) -> tuple[PendingHalf, PutResult]:
+        """Store a half message (its properties complete) and add it to the pending set."""
+        immunity = _immunity_ms(props, self.config.transaction_timeout_s)
+        op_mark = self.store.max_offset(OP_TOPIC, 0)
+        r = put_or_raise(
+            self.store,
+            topic=HALF_TOPIC,
+            queue_id=0,
+            body=body,
+            properties=props,
+            born_timestamp=born,
+            sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE,
+            flag=flag,
+        )
+        half = PendingHalf(
+            offset=r.commit_log_offset,
+            queue_offset=r.queue_offset,
+            msg_id=props[Prop.UNIQ_KEY],
+            transaction_id=props.get(Prop.TRANSACTION_ID, ""),
+            group=props[Prop.PRODUCER_GROUP],
+            topic=props[Prop.REAL_TOPIC],
+            queue_id=int(props[Prop.REAL_QID]),
+            born_timestamp=born,
+            store_timestamp=r.store_timestamp,
+            immunity_ms=immunity,
+            op_mark=op_mark,
+            recheck_of=int(props.get(Prop.RECHECK_OF, "-1")),
+        )
+        self.pending[half.offset] = half
+        tally = self.ctx.throughput.tally
+        if tally is not None:
+            tally.half(half.group, "prepared")
+        return half, r
+
+    def store_recheck(self, props: dict[str, str], msg: MessageExt) -> PendingHalf:
+        """Store a parked half's copy (``props`` naming it in RECHECK_OF) to be checked
+        back again from the next round."""
+        half, _ = self._store_half(props, msg.body, msg.born_timestamp, msg.flag)
+        return half
 
     def half_at(self, offset: int, group: str | None = None) -> MessageExt:
         """The half message at ``offset`` (of ``group``), or TransactionNotFound."""
@@ -454,7 +522,7 @@ class TransactionService:
             log.debug("END UNKNOWN for %s (offset %d)", msg.msg_id, offset)
             return Ended(result="UNKNOWN")
         if state == COMMIT:
-            queue_id, r = self._commit(half, msg)
+            queue_id, r = self.commit_message(half, msg)
             answer = Ended(
                 result="COMMITTED",
                 queue_id=queue_id,
@@ -477,7 +545,7 @@ class TransactionService:
         log.debug("END %s for %s (offset %d, group %s)", state, msg.msg_id, offset, group)
         return self.ctx.acks.after_flush(end, answer)
 
-    def _commit(self, half: PendingHalf, msg: MessageExt) -> tuple[int, PutResult]:
+    def commit_message(self, half: PendingHalf, msg: MessageExt) -> tuple[int, PutResult]:
         """Store the real message of a half: (queue id, result); raises if refused."""
         cfg = self.topics.for_send(half.topic)
         queue_id = half.queue_id % cfg.queue_nums

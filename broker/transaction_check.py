@@ -186,6 +186,10 @@ class TransactionChecker:
         limit = min(max(req.max, 1), MAX_LIST)
         group = req.group
         now = _now_ms()
+        if req.state == "decided":
+            decided = [r for r in self.service.decided.values() if not group or r.group == group]
+            decided.sort(key=lambda r: r.decided_timestamp, reverse=True)
+            return TransactionList(transactions=[], decisions=decided[:limit])
         if req.state == "pending":
             rows = [
                 p.row(now) for p in self.service.pending.values() if not group or p.group == group
@@ -195,29 +199,11 @@ class TransactionChecker:
         return TransactionList(transactions=rows[:limit])
 
     def _parked(self, group: str | None, now: int) -> list[TransactionRow]:
-        rows: dict[int, TransactionRow] = {}
-        for msg in self.service.scan(PARKED_TOPIC, 0):
-            props = msg.all_properties
-            if group and props.get(Prop.PRODUCER_GROUP) != group:
-                continue
-            try:
-                queue_id = int(props.get(Prop.REAL_QID, "-1"))
-                times = int(props.get(Prop.TRANSACTION_CHECK_TIMES, "0"))
-            except ValueError:
-                queue_id, times = -1, 0
-            rows[msg.prepared_transaction_offset] = TransactionRow(
-                msg_id=msg.msg_id,
-                transaction_id=props.get(Prop.TRANSACTION_ID, ""),
-                group=props.get(Prop.PRODUCER_GROUP, ""),
-                topic=props.get(Prop.REAL_TOPIC, ""),
-                queue_id=queue_id,
-                transaction_offset=msg.prepared_transaction_offset,
-                born_timestamp=msg.born_timestamp,
-                check_times=times,
-                age_s=round(max(now - msg.born_timestamp, 0) / 1000, 1),
-                parked_timestamp=msg.store_timestamp,
-            )
-        return list(rows.values())
+        return [
+            half.row(now, parked_timestamp=copy.store_timestamp)
+            for half, copy in self.service.parked().values()
+            if not group or half.group == group
+        ]
 
     # -- persistence ----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from txmq.cli.admin_ha import (
     cluster_output,
     run_switchover,
 )
+from txmq.cli.admin_transactions import add_transactions, run_decide
 from txmq.cli.admin_views import Rows, query
 from txmq.cli.options import (
     CommandError,
@@ -67,7 +68,8 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq admin message --key order-42\n"
         "  txmq admin group update --group billing --fifo --retry-max 3\n"
         "  txmq admin dlq list --group billing\n"
-        "  txmq admin transactions --parked",
+        "  txmq admin transactions --parked\n"
+        "  txmq admin transactions commit --id 7F0000010A2B... --reason 'order 42 was paid'",
     )
     asub = a.add_subparsers(dest="admin_cmd", required=True, metavar="COMMAND")
     cl = add_command(
@@ -160,22 +162,7 @@ def add_parser(sub: SubParsers) -> None:
     which.add_argument("--id", action="append", help="message id (repeat for several)")
     which.add_argument("--all", action="store_true", help="every dead letter of the group")
     dr.add_argument("--broker-name", help=BROKER_NAME_HELP)
-    tx = add_command(
-        asub,
-        "transactions",
-        help="undecided transactional (half) messages",
-        description=(
-            "Half messages whose producer has not committed or rolled them back yet "
-            "(--pending), or that stayed undecided through every check-back and were parked "
-            "for an operator (--parked)."
-        ),
-    )
-    which_tx = tx.add_mutually_exclusive_group(required=True)
-    which_tx.add_argument("--pending", action="store_true", help="waiting for a decision")
-    which_tx.add_argument("--parked", action="store_true", help="parked after the last check")
-    tx.add_argument("--group", help="only this producer group")
-    tx.add_argument("--max", type=int, default=100, help="most transactions to show")
-    tx.add_argument("--broker-name", help=BROKER_NAME_HELP)
+    add_transactions(asub, _shared)
     add_group(asub)
     share(a, _shared)
     add_controller_option(a, None)  # before the subcommand, or after these two
@@ -191,6 +178,14 @@ def run_admin(args: argparse.Namespace) -> int:
         return run_switchover(args)
     if args.admin_cmd == "group":
         return run_group(args)
+    if args.admin_cmd == "transactions":
+        if args.tx_cmd:
+            return run_decide(args)
+        if not (args.pending or args.parked or args.decided):
+            raise CommandError(
+                "say which: --pending, --parked or --decided (or a command: commit, rollback, "
+                "recheck)"
+            )
     where = endpoints(args)
 
     async def client() -> AdminClient:

@@ -1,21 +1,24 @@
 """``txmq admin group``: consumer-group configs (RocketMQ's SubscriptionGroupConfig) —
 whether a group is FIFO (the broker delivers a queue's messages one batch at a time, in
 order) and its retry limit (``retry_max_times``, 16 by default) — set, listed and deleted
-on one broker or on every master of a cluster."""
+on one broker or on every master of a cluster — and a group's offsets reset to a time
+(RocketMQ's ``resetOffsetByTime``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import msgspec
 
-from txmq.admin import AdminClient
+from txmq.admin import AdminClient, epoch_ms
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.fmt import format_table
-from txmq.wire import GroupConfigRow
+from txmq.fmt import format_table, iso_ms, ms_time
+from txmq.wire import GroupConfigRow, QueueReset
 
 __all__ = ["add_group", "run_group"]
 
@@ -23,7 +26,7 @@ BROKER_NAME_HELP = "only the broker set with this name (with --namesrv)"
 
 
 def add_group(asub: SubParsers) -> argparse.ArgumentParser:
-    """``txmq admin group update | list | delete``."""
+    """``txmq admin group update | list | delete | reset-offset``."""
     g = add_command(
         asub,
         "group",
@@ -37,7 +40,8 @@ def add_group(asub: SubParsers) -> argparse.ArgumentParser:
         ),
         examples="  txmq admin group update --group billing --fifo --retry-max 3\n"
         "  txmq admin group list --json\n"
-        "  txmq admin group delete --group billing --namesrv 127.0.0.1:9876",
+        "  txmq admin group delete --group billing --namesrv 127.0.0.1:9876\n"
+        "  txmq admin group reset-offset --group billing --topic orders --to -1h",
     )
     gsub = g.add_subparsers(dest="group_cmd", required=True, metavar="COMMAND")
     up = add_command(
@@ -86,10 +90,95 @@ def add_group(asub: SubParsers) -> argparse.ArgumentParser:
     )
     de.add_argument("--group", required=True, help="consumer group")
     de.add_argument("--broker-name", help=BROKER_NAME_HELP)
+    _add_reset(gsub)
     return g
 
 
+def _add_reset(gsub: SubParsers) -> None:
+    rs = add_command(
+        gsub,
+        "reset-offset",
+        help="move a consumer group's offsets of a topic to a time (consume again, or skip)",
+        description=(
+            "Move consumer group GROUP's offset of every queue of TOPIC to the first message\n"
+            "stored at or after TIME (RocketMQ's resetOffsetByTime): back to consume again,\n"
+            "or forward to skip. A time before the oldest message kept: the oldest; after the\n"
+            "newest: the end. Connected push consumers of the group drop what they pulled and\n"
+            "consume from there (messages in their listeners finish, their commits are\n"
+            "ignored). Through name servers every broker set holding TOPIC is reset (or only\n"
+            "--broker-name B). TIME: ISO 8601 (UTC unless it names a zone), -10m / -2h / -1d\n"
+            "(that long ago), now, or ms since the epoch."
+        ),
+        examples="  txmq admin group reset-offset --group billing --topic orders --to -1h\n"
+        "  txmq admin group reset-offset --group billing --topic orders "
+        "--to 2026-11-25T10:00:00+01:00\n"
+        "  txmq admin group reset-offset --group billing --topic orders --to now   # skip all\n"
+        "  txmq admin group reset-offset --group billing --topic orders --to 1795600800000 "
+        "--namesrv 127.0.0.1:9876 --json",
+    )
+    # "--to -10m" is a value, not an option (Python < 3.13 takes only "-10" for a number)
+    rs._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?(ms|s|m|h|d)?$")
+    rs.add_argument("--group", required=True, help="consumer group")
+    rs.add_argument("--topic", required=True, help="topic whose offsets move")
+    rs.add_argument("--to", required=True, metavar="TIME", help="the time to move to")
+    rs.add_argument(
+        "--no-force",
+        dest="force",
+        action="store_false",
+        help="only move offsets back (a queue already behind the time stays)",
+    )
+    rs.add_argument("--broker-name", help=BROKER_NAME_HELP)
+
+
+def reset_time(text: str) -> int:
+    """``--to``: ISO 8601 or ``-1h`` (as ``txmq reconcile --since`` reads them), ``now``,
+    or ms since the epoch; as ms since the epoch."""
+    from txmq.spark.job import BadOption, instant
+
+    text = text.strip()
+    if text == "now":
+        return epoch_ms(datetime.now(UTC))
+    if text.isdigit():
+        return int(text)
+    try:
+        return epoch_ms(instant(text))
+    except BadOption as exc:
+        raise CommandError(f"--to: {exc}, now, or ms since the epoch") from None
+
+
+def _run_reset(args: argparse.Namespace) -> int:
+    where = endpoints(args)
+    to = reset_time(args.to)
+
+    async def run() -> list[QueueReset]:
+        async with AdminClient(where["address"], namesrv=where["namesrv"]) as admin:
+            return await admin.reset_offsets(
+                args.group, args.topic, to, broker=args.broker_name, force=args.force
+            )
+
+    rows = anyio.run(run)
+    if args.json:
+        out = [
+            {**_row(r), "group": args.group, "topic": args.topic, "to": to, "to_time": iso_ms(to)}
+            for r in rows
+        ]
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"consumer group {args.group}: offsets of {args.topic} reset to {ms_time(to)}")
+    table = [
+        {"broker": r.broker_name, "queue": r.queue_id, "old": r.old_offset, "new": r.new_offset}
+        for r in rows
+    ]
+    columns = ["queue", "old", "new"]
+    if any(r.broker_name for r in rows):
+        columns.insert(0, "broker")
+    print(format_table(table, columns))
+    return 0
+
+
 def run_group(args: argparse.Namespace) -> int:
+    if args.group_cmd == "reset-offset":
+        return _run_reset(args)
     where = endpoints(args)
     cmd, name = args.group_cmd, args.broker_name
 
@@ -120,9 +209,10 @@ def run_group(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row(row: GroupConfigRow) -> dict[str, Any]:
-    """A row as a dict; ``brokers`` only when a cluster filled it."""
+def _row(row: GroupConfigRow | QueueReset) -> dict[str, Any]:
+    """A row as a dict; ``brokers`` / ``broker_name`` only when a cluster filled it."""
     out: dict[str, Any] = msgspec.structs.asdict(row)
-    if not out["brokers"]:
-        del out["brokers"]
+    for name in ("brokers", "broker_name"):
+        if name in out and not out[name]:
+            del out[name]
     return out

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from txmq.admin import AdminClient
+from txmq.cli.admin_transactions import decision_table
 from txmq.fmt import ms_time, short_body
 from txmq.message import MessageExt, Prop
 from txmq.wire import PERM_READ, PERM_WRITE
@@ -185,6 +186,12 @@ def _dead_letter(m: MessageExt) -> dict[str, Any]:
 
 
 async def _transactions(admin: AdminClient, args: argparse.Namespace) -> Rows:
+    if args.decided:
+        decided = await admin.decisions(args.max, group=args.group, broker=args.broker_name)
+        if args.json:
+            return _dicts(decided), None
+        table = decision_table(decided)
+        return table, list(table[0]) if table else None
     state = "parked" if args.parked else "pending"
     rows = await admin.transactions(state, args.max, group=args.group, broker=args.broker_name)
     if args.json:

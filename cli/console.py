@@ -26,19 +26,23 @@ def add_parser(sub: SubParsers) -> None:
     c = add_command(
         sub,
         "console",
-        help="a web console: cluster, topics, groups, messages, transactions, dead letters",
+        help="a web console: cluster, topics, groups, messages, transactions, dead letters, "
+        "outboxes, reconciliation",
         description=(
             "Serve txmq's web console: brokers and their rates, topics and queues, consumer "
             "groups and their lag (charts kept while the console runs), messages by id or "
-            "key, undecided and parked transactions with COMMIT / ROLLBACK, dead letters "
-            "and re-sending them. Pages refresh themselves every few seconds. It listens on "
-            "127.0.0.1 unless --host says otherwise: it has no login, so put it behind "
-            "something that has one before you open it to a network. Needs the console "
-            "extra: pip install 'txmq[console]'."
+            "key and their journeys, undecided and parked transactions with COMMIT / ROLLBACK, "
+            "dead letters and re-sending them, the outboxes of the --db databases (parked "
+            "rows can be requeued), the last txmq reconcile report (--reports). Pages "
+            "refresh themselves every few seconds. It listens on 127.0.0.1 unless --host "
+            "says otherwise: it has no login, so put it behind something that has one "
+            "before you open it to a network. Needs the console extra: pip install "
+            "'txmq[console]'."
         ),
         examples="  txmq console --broker 127.0.0.1:10911               # http://127.0.0.1:8080\n"
         "  txmq console --namesrv '127.0.0.1:9876;127.0.0.1:9877' --port 9000\n"
-        "  txmq console --broker 127.0.0.1:10911 --db postgresql+psycopg://app@db/orders",
+        "  txmq console --broker 127.0.0.1:10911 --db postgresql+psycopg://app@db/orders\n"
+        "  txmq console --broker 127.0.0.1:10911 --db sqlite:///app.db --reports reconcile-out",
     )
     add_endpoints(c, None)
     c.add_argument(
@@ -46,8 +50,14 @@ def add_parser(sub: SubParsers) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="a producer database (SQLAlchemy URL) whose transaction log the console may "
-        "read (repeat for several)",
+        help="a producer database (SQLAlchemy URL) whose transaction log and outbox the "
+        "console may read, and whose parked outbox rows it may requeue (repeat for several)",
+    )
+    c.add_argument(
+        "--reports",
+        metavar="DIR",
+        help="the --out folder of txmq reconcile: the reconciliation page shows its "
+        "summary.json (the newest of DIR and its sub-folders)",
     )
     c.add_argument(
         "--host",
@@ -98,6 +108,7 @@ def run_console(args: argparse.Namespace) -> int:
         broker=where["address"],
         namesrv=where["namesrv"],
         dbs=list(args.db),
+        reports=args.reports,
         refresh_s=max(args.refresh, 0.5),
         sample_every_s=max(args.sample_every, 0.2),
         allowed_hosts=allowed,

@@ -1,5 +1,6 @@
-"""The console's actions (POST): create a topic, COMMIT / ROLLBACK a half message, re-send
-dead letters.
+"""The console's actions (POST): create a topic, COMMIT / ROLLBACK / RECHECK a half message
+(an operator's decision, with a reason), re-send
+dead letters, reset a consumer group's offsets to a time.
 
 Each one checks the CSRF token (403 otherwise), then wants ``confirm=yes``: without it
 (a browser without JavaScript, whose button could not ask) the answer is a page that asks
@@ -11,7 +12,7 @@ sent back to.
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 from starlette.datastructures import FormData
@@ -22,7 +23,7 @@ from starlette.responses import RedirectResponse, Response
 from txmq.console.security import FIELD, check_csrf
 from txmq.console.web import page, state_of
 
-__all__ = ["create_topic", "dlq_resend", "end_transaction"]
+__all__ = ["create_topic", "decide_transaction", "dlq_resend", "reset_offsets"]
 
 log = logging.getLogger("txmq.console")
 
@@ -51,13 +52,26 @@ def _int(form: FormData, name: str) -> int:
 
 def _confirm(request: Request, form: FormData, question: str) -> Response | None:
     """None when the form says ``confirm=yes``; else the page that asks."""
-    if form.get("confirm") == "yes":
-        return None
-    fields = [(k, v) for k, v in form.multi_items() if k not in (FIELD, "confirm")]
+    return None if form.get("confirm") == "yes" else _ask(request, form, question)
+
+
+def _ask(
+    request: Request, form: FormData, question: str, *, reason: bool = False, missing: bool = False
+) -> Response:
+    """The page that asks ``question`` and posts the form again with ``confirm=yes``
+    (``reason``: and with a reason the operator types; ``missing``: it was left empty)."""
+    skip = (FIELD, "confirm", "reason") if reason else (FIELD, "confirm")
+    fields = [(k, v) for k, v in form.multi_items() if k not in skip]
     return page(
         request,
         "confirm",
-        {"question": question, "action": request.url.path, "fields": fields},
+        {
+            "question": question,
+            "action": request.url.path,
+            "fields": fields,
+            "reason": reason,
+            "reason_missing": missing,
+        },
     )
 
 
@@ -85,45 +99,55 @@ async def create_topic(request: Request) -> Response:
                  name=topic)  # fmt: skip
 
 
-async def end_transaction(request: Request) -> Response:
+async def decide_transaction(request: Request) -> Response:
+    """COMMIT / ROLLBACK a pending or parked half message, or RECHECK parked ones (one, or
+    ``all=yes``), as an operator: the broker records the decision with its reason."""
     form = await _form(request)
-    state_text = _text(form, "state")
-    if state_text not in ("COMMIT", "ROLLBACK"):
-        raise HTTPException(400, "state must be COMMIT or ROLLBACK")
-    decision: Literal["COMMIT", "ROLLBACK"] = "COMMIT" if state_text == "COMMIT" else "ROLLBACK"
-    group = _text(form, "group")
-    offset = _int(form, "offset")
-    msg_id = _text(form, "msg_id")
+    decision = _text(form, "decision")
+    if decision not in ("COMMIT", "ROLLBACK", "RECHECK"):
+        raise HTTPException(400, "decision must be COMMIT, ROLLBACK or RECHECK")
+    every = decision == "RECHECK" and form.get("all") == "yes"
+    msg_id = "" if every else _text(form, "msg_id")
+    group = _text(form, "group", required=False) or None
     broker = _text(form, "broker", required=False) or None
-    asked = _confirm(
-        request,
-        form,
-        f"{decision} the half message {msg_id} of producer group {group!r}? This cannot be undone.",
+    reason = _text(form, "reason", required=False)
+    what = (
+        f"every parked half message{f' of producer group {group!r}' if group else ''}"
+        if every
+        else f"the half message {msg_id}{f' of producer group {group!r}' if group else ''}"
     )
-    if asked is not None:
-        return asked
+    question = {
+        "COMMIT": f"COMMIT {what}? Its consumers will receive it. This cannot be undone.",
+        "ROLLBACK": f"ROLLBACK {what}? It will never be delivered. This cannot be undone.",
+        "RECHECK": f"Check {what} back again with its producer group, from the first check?",
+    }[decision]
+    needs_reason = decision != "RECHECK"
+    confirmed = form.get("confirm") == "yes"
+    if not confirmed or (needs_reason and not reason):
+        missing = confirmed  # confirmed without a reason (a browser that let it pass)
+        return _ask(request, form, question, reason=needs_reason, missing=missing)
     client = await state_of(request).client()
-    ended = await client.end_transaction(
-        group=group, transaction_offset=offset, msg_id=msg_id, state=decision, broker=broker
+    rows = await client.decide_transaction(
+        decision,  # type: ignore[arg-type]
+        msg_id=msg_id or None,
+        all=every,
+        group=group if every else None,
+        reason=reason,
+        operator=f"console ({_who(request)})",
+        broker=broker,
     )
     log.warning(
-        "operator %s: %s for half message %s (group %s, offset %d%s): %s%s",
+        "operator %s: %s %s: %d half message(s)%s",
         _who(request),
         decision,
-        msg_id,
-        group,
-        offset,
-        f", broker {broker}" if broker else "",
-        ended.result,
-        f" ({ended.resolution})" if ended.resolution else "",
+        what,
+        len(rows),
+        f" ({reason})" if reason else "",
     )
-    if ended.result == "ALREADY_RESOLVED":
-        text = (
-            f"{msg_id} was not changed: the broker holds it as already resolved "
-            f"({ended.resolution or '?'})"
-        )
-        return _done(request, "/transactions", "warn", text)
-    return _done(request, "/transactions", "ok", f"{msg_id}: {ended.result}")
+    if decision == "RECHECK":
+        kind = "ok" if rows else "warn"
+        return _done(request, "/transactions", kind, f"re-checking {len(rows)} half message(s)")
+    return _done(request, "/transactions", "ok", f"{msg_id}: {decision} recorded")
 
 
 async def dlq_resend(request: Request) -> Response:
@@ -142,3 +166,39 @@ async def dlq_resend(request: Request) -> Response:
     kind = "ok" if resent else "warn"
     return _done(request, "/dlq", kind, f"re-sent {resent} message(s) to %RETRY%{group}",
                  group=group)  # fmt: skip
+
+
+async def reset_offsets(request: Request) -> Response:
+    form = await _form(request)
+    group = _text(form, "group")
+    topic = _text(form, "topic")
+    try:  # a datetime-local input: 2026-11-25T10:00 or 2026-11-25T10:00:05, in UTC
+        to = datetime.fromisoformat(_text(form, "to"))
+    except ValueError:
+        raise HTTPException(400, "to must be a date and time (2026-11-25T10:00)") from None
+    to = to if to.tzinfo else to.replace(tzinfo=UTC)
+    when = to.strftime("%Y-%m-%d %H:%M:%S %Z")
+    asked = _confirm(
+        request,
+        form,
+        f"Reset the offsets of group {group!r} on topic {topic!r} to {when}? Its consumers "
+        "go to the first message stored from then on (again, or skipping the ones before).",
+    )
+    if asked is not None:
+        return asked
+    rows = await (await state_of(request).client()).reset_offsets(group, topic, to)
+    moved = sum(1 for r in rows if r.new_offset != r.old_offset)
+    log.warning(
+        "operator %s: reset offsets of group %s on topic %s to %s: %s",
+        _who(request),
+        group,
+        topic,
+        when,
+        ", ".join(
+            f"{r.broker_name + '/' if r.broker_name else ''}{r.queue_id}: "
+            f"{r.old_offset} -> {r.new_offset}"
+            for r in rows
+        ),
+    )
+    text = f"offsets of {topic} reset to {when}: {moved} of {len(rows)} queue(s) moved"
+    return _done(request, "/group", "ok", text, name=group)

@@ -23,7 +23,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from txmq.console import actions, pages
+from txmq.console import actions, outbox_page, pages, reconcile_page
 from txmq.console.security import SecurityHeaders
 from txmq.console.state import ConsoleConfig, ConsoleState
 from txmq.console.web import HERE, error_page, state_of
@@ -100,12 +100,16 @@ def create_app(config: ConsoleConfig | None = None, *, sample: bool = True) -> S
             Route("/topic", pages.topic),
             Route("/groups", pages.groups),
             Route("/group", pages.group),
+            Route("/group/reset", actions.reset_offsets, methods=["POST"]),
             Route("/message", pages.message),
             Route("/message/body", pages.message_body),
             Route("/transactions", pages.transactions),
-            Route("/transactions/end", actions.end_transaction, methods=["POST"]),
+            Route("/transactions/decide", actions.decide_transaction, methods=["POST"]),
             Route("/dlq", pages.dlq),
             Route("/dlq/resend", actions.dlq_resend, methods=["POST"]),
+            Route("/outbox", outbox_page.outbox),
+            Route("/outbox/requeue", outbox_page.requeue, methods=["POST"]),
+            Route("/reconcile", reconcile_page.reconcile),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         middleware=[

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from txmq.console.dblog import log_states
+from txmq.console.holders import queue_holders
+from txmq.console.journey import journeys
 from txmq.console.render import chart, show_body
 from txmq.console.web import page, state_of
-from txmq.errors import MessageNotFound
-from txmq.message import MessageExt, Prop
+from txmq.message import Prop
 
 __all__ = [
     "cluster",
@@ -30,6 +30,8 @@ __all__ = [
 
 #: what a console shows at most of a listing
 LIST_MAX = 200
+#: operators' decisions shown (newest first)
+DECIDED_MAX = 50
 DLQ_PREFIX, RETRY_PREFIX = "%DLQ%", "%RETRY%"
 
 
@@ -115,6 +117,7 @@ async def group(request: Request) -> Response:
     client = await state.client()
     offsets = [o for o in await client.offsets() if o.group == name]
     members = await client.members(name)
+    holders = await queue_holders(client, name, offsets, members)
     lines = {
         f"{topic}{'@' + broker if broker else ''}#{qid}": list(points)
         for (g, topic, broker, qid), points in state.history.queue_lag.items()
@@ -128,20 +131,10 @@ async def group(request: Request) -> Response:
             "offsets": offsets,
             "lag": sum(o.lag for o in offsets),
             "members": members,
+            "holders": holders,
             "lag_chart": chart(lines),
         },
     )
-
-
-def _journey(msg: MessageExt, offsets: list[Any]) -> list[dict[str, Any]]:
-    """Which consumer groups have consumed this message (their committed offset is past
-    it on its queue)."""
-    out = []
-    for o in offsets:
-        same_queue = (o.topic, o.queue_id) == (msg.topic, msg.queue_id)
-        if same_queue and (o.broker_name or "") == (msg.broker_name or ""):
-            out.append({"group": o.group, "consumed": o.offset > msg.queue_offset, "at": o.offset})
-    return out
 
 
 async def message(request: Request) -> Response:
@@ -152,25 +145,17 @@ async def message(request: Request) -> Response:
     if not msg_id and not key:
         return page(request, "message", {"msg_id": "", "key": "", "found": []})
     client = await state.client()
-    if msg_id:
-        found = [await client.message_by_id(msg_id, broker=broker)]
-    else:
-        found = await client.messages_by_key(key, 32, broker=broker)
-        if not found:
-            raise MessageNotFound(f"no message has the key {key!r}")
-    offsets = await client.offsets()
+    found = await journeys(client, msg_id=msg_id, key=key, broker=broker)
     shown = [
         {
-            "msg": m,
-            "body": show_body(m.body, state.config.body_limit),
-            "system": {k: v for k, v in sorted(m.all_properties.items()) if k in Prop.ALL},
-            "user": dict(sorted(m.properties.items())),
-            "journey": _journey(m, offsets),
-            "retry_of": m.all_properties.get(Prop.RETRY_TOPIC, ""),
-            "dead": m.topic.startswith(DLQ_PREFIX),
-            "retried": m.topic.startswith(RETRY_PREFIX) or m.reconsume_times > 0,
+            "msg": j.main,
+            "body": show_body(j.main.body, state.config.body_limit),
+            "system": {k: v for k, v in sorted(j.main.all_properties.items()) if k in Prop.ALL},
+            "user": dict(sorted(j.main.properties.items())),
+            "journey": j,
+            "retry_of": j.main.all_properties.get(Prop.RETRY_TOPIC, ""),
         }
-        for m in found
+        for j in found
     ]
     return page(request, "message", {"msg_id": msg_id, "key": key, "found": shown})
 
@@ -192,13 +177,21 @@ async def transactions(request: Request) -> Response:
     client = await state_of(request).client()
     pending = await client.transactions("pending", LIST_MAX)
     parked = await client.transactions("parked", LIST_MAX)
+    decided = await client.decisions(DECIDED_MAX)
     dbs = state_of(request).config.dbs
     ids = [t.transaction_id for t in [*pending, *parked]]
     logs, db_errors = await log_states(dbs, ids) if dbs else ({}, [])
     return page(
         request,
         "transactions",
-        {"pending": pending, "parked": parked, "dbs": dbs, "logs": logs, "db_errors": db_errors},
+        {
+            "pending": pending,
+            "parked": parked,
+            "decided": decided,
+            "dbs": dbs,
+            "logs": logs,
+            "db_errors": db_errors,
+        },
     )
 
 

@@ -15,14 +15,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import anyio
 
 from txmq.admin import AdminClient, BrokerRow
 from txmq.errors import TxmqError
-from txmq.fanout import BrokerAddress
-from txmq.wire import Ended, EndTransaction, GetConsumerListByGroup, GroupOffset
+from txmq.wire import GetConsumerListByGroup, GroupOffset
 
 __all__ = [
     "LOOPBACK",
@@ -51,6 +50,9 @@ class ConsoleConfig:
     namesrv: str | None = None
     #: producer databases (SQLAlchemy URLs) whose transaction logs the console reads
     dbs: list[str] = field(default_factory=list)
+    #: the --out folder of ``txmq reconcile``: its (newest) summary.json is the
+    #: reconciliation page
+    reports: str | None = None
     #: how often the background sampler asks for rates and lag (seconds)
     sample_every_s: float = 5.0
     #: how often a page refreshes its live part (seconds)
@@ -70,23 +72,6 @@ class OperatorClient(AdminClient):
     """An :class:`AdminClient` with the operator actions the console needs and the admin
     client has no method for yet, made of the existing wire requests."""
 
-    async def end_transaction(
-        self,
-        *,
-        group: str,
-        transaction_offset: int,
-        msg_id: str,
-        state: Literal["COMMIT", "ROLLBACK"],
-        broker: str | None = None,
-    ) -> Ended:
-        """COMMIT or ROLLBACK the half message at ``transaction_offset`` of producer group
-        ``group`` on the broker (set) holding it, as its producer would."""
-        [target] = await self._one(broker)
-        request = EndTransaction(
-            group=group, transaction_offset=transaction_offset, msg_id=msg_id, state=state
-        )
-        return await self._ask(target, request)
-
     async def members(self, group: str) -> dict[str, list[str]]:
         """The client ids of consumer group ``group``'s members, by broker set ("" for a
         broker asked directly)."""
@@ -94,12 +79,6 @@ class OperatorClient(AdminClient):
             await self.brokers(), lambda t: self._ask(t, GetConsumerListByGroup(group=group))
         )
         return {t.broker_name: sorted(answer.client_ids) for t, answer in answers}
-
-    async def _one(self, broker: str | None) -> list[BrokerAddress]:
-        targets = await self.brokers(broker=(broker or None) if self.direct is None else None)
-        if len(targets) > 1:
-            raise ValueError("several broker sets: say which one holds the half message")
-        return targets
 
 
 class History:

@@ -21,9 +21,16 @@ from txmq.spark.common import Run, mapped
 
 __all__ = ["LOCAL_COMMITTED", "RANK", "candidates"]
 
-RANK = {"ROLLED_BACK": 1, "PENDING": 2, "PARKED": 3, "COMMITTED": 4}
+#: a half's broker state (RECHECKED: a parked half an operator re-checked, superseded by its
+#: copy, which is a half of the same transaction and classified on its own)
+RANK = {"RECHECKED": 0, "ROLLED_BACK": 1, "PENDING": 2, "PARKED": 3, "COMMITTED": 4}
 #: an op record's resolution as the rank of the broker state it leads to
-_OP_CODE = {"ROLLBACK": RANK["ROLLED_BACK"], "PARKED": RANK["PARKED"], "COMMIT": RANK["COMMITTED"]}
+_OP_CODE = {
+    "ROLLBACK": RANK["ROLLED_BACK"],
+    "PARKED": RANK["PARKED"],
+    "COMMIT": RANK["COMMITTED"],
+    "RECHECKED": RANK["RECHECKED"],
+}
 LOCAL_COMMITTED, _LOCAL_OTHER = 2, 1
 #: a broker state's bit in a transaction's ``ranks``
 _BIT = {r: 1 << r for r in RANK.values()}

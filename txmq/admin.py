@@ -20,17 +20,19 @@ and where not.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import msgspec
 
 from txmq import controller_client
+from txmq.admin_transactions import BrokerDecisionRow, BrokerTransactionRow, TransactionAdmin
 from txmq.cluster_view import BrokerRow, ControllerView, cluster_rows
 from txmq.codec import decode_record, decode_records
 from txmq.controller_client import SwitchoverResult
-from txmq.errors import MessageNotFound, TopicNotFound, TxmqError
-from txmq.fanout import BrokerAddress, ClusterClient, is_offset_id, merged
+from txmq.errors import GroupNotFound, MessageNotFound, TopicNotFound, TxmqError
+from txmq.fanout import BrokerAddress, is_offset_id, merged
 from txmq.message import MessageExt, Prop, is_system_topic
 from txmq.remoting import parse_namesrv
 from txmq.wire import (
@@ -43,17 +45,17 @@ from txmq.wire import (
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
     GetTopicStats,
-    GetTransactions,
     GroupConfigRow,
     GroupOffset,
     QueryConsumerOffset,
     QueryMessageByKey,
+    QueueReset,
     QueueStats,
     ReplicaInfo,
+    ResetOffset,
     RuntimeInfo,
     TopicInfo,
     TopicRow,
-    TransactionRow,
     UpdateAndCreateTopic,
     UpdateSubscriptionGroup,
     ViewMessageById,
@@ -62,11 +64,14 @@ from txmq.wire import (
 __all__ = [
     "AdminClient",
     "BrokerAddress",
+    "BrokerDecisionRow",
     "BrokerRow",
     "BrokerTransactionRow",
     "ConsumeTimeout",
     "ControllerView",
+    "QueueReset",
     "SwitchoverResult",
+    "epoch_ms",
     "wait_consumed",
 ]
 
@@ -78,13 +83,7 @@ class ConsumeTimeout(TxmqError, TimeoutError):
     retriable = True
 
 
-class BrokerTransactionRow(TransactionRow, frozen=True, kw_only=True, omit_defaults=True):
-    """A :class:`TransactionRow` and the broker set that holds the half message."""
-
-    broker_name: str = ""
-
-
-class AdminClient(ClusterClient):
+class AdminClient(TransactionAdmin):
     """Operator queries of the broker given by ``address``, or of every broker of a
     cluster through its name servers (``namesrv=``).  Methods that take ``broker``
     (a broker set's name) ask only that broker set of the cluster."""
@@ -327,6 +326,48 @@ class AdminClient(ClusterClient):
         ]
         return sorted(rows, key=lambda o: (o.group, o.topic, o.broker_name, o.queue_id))
 
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        to: datetime | int,
+        *,
+        broker: str | None = None,
+        force: bool = True,
+    ) -> list[QueueReset]:
+        """Move consumer group ``group``'s offset of every queue of ``topic`` to the first
+        message stored at or after ``to`` (a datetime, naive meaning UTC, or ms since the
+        epoch): RocketMQ's ``resetOffsetByTime``.  A time before every message it still
+        holds: the oldest; a time after the newest: the end (nothing left to consume).
+        ``force=False`` only moves offsets back.  Every broker set holding the topic (or
+        only ``broker``) writes the new offsets and tells the group's connected push
+        consumers, which drop what they pulled and consume from there.  Returns each
+        queue's offset before (-1: none committed) and after, ordered by broker name and
+        queue id.  Raises :class:`TopicNotFound` / :class:`GroupNotFound` when no broker
+        set has the topic / knows the group, and says where it was done if one failed."""
+        request = ResetOffset(group=group, topic=topic, timestamp_ms=epoch_ms(to), force=force)
+
+        async def reset(target: BrokerAddress) -> list[QueueReset] | GroupNotFound:
+            try:
+                answer = await self._ask(target, request)
+            except GroupNotFound as exc:  # a broker set where the group never was
+                return exc
+            if not target.broker_name:
+                return answer.queues
+            return [
+                msgspec.structs.replace(q, broker_name=target.broker_name) for q in answer.queues
+            ]
+
+        targets = await self.brokers(broker=broker) if broker else await self._topic_brokers(topic)
+        results = await self._all_or_raise(targets, reset, "reset")
+        rows = [q for _, found in results if not isinstance(found, GroupNotFound) for q in found]
+        if not rows:
+            unknown = [found for _, found in results if isinstance(found, GroupNotFound)]
+            if len(unknown) == 1:
+                raise unknown[0]
+            raise GroupNotFound(f"no broker set holding {topic!r} knows consumer group {group!r}")
+        return sorted(rows, key=lambda q: (q.broker_name, q.queue_id))
+
     async def runtime_info(self, *, broker: str | None = None) -> RuntimeInfo:
         """One broker's runtime information: the broker given directly, or the master of
         the broker set ``broker`` (needed when the cluster has more than one)."""
@@ -441,39 +482,6 @@ class AdminClient(ClusterClient):
         results = await self._all_or_raise(targets, lambda t: self._ask(t, request), "re-sent")
         return sum(answer.resent for _, answer in results)
 
-    # -- transactions -----------------------------------------------------------------------
-
-    async def transactions(
-        self,
-        state: str = "pending",
-        max: int = 100,
-        *,
-        group: str | None = None,
-        broker: str | None = None,
-    ) -> list[BrokerTransactionRow]:
-        """Half messages still undecided (``"pending"``) or parked after the last check
-        (``"parked"``), oldest first (parked ones with their ``parked_timestamp``), over
-        every broker (each row naming its ``broker_name``; at most ``max`` in all)."""
-        if state == "pending":
-            request = GetTransactions(state="pending", max=max, group=group)
-        elif state == "parked":
-            request = GetTransactions(state="parked", max=max, group=group)
-        else:
-            raise ValueError("state must be 'pending' or 'parked'")
-
-        async def rows(target: BrokerAddress) -> list[BrokerTransactionRow]:
-            answer = await self._ask(target, request)
-            return [
-                BrokerTransactionRow(**msgspec.structs.asdict(r), broker_name=target.broker_name)
-                for r in answer.transactions
-            ]
-
-        found = await self._each(await self.brokers(broker=broker), rows)
-        max = max if max > 0 else 1  # as a broker takes it
-        if state == "parked":
-            return merged([r for _, r in found], lambda r: r.parked_timestamp or 0, max)
-        return merged([r for _, r in found], lambda r: r.born_timestamp, max)
-
 
 def _merged_groups(
     answers: Iterable[tuple[str, list[GroupConfigRow]]],
@@ -498,6 +506,19 @@ def _addresses(given: str | Sequence[str] | None) -> list[str]:
         return []
     text = given if isinstance(given, str) else ";".join(given)
     return list(parse_namesrv(text, setting="--controller"))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_ms(t: datetime | int) -> int:
+    """A time as ms since the epoch: a datetime (naive: UTC), or ms as they are."""
+    if isinstance(t, datetime):
+        aware = t if t.tzinfo else t.replace(tzinfo=UTC)
+        return (aware - _EPOCH) // timedelta(milliseconds=1)
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        raise ValueError(f"a time must be a datetime or ms since the epoch (>= 0), not {t!r}")
+    return t
 
 
 async def wait_consumed(

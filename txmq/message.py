@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from txmq.wire.errors import BadRequest
 
 __all__ = [
+    "DECISION_TOPIC",
     "HALF_TOPIC",
     "OP_TOPIC",
     "PARKED_TOPIC",
@@ -60,6 +61,7 @@ class Prop:
     CQ_TAG_CODE = "__CQ_TAG_CODE"  # the consume-queue tag code when it is not the tag's hash
     TRANSACTION_ID = "__transactionId__"  # the local transaction a half message belongs to
     DELIVER_AT = "TIMER_DELIVER_MS"  # deliver at this time (ms since the epoch), RocketMQ 5's
+    RECHECK_OF = "TXMQ_RECHECK_OF"  # a re-checked half's copy: the parked half's offset
 
     ALL: frozenset[str] = frozenset(
         {
@@ -82,6 +84,7 @@ class Prop:
             CQ_TAG_CODE,
             TRANSACTION_ID,
             DELIVER_AT,
+            RECHECK_OF,
         }
     )
 
@@ -100,11 +103,20 @@ class SysFlag:
         return flag & SysFlag.TRANSACTION_MASK
 
 
-SYSTEM_TOPIC_PREFIXES = ("RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC_", "TRANS_CHECK_MAX_TIME")
+SYSTEM_TOPIC_PREFIXES = (
+    "RMQ_SYS_",
+    "TXMQ_SYS_",
+    "%RETRY%",
+    "%DLQ%",
+    "SCHEDULE_TOPIC_",
+    "TRANS_CHECK_MAX_TIME",
+)
 #: half (prepared) messages, their op records, halves parked after the last check-back
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 PARKED_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: operators' decisions on half messages (txmq's own)
+DECISION_TOPIC = "TXMQ_SYS_TRANS_DECISION"
 #: delayed messages wait here, a queue per delay level
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 

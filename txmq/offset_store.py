@@ -16,6 +16,7 @@ __all__ = ["LocalFileOffsetStore", "OffsetStore", "RemoteOffsetStore"]
 
 class OffsetStore(Protocol):
     def update(self, mq: MessageQueue, offset: int) -> None: ...
+    def reset(self, mq: MessageQueue, offset: int) -> None: ...
     async def read(self, mq: MessageQueue) -> int: ...
     async def persist(self, mqs: set[MessageQueue]) -> None: ...
     def remove(self, mq: MessageQueue) -> None: ...
@@ -29,6 +30,10 @@ class _Table:
         """Only forward: an older commit never moves an offset back."""
         if offset > self.table.get(mq, -1):
             self.table[mq] = offset
+
+    def reset(self, mq: MessageQueue, offset: int) -> None:
+        """Set the offset, also backwards (an operator's reset)."""
+        self.table[mq] = offset
 
     def remove(self, mq: MessageQueue) -> None:
         self.table.pop(mq, None)

@@ -21,6 +21,7 @@ from txmq import observe
 from txmq.allocate import AllocateStrategy, MessageQueue, allocate_averagely
 from txmq.errors import TopicNotFound, TxmqError, UnsupportedRequest
 from txmq.message import MessageExt, Prop, is_system_topic, retry_topic
+from txmq.offset_reset import reset_queues
 from txmq.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from txmq.process_queue import ProcessQueue
 from txmq.pull import PullConsumer, PullStatus
@@ -33,6 +34,7 @@ from txmq.wire import (
     Heartbeat,
     LockBatchMq,
     NotifyConsumerIdsChanged,
+    ResetConsumerClientOffset,
     UnlockBatchMq,
     UnregisterClient,
 )
@@ -153,6 +155,7 @@ class PushConsumer(PullConsumer):
     ) -> None:
         router = Router("consumers")
         router.route(NotifyConsumerIdsChanged, self._on_notify)
+        router.route(ResetConsumerClientOffset, self._on_reset)
         super().__init__(address, group, handler=router.handle, **kwargs)
         if self.transport == "grpc":
             if MessageModel(message_model) is MessageModel.BROADCASTING:
@@ -283,6 +286,13 @@ class PushConsumer(PullConsumer):
         self._rebalance_now.set()
         return Empty()
 
+    def _on_reset(self, request: ResetConsumerClientOffset, call: Call) -> Empty:
+        """An operator reset the group's offsets of a topic on a broker: consume its
+        queues held here from the new offsets (:mod:`txmq.offset_reset`)."""
+        if request.group == self.group and not self._stopping:
+            self._task_group().start_soon(reset_queues, self, request)
+        return Empty()
+
     # -- heartbeats, rebalance, offsets ----------------------------------------------------
 
     def _heartbeat_request(self) -> Heartbeat:
@@ -394,16 +404,21 @@ class PushConsumer(PullConsumer):
         if new and self.orderly and self.message_model is MessageModel.CLUSTERING:
             new = sorted(await self._lock(set(new)))
         for mq in new:
-            offset = await self._start_offset(mq)
-            pq = ProcessQueue()
-            if self.orderly:
-                pq.locked, pq.last_lock_time = True, time.monotonic()
-            self.queues_held[mq] = pq
-            scope = anyio.CancelScope()
-            self._scopes[mq] = scope
-            self._task_group().start_soon(self._run_queue, mq, pq, offset, scope)
+            self._start_queue(mq, await self._start_offset(mq))
         if gone or new:
             log.info("%s/%s now consumes %s", self.group, self.client_id, sorted(self.queues_held))
+
+    def _start_queue(
+        self, mq: MessageQueue, offset: int, lock: tuple[bool, float] | None = None
+    ) -> None:
+        """Pull and consume ``mq`` from ``offset`` (orderly: ``lock`` is whether the queue
+        is locked and since when; None: locked now)."""
+        pq = ProcessQueue()
+        if self.orderly:
+            pq.locked, pq.last_lock_time = lock or (True, time.monotonic())
+        self.queues_held[mq] = pq
+        scope = self._scopes[mq] = anyio.CancelScope()
+        self._task_group().start_soon(self._run_queue, mq, pq, offset, scope)
 
     def _drop(self, mq: MessageQueue) -> None:
         pq = self.queues_held.pop(mq, None)

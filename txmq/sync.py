@@ -236,6 +236,8 @@ class AdminClient(SyncClient[_admin.AdminClient]):
     dlq_list = blocking(_admin.AdminClient.dlq_list)
     dlq_resend = blocking(_admin.AdminClient.dlq_resend)
     transactions = blocking(_admin.AdminClient.transactions)
+    decisions = blocking(_admin.AdminClient.decisions)
+    decide_transaction = blocking(_admin.AdminClient.decide_transaction)
     cluster = blocking(_admin.AdminClient.cluster)
     topic_route = blocking(_admin.AdminClient.topic_route)
     runtime_infos = blocking(_admin.AdminClient.runtime_infos)

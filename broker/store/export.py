@@ -15,8 +15,8 @@ half      a half (prepared) message: ``topic`` is its real topic, ``group`` its 
           group, ``half_offset`` its commit-log offset (the transaction's broker identity).
           The first op record of a half in the same segment is folded into the half's row
           (``resolution``, and its store time as ``op_ts``) instead of a row of its own
-op        an op record: ``half_offset`` names the half, ``resolution`` is COMMIT, ROLLBACK
-          or PARKED (the last one for a half wins); ``group``, ``msg_id``, ``topic`` and
+op        an op record: ``half_offset`` names the half, ``resolution`` is COMMIT, ROLLBACK,
+          PARKED or RECHECKED (the last one for a half wins); ``group``, ``msg_id``, ``topic`` and
           ``transaction_id`` are the half's, from the op record's body
 message   a message in a user topic: plain sends, the outbox relay's, and the commit copies
           of transactional messages (those with ``transaction_id`` and ``half_offset`` set)

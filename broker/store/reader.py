@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from txmq.codec import CorruptRecord, check_record, read_header, record_topic_and_props
+from txmq.codec import (
+    HEADER,
+    MESSAGE_MAGIC,
+    PREFIX,
+    CorruptRecord,
+    check_record,
+    read_header,
+    record_topic_and_props,
+)
 from txmq.message import Prop
 
 from .commitlog import CommitLog
@@ -16,6 +24,7 @@ from .types import GetResult, GetStatus
 __all__ = [
     "StoreReads",
     "get_from_queue",
+    "offset_by_time",
     "query_all_by_uniq_key",
     "query_by_key",
     "query_by_uniq_key",
@@ -88,6 +97,37 @@ def get_from_queue(
     elif picked:
         status = GetStatus.OFFSET_FOUND_NULL
     return GetResult(status, records, cur, lo, hi, picked[0][0] if records else -1)
+
+
+def offset_by_time(cl: CommitLog, cq: ConsumeQueue, ts_ms: int) -> int:
+    """RocketMQ's ``getOffsetInQueueByTime`` (its LOWER boundary): the first queue offset
+    whose message was stored at or after ``ts_ms`` (epoch ms) — the queue's min offset when
+    ``ts_ms`` is before everything, its max offset when nothing was stored since.
+
+    A binary search over the queue's entries, reading each probed message's store time from
+    the commit log (store times grow along a queue: they are taken under the write lock).
+    An entry that cannot be read (a hole, its segment deleted, a damaged header) counts as
+    stored before ``ts_ms``."""
+    lo, hi = cq.min_offset, cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _store_time(cl, cq, mid) < ts_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _store_time(cl: CommitLog, cq: ConsumeQueue, offset: int) -> int:
+    """The store time of the message at ``offset`` of the queue; -1 if it cannot be read."""
+    e = cq.entry(offset)
+    if e is None or e[1] < HEADER.size:
+        return -1
+    head = cl.read(e[0], HEADER.size)
+    if head is None or PREFIX.unpack_from(head)[1] != MESSAGE_MAGIC:
+        return -1
+    h = read_header(head)
+    return h.store_timestamp if h.commit_log_offset == e[0] else -1
 
 
 def _checked(
@@ -231,6 +271,13 @@ class StoreReads:
         """The next queue offset to be written (0 for an unknown queue)."""
         cq = self._cqs.get((topic, queue_id))
         return cq.max_offset if cq is not None else 0
+
+    def offset_by_time(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """The first offset of the queue whose message was stored at or after ``ts_ms``
+        (epoch ms): its min offset if that is before everything, its max offset if
+        nothing was stored since (0 for an unknown queue)."""
+        cq = self._cqs.get((topic, queue_id))
+        return offset_by_time(self._cl, cq, ts_ms) if cq is not None else 0
 
     def queue_offsets(self) -> dict[str, dict[int, tuple[int, int]]]:
         out: dict[str, dict[int, tuple[int, int]]] = {}

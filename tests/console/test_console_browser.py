@@ -1,7 +1,8 @@
 """The web console in a real headless browser (Debian's chromium and chromium-driver, driven
 by Selenium) against ``txmq console`` and a broker, each in a process of its own: every
-page renders live data, a pending transaction is committed from its page and consumed, a
-dead letter is re-sent from its page and consumed, a ``<script>`` body is shown as text.
+page renders live data, a pending and a parked transaction are committed from their
+page and consumed, a dead letter is re-sent from its page and consumed, a ``<script>``
+body is shown as text.
 
 ``TXMQ_CONSOLE_SCREENSHOTS=docs/console`` saves a PNG of each main page there (the
 README's pictures)."""
@@ -29,7 +30,6 @@ pytest.importorskip("selenium", reason=NO_EXTRA)
 
 from selenium import webdriver
 from selenium.common.exceptions import (
-    NoAlertPresentException,
     StaleElementReferenceException,
     TimeoutException,
 )
@@ -71,8 +71,18 @@ def browser() -> Iterator[WebDriver]:
 
 
 @pytest.fixture
-def console(seeded: Seeded, console_process: Callable[..., ConsoleProcess]) -> ConsoleProcess:
-    return console_process("--broker", seeded.address, "--refresh", "0.5", "--sample-every", "0.3")
+def console(
+    seeded: Seeded, console_process: Callable[..., ConsoleProcess], tmp_path: Path
+) -> ConsoleProcess:
+    from tests.console.test_console_pages import add_outbox_row, outbox_db, write_summary
+
+    db = outbox_db(tmp_path / "orders.db")
+    add_outbox_row(db, "orders", b"waiting", key="order-7")
+    write_summary(tmp_path / "reports", {"parked": 1}, {})
+    return console_process(
+        "--broker", seeded.address, "--refresh", "0.5", "--sample-every", "0.3",
+        "--db", db, "--reports", str(tmp_path / "reports"),
+    )  # fmt: skip
 
 
 def shot(driver: WebDriver, name: str) -> None:
@@ -162,6 +172,16 @@ def test_every_page_renders_live_data(
     browser.get(console.url + "/dlq?group=billing")
     assert seeded.dead_id in text(browser)
     shot(browser, "dlq")
+
+    browser.get(console.url + "/outbox")
+    assert "Outbox" in browser.title and "orders.db" in text(browser)
+    assert text_of(browser, By.CSS_SELECTOR, "#outbox-0 td.backlog") == "1"
+    shot(browser, "outbox")
+
+    browser.get(console.url + "/reconcile")
+    assert "Reconciliation" in browser.title
+    assert text_of(browser, By.ID, "verdict") == "Needs attention: 1 anomaly"
+    shot(browser, "reconcile")
     assert "Traceback" not in console.output()
 
 
@@ -178,27 +198,44 @@ def test_a_script_body_is_shown_as_text_and_never_run(
     assert no_alert(browser, 1.5)
 
 
-def test_commit_a_transaction_from_the_page(
+def _decide(browser: WebDriver, row: str, button: str, reason: str) -> str:
+    """Click ``button`` in the transaction row ``row``, give the reason the console's page
+    asks for, confirm; the flash the page shows then."""
+    click(browser, By.CSS_SELECTOR, button, inside=row)
+    field = WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "reason")))
+    field.send_keys(reason)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    flash = WebDriverWait(browser, 10).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, ".flash"))
+    )
+    return str(flash.text)
+
+
+def test_commit_transactions_from_the_page(
     browser: WebDriver, console: ConsoleProcess, seeded: Seeded
 ) -> None:
     browser.get(console.url + "/transactions")
-    row = f'#pending tr[data-msg-id="{seeded.pending_id}"]'
-    click(browser, By.CSS_SELECTOR, "button.commit", inside=row)
-    alert = WebDriverWait(browser, 5).until(ec.alert_is_present())
-    assert "COMMIT half message" in alert.text
-    alert.accept()
-    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
-    assert f"{seeded.pending_id}: COMMITTED" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    pending = f'#pending tr[data-msg-id="{seeded.pending_id}"]'
+    assert f"{seeded.pending_id}: COMMIT recorded" in _decide(
+        browser, pending, "button.commit", "paid by phone"
+    )
     consumed = read_topic(seeded.address, "payments", group="payments-reader")
     assert [m.body for m in consumed] == [b"payment 9"]
-    assert "operator 127.0.0.1: COMMIT for half message" in console.output()
+    assert "operator 127.0.0.1: COMMIT the half message" in console.output()
 
-    # a parked one: the broker holds it as resolved (PARKED) and says so
-    row = f'#parked tr[data-msg-id="{seeded.parked_id}"]'
-    click(browser, By.CSS_SELECTOR, "button.commit", inside=row)
-    WebDriverWait(browser, 5).until(ec.alert_is_present()).accept()
-    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".flash")))
-    assert "already resolved (PARKED)" in browser.find_element(By.CSS_SELECTOR, ".flash").text
+    # a parked one: nobody checks it back any more; the operator's COMMIT delivers it
+    parked = f'#parked tr[data-msg-id="{seeded.parked_id}"]'
+    assert f"{seeded.parked_id}: COMMIT recorded" in _decide(
+        browser, parked, "button.commit", "stuck <b>payment</b> confirmed"
+    )
+    consumed = read_topic(seeded.address, "payments", group="payments-reader")
+    assert sorted(m.body for m in consumed) == [b"payment 9", b"stuck payment"]
+    decided = text_of(browser, By.ID, "decided")
+    assert "stuck <b>payment</b> confirmed" in decided and "paid by phone" in decided
+    assert (
+        browser.find_elements(By.CSS_SELECTOR, f'#parked tr[data-msg-id="{seeded.parked_id}"]')
+        == []
+    )
 
 
 def test_cancelled_confirmation_does_nothing(
@@ -207,11 +244,13 @@ def test_cancelled_confirmation_does_nothing(
     browser.get(console.url + "/transactions")
     row = f'#pending tr[data-msg-id="{seeded.pending_id}"]'
     click(browser, By.CSS_SELECTOR, "button.danger", inside=row)
-    WebDriverWait(browser, 5).until(ec.alert_is_present()).dismiss()
-    with pytest.raises(NoAlertPresentException):
-        browser.switch_to.alert.accept()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "reason")))
+    click(browser, By.LINK_TEXT, "Cancel")
+    assert no_alert(browser, 0.5)
     assert browser.find_elements(By.CSS_SELECTOR, ".flash") == []
     assert read_topic(seeded.address, "payments", group="payments-reader") == []
+    browser.get(console.url + "/transactions")
+    assert browser.find_elements(By.CSS_SELECTOR, row)
 
 
 def test_resend_a_dead_letter_from_the_page(

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from tests.conftest import free_port
@@ -17,6 +18,7 @@ pytest.importorskip("httpx2", reason=NO_EXTRA)
 
 from starlette.testclient import TestClient
 
+from txmq import AdminClient
 from txmq.console import ConsoleConfig, create_app
 
 
@@ -128,22 +130,28 @@ def test_actions_ask_then_act(web: TestClient, seeded: Seeded) -> None:
     done = web.post("/topics", data={**form, "confirm": "yes"})
     assert done.status_code == 200 and "topic created-here has 3 queue(s)" in done.text
 
-    end = {
+    decide = {
         "csrf_token": csrf,
         "group": "tx-console",
         "msg_id": seeded.pending_id,
-        "state": "COMMIT",
-        "confirm": "yes",
+        "decision": "COMMIT",
     }
-    rows = web.get("/transactions").text
-    [offset] = re.findall(
-        rf'name="offset" value="(\d+)">\s*<input type="hidden" name="msg_id" '
-        rf'value="{seeded.pending_id}"',
-        rows,
-    )[:1]
-    done = web.post("/transactions/end", data={**end, "offset": offset})
-    assert f"{seeded.pending_id}: COMMITTED" in done.text
+    asked = web.post("/transactions/decide", data=decide)
+    assert asked.status_code == 200 and "COMMIT the half message" in asked.text
+    assert 'name="reason" required' in asked.text
+    missing = web.post("/transactions/decide", data={**decide, "confirm": "yes"})
+    assert "A reason is needed." in missing.text
+    assert read_topic(seeded.address, "payments") == []
+    done = web.post(
+        "/transactions/decide",
+        data={**decide, "confirm": "yes", "reason": "paid <by> phone"},
+    )
+    assert f"{seeded.pending_id}: COMMIT recorded" in done.text
     assert [m.body for m in read_topic(seeded.address, "payments")] == [b"payment 9"]
+    decided = web.get("/transactions").text
+    assert "paid &lt;by&gt; phone" in decided and "console (testclient)" in decided
+    again = web.post("/transactions/decide", data={**decide, "confirm": "yes", "reason": "twice"})
+    assert again.status_code == 404 and "resolved (COMMIT)" in again.text
 
     resent = web.post(
         "/dlq/resend",
@@ -197,3 +205,57 @@ def test_the_producer_databases_log_beside_each_transaction(seeded: Seeded, tmp_
     [parked_row] = re.findall(rf'<tr data-msg-id="{seeded.parked_id}">.*?</tr>', page, re.S)
     assert "no row" in parked_row
     assert "empty.db has no txmq tables yet" in page
+
+
+def _queue_cells(html: str, topic: str) -> dict[int, list[str]]:
+    """The group page's queue table: queue id -> [committed offset, max offset, lag]."""
+    table = html[html.index('id="group-queues"') :]
+    table = table[: table.index("</table>")]
+    out = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table, re.S):
+        cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td>(.*?)</td>", row)]
+        if cells and cells[0] == topic:
+            out[int(cells[2])] = cells[3:6]
+    return out
+
+
+def _committed(address: str, group: str, topic: str) -> dict[int, int]:
+    async def go() -> dict[int, int]:
+        async with AdminClient(address) as admin:
+            rows = await admin.offsets()
+        return {o.queue_id: o.offset for o in rows if (o.group, o.topic) == (group, topic)}
+
+    return anyio.run(go)
+
+
+def test_reset_offsets_of_a_group_asks_then_moves_them(web: TestClient, seeded: Seeded) -> None:
+    page = web.get("/group", params={"name": "shipping"}).text
+    assert 'action="/group/reset"' in page and "<option>orders</option>" in page
+    assert 'type="datetime-local" name="to"' in page
+    form = {"group": "shipping", "topic": "orders", "to": "2000-01-01T00:00"}
+    assert web.post("/group/reset", data=form).status_code == 403  # no CSRF token
+    csrf = token(web)
+    asked = web.post("/group/reset", data={**form, "csrf_token": csrf})
+    assert asked.status_code == 200
+    assert "Reset the offsets of group &#39;shipping&#39; on topic &#39;orders&#39;" in asked.text
+    assert 'name="confirm" value="yes"' in asked.text
+    assert _committed(seeded.address, "shipping", "orders") == {0: 1, 1: 0}  # not yet
+
+    # back to a time before every message: each queue from its first message (queues 2 and 3
+    # of the topic, never committed and empty, get an offset too)
+    done = web.post("/group/reset", data={**form, "csrf_token": csrf, "confirm": "yes"})
+    assert done.status_code == 200
+    assert "offsets of orders reset to 2000-01-01 00:00:00 UTC: 3 of 4 queue(s) moved" in done.text
+    empty = {2: ["0", "0", "0"], 3: ["0", "0", "0"]}
+    assert _queue_cells(done.text, "orders") == {0: ["0", "2", "2"], 1: ["0", "2", "2"], **empty}
+    # forward past the newest message: nothing left to consume
+    later = {**form, "to": "2100-01-01T00:00:00", "csrf_token": csrf, "confirm": "yes"}
+    done = web.post("/group/reset", data=later)
+    assert "2 of 4 queue(s) moved" in done.text
+    assert _queue_cells(done.text, "orders") == {0: ["2", "2", "0"], 1: ["2", "2", "0"], **empty}
+    assert _committed(seeded.address, "shipping", "orders") == {0: 2, 1: 2, 2: 0, 3: 0}
+
+    bad = web.post("/group/reset", data={**later, "to": "soon"})
+    assert bad.status_code == 400 and "to must be a date and time" in bad.text
+    missing = web.post("/group/reset", data={**later, "topic": "no-such-topic"})
+    assert missing.status_code == 404 and "does not exist" in missing.text

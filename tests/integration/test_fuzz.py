@@ -92,6 +92,7 @@ PROTECTED = NORMAL_TOPIC.encode()  # no fuzzed frame holds it (the group's name 
 NOT_ROUTED = {
     RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
     RequestCode.CHECK_TRANSACTION_STATE,
+    RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
     RequestCode.REGISTER_BROKER,
     RequestCode.UNREGISTER_BROKER,
     RequestCode.GET_BROKER_CLUSTER_INFO,

@@ -3,8 +3,13 @@ offsets, broker information and the dead-letter queue."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import msgspec
+
 from txmq.wire.base import Empty, Key, Name, Request, Response, Topic
 from txmq.wire.codes import RequestCode
+from txmq.wire.messaging import Offset
 
 __all__ = [
     "DeleteSubscriptionGroup",
@@ -24,9 +29,13 @@ __all__ = [
     "GroupOffset",
     "GroupOffsets",
     "MessageCount",
+    "OffsetsReset",
     "QueryMessageByKey",
+    "QueueReset",
     "QueueStats",
+    "ResetOffset",
     "RuntimeInfo",
+    "SearchOffset",
     "TopicInfo",
     "TopicList",
     "TopicRow",
@@ -183,6 +192,50 @@ class GroupOffsets(Response, frozen=True, kw_only=True, omit_defaults=True):
 
 class GetAllConsumerOffsets(Request[GroupOffsets], frozen=True, kw_only=True, omit_defaults=True):
     CODE = RequestCode.GET_ALL_CONSUMER_OFFSETS
+
+
+#: ms since the epoch
+EpochMs = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SearchOffset(Request[Offset], frozen=True, kw_only=True, omit_defaults=True):
+    """The first offset of a queue whose message was stored at or after ``timestamp_ms``
+    (the queue's min offset if that is before everything, its max offset if nothing was
+    stored since)."""
+
+    CODE = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP
+    topic: Topic
+    queue_id: int
+    timestamp_ms: EpochMs
+
+
+class QueueReset(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """A queue's committed offset before and after a reset (old -1: none was committed)."""
+
+    queue_id: int
+    old_offset: int
+    new_offset: int
+    #: the broker set holding the queue (filled by a client of name servers)
+    broker_name: str = ""
+
+
+class OffsetsReset(Response, frozen=True, kw_only=True, omit_defaults=True):
+    queues: list[QueueReset]
+    #: connected members of the group the broker told (RESET_CONSUMER_CLIENT_OFFSET)
+    notified: int = 0
+
+
+class ResetOffset(Request[OffsetsReset], frozen=True, kw_only=True, omit_defaults=True):
+    """Move consumer group ``group``'s offsets of every queue of ``topic`` on this broker
+    to the first message stored at or after ``timestamp_ms`` (RocketMQ's
+    INVOKE_BROKER_TO_RESET_OFFSET, ``resetOffsetByTime``), and tell the group's connected
+    members.  ``force`` false: only where that moves an offset back."""
+
+    CODE = RequestCode.INVOKE_BROKER_TO_RESET_OFFSET
+    group: Name
+    topic: Topic
+    timestamp_ms: EpochMs
+    force: bool = True
 
 
 class RuntimeInfo(Response, frozen=True, kw_only=True, omit_defaults=True):

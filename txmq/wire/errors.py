@@ -17,6 +17,7 @@ __all__ = [
     "FlushDiskTimeout",
     "FlushSlaveTimeout",
     "FrameTooLarge",
+    "GroupNotFound",
     "InvalidReceiptHandle",
     "InvalidTopic",
     "MalformedFrame",
@@ -60,6 +61,7 @@ class ResponseCode(enum.IntEnum):
     TRANSACTION_NOT_FOUND = 23
     NOT_MASTER = 24
     INVALID_RECEIPT_HANDLE = 25
+    SUBSCRIPTION_GROUP_NOT_EXIST = 26
 
 
 class TxmqError(Exception):
@@ -181,6 +183,12 @@ class TopicNotFound(TxmqError):
     code = ResponseCode.TOPIC_NOT_EXIST
 
 
+class GroupNotFound(TxmqError):
+    """The broker knows no such consumer group (no offsets, config or member of it)."""
+
+    code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
 class InvalidTopic(TxmqError):
     """The topic name is not valid."""
 
@@ -240,6 +248,7 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         MessageTooLarge,
         NoPermission,
         TopicNotFound,
+        GroupNotFound,
         InvalidTopic,
         MessageNotFound,
         TransactionNotFound,

@@ -18,6 +18,7 @@ __all__ = [
     "Locked",
     "NotifyConsumerIdsChanged",
     "QueueRef",
+    "ResetConsumerClientOffset",
     "UnlockBatchMq",
     "UnregisterClient",
 ]
@@ -88,3 +89,15 @@ class NotifyConsumerIdsChanged(Request[Empty], frozen=True, kw_only=True, omit_d
 
     CODE = RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
     group: str
+
+
+class ResetConsumerClientOffset(Request[Empty], frozen=True, kw_only=True, omit_defaults=True):
+    """Broker to consumer (oneway): the broker reset ``group``'s offsets of ``topic`` on
+    broker set ``broker_name`` (queue id -> offset): drop what was pulled from those
+    queues and consume them from there."""
+
+    CODE = RequestCode.RESET_CONSUMER_CLIENT_OFFSET
+    group: str
+    topic: str
+    broker_name: str
+    offsets: dict[int, int]

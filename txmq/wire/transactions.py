@@ -1,4 +1,5 @@
-"""Ending transactional (half) messages, the broker's check-back, and the operators' list."""
+"""Ending transactional (half) messages, the broker's check-back, and the operators' list
+and decisions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from txmq.wire.codes import RequestCode
 
 __all__ = [
     "CheckTransactionState",
+    "DecideTransaction",
+    "Decided",
+    "DecisionRow",
     "EndTransaction",
     "Ended",
     "GetTransactions",
@@ -66,14 +70,66 @@ class TransactionRow(Response, frozen=True, kw_only=True, omit_defaults=True):
     parked_timestamp: int | None = None
 
 
+Decision = Literal["COMMIT", "ROLLBACK", "RECHECK"]
+
+
+class DecisionRow(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """An operator's decision on a half message, as the broker records it (the body of a
+    record in ``TXMQ_SYS_TRANS_DECISION``) and lists it."""
+
+    msg_id: str
+    transaction_id: str
+    group: str
+    topic: str
+    #: the half's commit-log offset
+    transaction_offset: int
+    decision: Decision
+    #: what the half was when decided: "pending" (its producer had not decided yet) or
+    #: "parked" (undecided after the last check-back)
+    was: Literal["pending", "parked"]
+    reason: str
+    #: who said so (as the client named its operator) and from where (the connection)
+    operator: str
+    address: str
+    decided_timestamp: int
+    #: RECHECK: the commit-log offset of the half's new copy, checked from then on
+    recheck_offset: int | None = None
+
+
 class TransactionList(Response, frozen=True, kw_only=True, omit_defaults=True):
     transactions: list[TransactionRow]
+    #: for ``state="decided"``: the operators' decisions, newest first
+    decisions: list[DecisionRow] = []
 
 
 class GetTransactions(Request[TransactionList], frozen=True, kw_only=True, omit_defaults=True):
-    """Half messages still undecided (pending) or parked after the last check, oldest first."""
+    """Half messages still undecided (pending) or parked after the last check, oldest first;
+    or the operators' decisions (decided), newest first."""
 
     CODE = RequestCode.GET_TRANSACTIONS
-    state: Literal["pending", "parked"] = "pending"
+    state: Literal["pending", "parked", "decided"] = "pending"
     max: int = 100
     group: str | None = None
+
+
+class Decided(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """What an operator's request decided (none: nothing matched ``all``)."""
+
+    decisions: list[DecisionRow]
+
+
+class DecideTransaction(Request[Decided], frozen=True, kw_only=True, omit_defaults=True):
+    """An operator finishes a transaction: COMMIT or ROLLBACK a half message that is
+    pending or parked, or RECHECK a parked one (check-backs start again from zero).
+
+    The half is named by ``msg_id`` or ``transaction_offset``; ``all`` (RECHECK only) takes
+    every parked half (of ``group``, if given).  COMMIT and ROLLBACK need a ``reason``."""
+
+    CODE = RequestCode.DECIDE_TRANSACTION
+    decision: Decision
+    msg_id: str = ""
+    transaction_offset: int | None = None
+    all: bool = False
+    group: str | None = None
+    reason: str = ""
+    operator: str = ""
