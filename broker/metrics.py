@@ -31,14 +31,14 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.stats import RPC_BUCKETS_MS, Dist, Tally
+from txmq.broker.stats import RPC_BUCKETS_MS, Tally
 from txmq.broker.store import MessageStore
+from txmq.dist import Dist, histogram_family
 from txmq.message import PARKED_TOPIC
 from txmq.remoting import Connection, Handler, HandlerResult
 from txmq.serving import ListenerUnavailable
@@ -106,25 +106,6 @@ def _counter(name: str, doc: str, labels: list[str], values: dict[Any, int]) -> 
     return family
 
 
-def _histogram(
-    name: str, doc: str, labels: list[str], dists: Iterable[tuple[list[str], Dist]]
-) -> Metric:
-    family = HistogramMetricFamily(name, doc, labels=labels)
-    for values, dist in dists:
-        buckets: list[tuple[str, float]] = []
-        seen = 0
-        for bound, count in zip(dist.bounds, dist.counts, strict=False):
-            seen += count
-            buckets.append((_bound(bound), seen))
-        buckets.append(("+Inf", seen + dist.counts[-1]))
-        family.add_metric(values, buckets, dist.total)
-    return family
-
-
-def _bound(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
 _request_names: dict[int, str] = {}
 
 
@@ -180,7 +161,7 @@ class BrokerCollector:
         yield _counter(
             "rocketmq_throughput_in", "Body bytes stored in a topic", ["topic"], t.bytes_in
         )
-        yield _histogram(
+        yield histogram_family(
             "rocketmq_message_size",
             "Body sizes of the messages stored, in bytes",
             ["topic", "message_type"],
@@ -198,13 +179,13 @@ class BrokerCollector:
             ["topic", "consumer_group"],
             t.bytes_out,
         )
-        yield _histogram(
+        yield histogram_family(
             "rocketmq_send_to_consumer_latency",
             "From a message's store time to handing it to a consumer, in milliseconds",
             ["topic", "consumer_group"],
             ((list(k), d) for k, d in t.delivery.items()),
         )
-        yield _histogram(
+        yield histogram_family(
             "rocketmq_rpc_latency",
             "Time to answer a request, in milliseconds (long polls that waited not counted)",
             ["protocol_type", "request_code", "response_code"],
@@ -379,7 +360,7 @@ class BrokerCollector:
             "Bytes written to the commit log and not fsynced yet",
             value=max(top - store.flushed_offset, 0),
         )
-        yield _histogram(
+        yield histogram_family(
             "txmq_commitlog_flush_latency_seconds",
             "Time of one commit-log fsync",
             [],

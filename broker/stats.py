@@ -9,7 +9,9 @@ import time
 from bisect import bisect_left
 from collections import deque
 
-__all__ = ["Dist", "Tally", "Throughput"]
+from txmq.dist import Dist
+
+__all__ = ["Tally", "Throughput"]
 
 
 class Throughput:
@@ -50,27 +52,6 @@ DELIVERY_BUCKETS_MS = (1, 5, 10, 100, 1000, 3000, 10_000, 60_000, 600_000)
 FLUSH_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STORE_TS = struct.Struct("<Q")
 _STORE_TS_AT = 48  # a record's store timestamp (txmq.codec.HEADER's tenth field)
-
-
-class Dist:
-    """A histogram of plain numbers: how many observations fell at or under each bound
-    (the last count: above them all) and their sum."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        #: an int while only ints are observed (the size histogram's bytes stay exact)
-        self.total: float = 0
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
 
 
 class Tally:

@@ -42,6 +42,8 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
+from txmq.dist import DistCollector
+
 __all__ = [
     "SYSTEM",
     "TRACE_PROPERTIES",
@@ -102,26 +104,37 @@ class _Metrics:
     """The client's collectors in one registry."""
 
     def __init__(self, registry: Any) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge
 
-        def make(kind: Any, name: str, doc: str, labels: Iterable[str] = (), **kw: Any) -> Any:
+        def made(name: str) -> Any:
+            """The collector an earlier use of this registry registered ``name`` by."""
+            names = getattr(registry, "_names_to_collectors", {})
+            return names.get(name) or names.get(name + "_total")
+
+        def make(kind: Any, name: str, doc: str, labels: Iterable[str] = ()) -> Any:
             try:
-                return kind(name, doc, list(labels), registry=registry, **kw)
-            except ValueError:  # already there (made by an earlier use of this registry)
-                names = getattr(registry, "_names_to_collectors", {})
-                found = names.get(name) or names.get(name + "_total")
+                return kind(name, doc, list(labels), registry=registry)
+            except ValueError:  # already there
+                found = made(name)
                 if found is None:
                     raise
                 return found
 
-        buckets = {"buckets": _LATENCY_BUCKETS}
-        self.send_seconds = make(
-            Histogram,
+        def histogram(name: str, doc: str, labels: Iterable[str]) -> Any:
+            # a DistCollector, not prometheus_client's Histogram: these two run for every
+            # message, and its observe() costs several times as much (txmq/dist.py)
+            found = made(name)
+            if found is not None:
+                return found
+            collector = DistCollector(name, doc, labels, _LATENCY_BUCKETS)
+            registry.register(collector)
+            return collector
+
+        self.send_seconds = histogram(
             "txmq_client_send_seconds",
             "Sends (a message, a batch or a transaction's half message): time to the broker's "
             "answer, by topic and result (ok, error)",
             ("topic", "result"),
-            **buckets,
         )
         self.send_errors = make(
             Counter,
@@ -129,12 +142,10 @@ class _Metrics:
             "Sends that failed, by topic and error class",
             ("topic", "error"),
         )
-        self.consume_seconds = make(
-            Histogram,
+        self.consume_seconds = histogram(
             "txmq_client_consume_seconds",
             "Listener runs, by consumer group, topic and result (success, reconsume_later, error)",
             ("group", "topic", "result"),
-            **buckets,
         )
         self.checkbacks = make(
             Counter,
