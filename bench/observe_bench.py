@@ -1,7 +1,8 @@
 """What client metrics and traces cost: produce and consume throughput with them off, with
-metrics on and the OpenTelemetry API but no SDK, and with metrics and an SDK tracer provider
-that records every span but exports nothing — alternating, in one run, on one broker
-process; plus the per-call cost of the hooks themselves.
+metrics on and the OpenTelemetry API but no SDK, with metrics and an SDK tracer provider
+that samples 1 trace in 100, and with one that records every span but exports nothing —
+alternating, in one run, on one broker process; plus the per-call cost of the hooks
+themselves.
 
     .venv/bin/python bench/observe_bench.py --messages 20000 --rounds 3
 
@@ -31,7 +32,12 @@ from txmq import ConsumeFrom, Message, MessageExt, Producer, PushConsumer, obser
 
 ROOT = Path(__file__).resolve().parent.parent
 #: "off": no registry, and the OpenTelemetry API without an SDK (what the hooks check first)
-MODES = ("off", "metrics + API, no SDK", "metrics + SDK, no exporter")
+MODES = (
+    "off",
+    "metrics + API, no SDK",
+    "metrics + SDK, 1 % sampled",
+    "metrics + SDK, no exporter",
+)
 
 
 def set_mode(mode: str) -> None:
@@ -43,6 +49,13 @@ def set_mode(mode: str) -> None:
     elif mode == "metrics + API, no SDK":
         observe.use_registry(CollectorRegistry())
         observe.use_tracer_provider(None)
+    elif mode == "metrics + SDK, 1 % sampled":
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        observe.use_registry(CollectorRegistry())
+        # what production tracing at these rates looks like: 1 trace in 100 recorded
+        observe.use_tracer_provider(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01))))
     else:
         from opentelemetry.sdk.trace import TracerProvider
 

@@ -145,9 +145,11 @@ class OperatorDecisions:
         """The half a request names, what it is ("pending" or "parked"), and the record
         that carries its body and properties."""
         svc = self.service
+        msg_id = req.msg_id
         if req.transaction_offset is not None:
             offsets = [req.transaction_offset]
             msg = svc.half_at(req.transaction_offset, req.group)
+            msg_id = msg.msg_id
             if req.msg_id and req.msg_id != msg.msg_id:
                 raise TransactionNotFound(
                     f"the half message at commit-log offset {req.transaction_offset} is "
@@ -177,8 +179,9 @@ class OperatorDecisions:
             if offset in parked:
                 half, copy = parked[offset]
                 return half, "parked", copy
-        resolution = svc.resolution_of(offsets[0], req.msg_id)
-        name = req.msg_id or f"at commit-log offset {offsets[0]}"
+        newest = max(offsets)  # a re-checked half: how its last copy was resolved
+        resolution = svc.resolution_of(newest, msg_id)
+        name = req.msg_id or f"at commit-log offset {newest}"
         raise TransactionNotFound(
             f"half message {name} is neither pending nor parked: it was resolved ({resolution})"
         )

@@ -140,6 +140,11 @@ async def test_recheck_asks_the_producer_again_and_its_answer_commits(
             await until(resolved)
             assert await admin.transactions("parked") == []
             assert await admin.decide_transaction("RECHECK", all=True) == []  # none left
+            # the message id names both copies: the newest one says how it ended
+            with pytest.raises(TransactionNotFound, match=r"resolved \(COMMIT\)"):
+                await admin.decide_transaction("ROLLBACK", msg_id=first.msg_id, reason="late")
+            with pytest.raises(TransactionNotFound, match=r"resolved \(ROLLBACK\)"):
+                await admin.decide_transaction("COMMIT", msg_id=second.msg_id, reason="late")
     assert len(listener.checks) > checks_before
     assert [m.body for m in await read_topic(b.address, "op-recheck")] == [b"C1"]
 
