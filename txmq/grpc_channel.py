@@ -31,12 +31,14 @@ from txmq.errors import (
 from txmq.grpc_convert import duration, error_of
 from txmq.remoting import parse_address
 
-__all__ = ["Channel", "rpc_error"]
+__all__ = ["Channel", "rpc_error", "settle"]
 
 log = logging.getLogger("txmq.grpc")
 
 #: seconds between attempts to reopen a broken Telemetry stream
 REOPEN_DELAY_S = 1.0
+#: how long closing a channel waits for its cancelled calls to finish
+CLOSE_GRACE_S = 2.0
 _VERSION = "txmq-0.1.0"
 
 
@@ -50,6 +52,19 @@ def rpc_error(exc: grpc.aio.AioRpcError, what: str, address: str) -> TxmqError:
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return UnsupportedRequest(text)
     return ServerError(text)
+
+
+async def settle(call: Any) -> None:
+    """Cancel ``call`` (if it is still open) and wait, shielded and at most
+    :data:`CLOSE_GRACE_S`, until grpc has confirmed it on this event loop: grpc delivers a
+    cancellation's completion later, on the loop that made the call, and one that arrives
+    after that loop closed fails in grpc's poller (inside whatever loop runs next)."""
+    call.cancel()
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_GRACE_S):
+        try:
+            await call.code()
+        except Exception:  # only waiting for it to end
+            pass
 
 
 class Channel:
@@ -86,11 +101,13 @@ class Channel:
         self._tg = None
 
     async def aclose(self) -> None:
-        """Close the channel (after :meth:`detach`)."""
+        """Close the channel (after :meth:`detach`), once the calls cancelled by then have
+        finished (grpc confirms a cancellation later, on the event loop: a loop closed
+        before that fails in grpc's poller), waiting at most :data:`CLOSE_GRACE_S`."""
         channel, self._channel = self._channel, None
         if channel is not None:
             with anyio.CancelScope(shield=True):
-                await channel.close()
+                await channel.close(grace=CLOSE_GRACE_S)
 
     async def connection(self) -> Channel:
         """Open the channel and the Telemetry stream (the settings sent) if not open."""
@@ -132,12 +149,14 @@ class Channel:
 
     async def _unary(self, name: str, request: Any, timeout: float) -> Any:
         await self.connection()
+        call = getattr(self._stub, name)(request, metadata=self._metadata(), timeout=timeout)
         try:
-            return await getattr(self._stub, name)(
-                request, metadata=self._metadata(), timeout=timeout
-            )
+            return await call
         except grpc.aio.AioRpcError as exc:
             raise rpc_error(exc, name, self.address) from None
+        except BaseException:  # cancelled: let grpc confirm it on this loop first
+            await settle(call)
+            raise
 
     # -- clients: heartbeats and the Telemetry stream ----------------------------------------
 
@@ -215,7 +234,7 @@ class Channel:
         finally:
             self._stream = None
             self._sent_settings = b""
-            stream.cancel()
+            await settle(stream)
 
     async def _on_command(self, command: Any) -> None:
         if command.HasField("status") and command.status.code not in (pb.OK, 0):

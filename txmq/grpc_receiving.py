@@ -11,6 +11,13 @@ pool and concurrency limits): SUCCESS acknowledges; RECONSUME_LATER or an except
 the message visible again after the retry back-off of its attempt (the endpoint's policy,
 told in its settings; else RocketMQ's delay levels from level 3).  While a listener runs
 longer than half the invisible time, the message's invisibility is renewed.
+
+Stopping stops receiving at once; received messages whose listener has not started yet are
+left alone (they come back once their invisible time is over), and the listeners already
+running get up to :data:`STOP_GRACE_S` to finish and be settled (:meth:`ReceiveMode.drain`,
+awaited before the endpoint is told the client terminates) before the client's work is
+cancelled: a listener cancelled half-way may have done its effects without recording them
+(an idempotent consumer's ``done`` mark, its database transaction's commit).
 """
 
 from __future__ import annotations
@@ -31,13 +38,16 @@ from txmq.route import MessageQueue
 if TYPE_CHECKING:
     from txmq.push import ConsumeResult, PushConsumer
 
-__all__ = ["ReceiveMode", "backoff_s"]
+__all__ = ["STOP_GRACE_S", "ReceiveMode", "backoff_s"]
 
 log = logging.getLogger("txmq.consumer")
 
 #: the most a ReceiveMessage may carry, and the longest long poll RocketMQ's proxy allows
 MAX_BATCH = 32
 MAX_LONG_POLL_S = 20.0
+#: how long a stopping consumer waits for its running listeners (the client gives the whole
+#: unregistration 5 s: the endpoint is still told of the termination after this)
+STOP_GRACE_S = 4.0
 
 
 def backoff_s(settings: Any, attempt: int) -> float:
@@ -70,12 +80,38 @@ class ReceiveMode:
         #: received messages waiting for (or in) their listener: what ack needs
         self._receipts: dict[int, Received] = {}
         self._scope = anyio.CancelScope()
+        self._stopping = False
+        self._running = 0  # listeners started and not settled yet
+        self._idle = anyio.Event()  # set while none runs
+        self._idle.set()
 
     def start(self, tg: anyio.abc.TaskGroup) -> None:
         tg.start_soon(self._run)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def stop(self) -> None:
+        """Receive no more and start no more listeners (see :meth:`drain`)."""
+        self._stopping = True
         self._scope.cancel()
+
+    async def drain(self, timeout: float = STOP_GRACE_S) -> bool:
+        """After :meth:`stop`: wait up to ``timeout`` seconds for the running listeners to
+        finish and their messages to be settled; whether they all did."""
+        with anyio.move_on_after(timeout):
+            while self._running:
+                await self._idle.wait()
+        if self._running:
+            log.warning(
+                "%s stops with %d listener(s) still running after %.1fs: they are cancelled "
+                "(their messages come back after their invisible time)",
+                self.consumer.group,
+                self._running,
+                timeout,
+            )
+        return not self._running
 
     async def _run(self) -> None:
         with self._scope:
@@ -141,14 +177,22 @@ class ReceiveMode:
         acknowledge it or hand it back for a later attempt."""
 
         r = self._receipts.pop(id(msg), None)
-        if r is None:
-            return
-        status: ConsumeResult
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._renew, r)
-            status = await self.consumer._invoke(msg)
-            tg.cancel_scope.cancel()
-        await self.settle(r, status)
+        if r is None or self._stopping:
+            return  # stopping: not started, it comes back after its invisible time
+        if not self._running:
+            self._idle = anyio.Event()
+        self._running += 1
+        try:
+            status: ConsumeResult
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._renew, r)
+                status = await self.consumer._invoke(msg)
+                tg.cancel_scope.cancel()
+            await self.settle(r, status)
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
 
     async def settle(self, r: Received, status: ConsumeResult) -> None:
         from txmq.push import ConsumeResult

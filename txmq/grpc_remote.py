@@ -4,8 +4,10 @@
 takes the same typed requests (``call(request, body)``) and translates them into
 ``apache.rocketmq.v2.MessagingService`` RPCs — GetTopicRoute → QueryRoute, SendMessage /
 SendBatchMessage → SendMessage, EndTransaction → EndTransaction, Heartbeat → Heartbeat,
-UnregisterClient → NotifyClientTermination — and answers with txmq's typed responses.  A
-request only txmq's protocol has raises :class:`UnsupportedRequest` naming it.
+UnregisterClient → NotifyClientTermination (once a stopping push consumer's running listeners
+have finished: :meth:`txmq.grpc_receiving.ReceiveMode.drain`) — and answers with txmq's
+typed responses.  A request only txmq's protocol has raises :class:`UnsupportedRequest`
+naming it.
 
 It keeps one Telemetry stream open to the endpoint: the client's settings go first (a
 producer: the topics it publishes; a consumer: its group and subscriptions), and a
@@ -39,7 +41,7 @@ from txmq.errors import (
     TxmqError,
     UnsupportedRequest,
 )
-from txmq.grpc_channel import Channel, rpc_error
+from txmq.grpc_channel import Channel, rpc_error, settle
 from txmq.grpc_convert import check_error, duration, error_of, from_proto, to_proto
 from txmq.message import MessageExt, Prop
 from txmq.wire import (
@@ -98,6 +100,8 @@ class GrpcRemote(Channel):
         self._tx_numbers = itertools.count(1)
         self._tx_by_id: dict[str, int] = {}
         self._tx_by_number: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        #: the push consumers' receive modes through this endpoint (drained at termination)
+        self._receivers: list[ReceiveMode] = []
 
     # -- txmq's requests ---------------------------------------------------------------------
 
@@ -323,6 +327,11 @@ class GrpcRemote(Channel):
         return Empty()
 
     async def _terminate(self, request: UnregisterClient, timeout: float) -> Empty:
+        # a stopping push consumer (its receiving stopped) first lets its running listeners
+        # finish and settle their messages, while the channel is still open
+        for receiver in self._receivers:
+            if receiver.stopping and receiver.consumer.group in request.consumer_groups:
+                await receiver.drain()
         for group in request.consumer_groups or [""]:
             ask = spb.NotifyClientTerminationRequest()
             if group:
@@ -337,7 +346,10 @@ class GrpcRemote(Channel):
         """The push consumer's receive mode through this endpoint."""
         from txmq.grpc_receiving import ReceiveMode
 
-        return ReceiveMode(consumer, self)
+        mode = ReceiveMode(consumer, self)
+        self._receivers = [r for r in self._receivers if r.consumer is not consumer]
+        self._receivers.append(mode)
+        return mode
 
     async def query_assignment(self, topic: str, group: str, timeout: float) -> list[Any]:
         """The message queues of ``topic`` this endpoint assigns ``group`` to receive from."""
@@ -377,10 +389,10 @@ class GrpcRemote(Channel):
             long_polling_timeout=duration(int(long_poll_s * 1000)),
         )
         out: list[Received] = []
+        call = self._stub.ReceiveMessage(
+            request, metadata=self._metadata(), timeout=long_poll_s + timeout
+        )
         try:
-            call = self._stub.ReceiveMessage(
-                request, metadata=self._metadata(), timeout=long_poll_s + timeout
-            )
             async for answer in call:
                 kind = answer.WhichOneof("content")
                 if kind == "message":
@@ -395,6 +407,9 @@ class GrpcRemote(Channel):
                     raise error_of(answer.status, f"receive from {queue.topic.name}")
         except grpc.aio.AioRpcError as exc:
             raise rpc_error(exc, "ReceiveMessage", self.address) from None
+        except BaseException:  # cancelled (a stopping consumer): let grpc confirm it first
+            await settle(call)
+            raise
         return out
 
     async def ack(self, group: str, received: Received, timeout: float) -> None:
