@@ -5,6 +5,11 @@ copy in ``%RETRY%<group>`` after delay level ``3 + reconsume_times`` (or the lev
 consumer asked for) through the schedule topic; once ``max_reconsume_times`` is used up, or
 when the consumer asks for level -1, the copy goes to ``%DLQ%<group>`` instead.  Operators
 list the DLQ and re-send messages from it to the retry topic (DLQ_LIST / DLQ_RESEND).
+
+A dead-letter copy says why in its ``TXMQ_DLQ_REASON`` property (at most 1024 characters):
+the consumer's reason for level -1 (a listener's ``DeadLetter``), else "max reconsume times
+(N) used up" followed by the consumer's last error when it sent one.  Retry copies and
+re-sent dead letters carry no reason.
 """
 
 from __future__ import annotations
@@ -12,13 +17,22 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgpack
+
 from txmq.broker.context import BrokerContext
 from txmq.broker.putting import put_or_raise
 from txmq.broker.schedule import ScheduleMessageService
-from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult
+from txmq.broker.store import CQ_TAG_PROPERTY, MAX_PROPERTIES_SIZE, GetStatus, PutResult
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageNotFound
-from txmq.message import MessageExt, Prop, dlq_topic, retry_topic
+from txmq.message import (
+    MessageExt,
+    Prop,
+    clip_reason,
+    dlq_topic,
+    retry_topic,
+    used_up_reason,
+)
 from txmq.rpc import Call
 from txmq.wire import (
     ConsumerSendMsgBack,
@@ -38,7 +52,9 @@ DEFAULT_MAX_RECONSUME_TIMES = 16
 #: the delay level of a consumer's first retry; each retry waits one level more
 FIRST_RETRY_LEVEL = 3
 MAX_DLQ_LIST = 1024
-_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
+_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY, Prop.DLQ_REASON})
+#: the reason of a dead letter its consumer sent to the DLQ without saying why
+ON_PURPOSE = "sent to the DLQ by its consumer"
 
 
 class RetryService:
@@ -90,12 +106,15 @@ class RetryService:
             raise MessageNotFound(f"no message at commit-log offset {offset}")
         msg = decode_record(record)
         times = msg.reconsume_times + 1
-        if delay_level < 0 or times > max_times:
-            level = -1
+        reason = ""
+        if delay_level < 0:
+            level, reason = -1, req.reason or ON_PURPOSE
+        elif times > max_times:
+            level, reason = -1, used_up_reason(max_times, req.reason)
         else:
             level = delay_level if delay_level > 0 else FIRST_RETRY_LEVEL + msg.reconsume_times
         answer, r = self.store_copy(
-            msg, group, times=times, max_times=max_times, level=level, origin=origin
+            msg, group, times=times, max_times=max_times, level=level, origin=origin, reason=reason
         )
         # under SYNC flush, answer once the copy is on disk (like a send)
         return self.ctx.acks.after_flush(r.end_offset, answer)
@@ -109,13 +128,16 @@ class RetryService:
         max_times: int,
         level: int,
         origin: str = "",
+        reason: str = "",
     ) -> tuple[SendBack, PutResult]:
         """Store a copy of ``msg`` for ``group`` to consume again, with reconsume times
         ``times``: in ``%DLQ%<group>`` for ``level`` < 0, in ``%RETRY%<group>`` at once for
-        0, else after delay level ``level`` (through the schedule topic).  Shared by
-        :meth:`send_back` and the pop service (:mod:`txmq.broker.pop`)."""
+        0, else after delay level ``level`` (through the schedule topic).  A dead-letter copy
+        keeps ``reason`` (default: its retries are used up when ``times`` > ``max_times``,
+        else its consumer sent it).  Shared by :meth:`send_back` and the pop service
+        (:mod:`txmq.broker.pop`)."""
         stored = self._store_copy(
-            msg, group, times=times, max_times=max_times, level=level, origin=origin
+            msg, group, times=times, max_times=max_times, level=level, origin=origin, reason=reason
         )
         tally = self.ctx.throughput.tally
         if tally is not None:
@@ -131,6 +153,7 @@ class RetryService:
         max_times: int,
         level: int,
         origin: str,
+        reason: str,
     ) -> tuple[SendBack, PutResult]:
         props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
         props.setdefault(Prop.RETRY_TOPIC, msg.topic)
@@ -139,14 +162,20 @@ class RetryService:
         if level < 0:
             target = dlq_topic(group)
             self._ensure(target)
+            if not reason:
+                reason = used_up_reason(max_times) if times > max_times else ON_PURPOSE
+            props[Prop.DLQ_REASON] = clip_reason(reason)
+            if len(msgpack.packb(props)) > MAX_PROPERTIES_SIZE:
+                del props[Prop.DLQ_REASON]  # no room for it: the message matters more
             r = self._put(msg, target, 0, props, reconsume_times=times)
             self.ctx.arrivals.notify(target, 0)
             log.info(
-                "message %s of group %s moved to %s after %d attempts",
+                "message %s of group %s moved to %s after %d attempts: %r",
                 msg.msg_id,
                 group,
                 target,
                 times,
+                props.get(Prop.DLQ_REASON, "-"),
             )
             return SendBack(topic=target, reconsume_times=times, delay_level=-1), r
         target = retry_topic(group)

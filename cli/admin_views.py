@@ -166,10 +166,11 @@ async def _dlq(admin: AdminClient, args: argparse.Namespace) -> Rows:
             row = {"broker_name": m.broker_name, **m.to_dict(body_limit=None)}
             row["origin_topic"] = m.get_property(Prop.RETRY_TOPIC) or m.topic
             row["origin_msg_id"] = m.get_property(Prop.ORIGIN_MESSAGE_ID)
+            row["reason"] = m.dlq_reason
             rows.append(_named(row))
         return rows, None
     table = [_named(_dead_letter(m)) for m in msgs]
-    columns = ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body"]
+    columns = ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body", "reason"]
     return table, _columns(table, columns)
 
 
@@ -182,7 +183,17 @@ def _dead_letter(m: MessageExt) -> dict[str, Any]:
         "keys": m.keys,
         "store_time": ms_time(m.store_timestamp),
         "body": short_body(m.body),
+        "reason": short_reason(m.dlq_reason),
     }
+
+
+def short_reason(reason: str | None, limit: int = 60) -> str:
+    """A dead letter's reason on one table line: control characters (line breaks) as
+    spaces, cut to ``limit`` characters; "-" when it has none."""
+    if not reason:
+        return "-"
+    line = "".join(" " if not c.isprintable() else c for c in reason)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 async def _transactions(admin: AdminClient, args: argparse.Namespace) -> Rows:

@@ -16,7 +16,7 @@ from txmq.errors import (
 from txmq.message import Message, MessageExt, stable_hash
 from txmq.producer import Producer, SendResult
 from txmq.pull import PullConsumer, PullResult, PullStatus
-from txmq.push import ConsumeFrom, ConsumeResult, MessageModel, PushConsumer
+from txmq.push import ConsumeFrom, ConsumeResult, DeadLetter, MessageModel, PushConsumer
 from txmq.transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -33,6 +33,7 @@ __all__ = [
     "ConsumeFrom",
     "ConsumeResult",
     "ConsumeTimeout",
+    "DeadLetter",
     "InvalidTopic",
     "LocalTransactionState",
     "Message",

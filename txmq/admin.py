@@ -442,7 +442,9 @@ class AdminClient(TransactionAdmin):
         """Up to ``max`` dead letters of consumer group ``group`` from queue offset ``offset``.
 
         Each message's topic is ``%DLQ%<group>``; its RETRY_TOPIC property names the topic
-        it was first sent to.  An empty list if the group has no dead letters.  In a
+        it was first sent to, its ``dlq_reason`` why it is there (its listener's
+        ``DeadLetter`` reason, or its retries used up).  An empty list if the group has no
+        dead letters.  In a
         cluster each broker set has a DLQ of its own: ``offset`` and ``max`` apply to each
         (page one with ``broker``), and each message names its ``broker_name``.
         """

@@ -19,6 +19,7 @@ from txmq.wire.errors import BadRequest
 __all__ = [
     "DECISION_TOPIC",
     "HALF_TOPIC",
+    "MAX_DLQ_REASON",
     "OP_TOPIC",
     "PARKED_TOPIC",
     "SCHEDULE_TOPIC",
@@ -28,6 +29,7 @@ __all__ = [
     "MessageExt",
     "Prop",
     "SysFlag",
+    "clip_reason",
     "dlq_topic",
     "is_system_topic",
     "new_message_id",
@@ -35,6 +37,7 @@ __all__ = [
     "retry_topic",
     "stable_hash",
     "tag_hash",
+    "used_up_reason",
     "validate_topic_name",
 ]
 
@@ -62,6 +65,7 @@ class Prop:
     TRANSACTION_ID = "__transactionId__"  # the local transaction a half message belongs to
     DELIVER_AT = "TIMER_DELIVER_MS"  # deliver at this time (ms since the epoch), RocketMQ 5's
     RECHECK_OF = "TXMQ_RECHECK_OF"  # a re-checked half's copy: the parked half's offset
+    DLQ_REASON = "TXMQ_DLQ_REASON"  # a dead letter's copy: why it is there (txmq's own)
 
     ALL: frozenset[str] = frozenset(
         {
@@ -85,6 +89,7 @@ class Prop:
             TRANSACTION_ID,
             DELIVER_AT,
             RECHECK_OF,
+            DLQ_REASON,
         }
     )
 
@@ -129,6 +134,21 @@ def retry_topic(group: str) -> str:
 def dlq_topic(group: str) -> str:
     """Where consumer group ``group``'s messages go after their last attempt."""
     return f"%DLQ%{group}"
+
+
+#: the longest dead-letter reason kept (characters; a longer one is cut to end in "…")
+MAX_DLQ_REASON = 1024
+
+
+def clip_reason(reason: str) -> str:
+    """``reason`` cut to :data:`MAX_DLQ_REASON` characters (a cut one ends in "…")."""
+    return reason if len(reason) <= MAX_DLQ_REASON else reason[: MAX_DLQ_REASON - 1] + "…"
+
+
+def used_up_reason(max_times: int, last_error: str = "") -> str:
+    """The reason of a dead letter whose retries are used up (and its last error)."""
+    reason = f"max reconsume times ({max_times}) used up"
+    return f"{reason}: {last_error}" if last_error else reason
 
 
 _TOPIC_MAX_LEN = 127
@@ -275,6 +295,11 @@ class MessageExt:
     def properties(self) -> dict[str, str]:
         """The user's properties (system ones removed)."""
         return {k: v for k, v in self.all_properties.items() if k not in Prop.ALL}
+
+    @property
+    def dlq_reason(self) -> str | None:
+        """Why this dead letter (a copy in ``%DLQ%<group>``) is there; None if not said."""
+        return self.all_properties.get(Prop.DLQ_REASON)
 
     def get_property(self, name: str) -> str | None:
         return self.all_properties.get(name)

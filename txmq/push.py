@@ -1,5 +1,11 @@
 """The push consumer: group membership, rebalance, pull loops, concurrent and orderly
-consumption, send-back for retry, offsets committed as the smallest offset in flight."""
+consumption, send-back for retry, offsets committed as the smallest offset in flight.
+
+A listener dead-letters a message on purpose (no retries) by returning
+``ConsumeResult.DEAD_LETTER`` or raising :class:`DeadLetter` (``reason``): it is sent back
+with delay level -1 and the reason, which its copy in ``%DLQ%<group>`` keeps (property
+``TXMQ_DLQ_REASON``, at most 1024 characters).  A failure's send-back carries the listener's
+error (``ValueError: ...``), kept as the reason once the retries are used up."""
 
 from __future__ import annotations
 
@@ -20,7 +26,14 @@ import anyio.abc
 from txmq import observe
 from txmq.allocate import AllocateStrategy, MessageQueue, allocate_averagely
 from txmq.errors import TopicNotFound, TxmqError, UnsupportedRequest
-from txmq.message import MessageExt, Prop, is_system_topic, retry_topic
+from txmq.message import (
+    MessageExt,
+    Prop,
+    clip_reason,
+    is_system_topic,
+    retry_topic,
+    used_up_reason,
+)
 from txmq.offset_reset import reset_queues
 from txmq.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from txmq.process_queue import ProcessQueue
@@ -60,6 +73,7 @@ class Receives(Protocol):
 __all__ = [
     "ConsumeFrom",
     "ConsumeResult",
+    "DeadLetter",
     "Listener",
     "MessageModel",
     "PushConsumer",
@@ -77,6 +91,23 @@ class MessageModel(enum.StrEnum):
 class ConsumeResult(enum.Enum):
     SUCCESS = "CONSUME_SUCCESS"
     RECONSUME_LATER = "RECONSUME_LATER"
+    #: straight to ``%DLQ%<group>``, no retries (txmq's own)
+    DEAD_LETTER = "DEAD_LETTER"
+
+
+class DeadLetter(Exception):
+    """Raised by a listener: send this message to ``%DLQ%<group>`` at once (no retries),
+    keeping ``reason`` with it (shown by ``txmq admin dlq list``).  Like returning
+    ``ConsumeResult.DEAD_LETTER``, with a reason; inside ``@txmq.idempotent`` the handler's
+    writes roll back and its dedupe key is not recorded."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
+#: the reason of a DEAD_LETTER result (or a DeadLetter without one)
+DEAD_LETTER_RESULT = "the listener returned DEAD_LETTER"
 
 
 class ConsumeFrom(enum.StrEnum):
@@ -88,7 +119,8 @@ Listener = Callable[
     [MessageExt], "ConsumeResult | bool | Awaitable[ConsumeResult | bool | None] | None"
 ]
 """``listener(message)``: return SUCCESS (or None / True), or RECONSUME_LATER (or False);
-raising counts as RECONSUME_LATER. Sync listeners run in worker threads."""
+raising counts as RECONSUME_LATER.  DEAD_LETTER, or raising :class:`DeadLetter`: to the
+dead-letter queue at once. Sync listeners run in worker threads."""
 
 
 def _by_broker(mqs: Iterable[MessageQueue]) -> dict[str, list[tuple[str, int]]]:
@@ -544,6 +576,11 @@ class PushConsumer(PullConsumer):
     async def _invoke(self, msg: MessageExt) -> ConsumeResult:
         """Run the listener on ``msg`` (every transport and consumption mode comes here:
         inside its ``process`` span, timed for the client metrics)."""
+        return (await self._invoke_why(msg))[0]
+
+    async def _invoke_why(self, msg: MessageExt) -> tuple[ConsumeResult, str]:
+        """:meth:`_invoke`, and why when it is not SUCCESS: a dead letter's reason, the
+        listener's error ("" for a RECONSUME_LATER)."""
         listener = self.listener
         assert listener is not None
         with observe.consuming(
@@ -563,16 +600,24 @@ class PushConsumer(PullConsumer):
                     result = await anyio.to_thread.run_sync(listener, msg, limiter=self._limiter)
                     if inspect.isawaitable(result):
                         result = await result
+            except DeadLetter as exc:
+                result, reason = ConsumeResult.DEAD_LETTER, exc.reason or DEAD_LETTER_RESULT
             except Exception as exc:
                 log.warning(
                     "listener failed on %s (reconsume %d): %r", msg.msg_id, msg.reconsume_times, exc
                 )
                 obs.failed(exc)
-                return ConsumeResult.RECONSUME_LATER
+                return ConsumeResult.RECONSUME_LATER, clip_reason(f"{type(exc).__name__}: {exc}")
+            else:
+                reason = DEAD_LETTER_RESULT
             if result is None or result is True or result is ConsumeResult.SUCCESS:
-                return ConsumeResult.SUCCESS
+                return ConsumeResult.SUCCESS, ""
+            if result is ConsumeResult.DEAD_LETTER:
+                log.warning("listener dead-lettered %s: %r", msg.msg_id, reason)
+                obs.result("dead_letter")
+                return ConsumeResult.DEAD_LETTER, clip_reason(reason)
             obs.result("reconsume_later")
-            return ConsumeResult.RECONSUME_LATER
+            return ConsumeResult.RECONSUME_LATER, ""
 
     async def _consume_worker(self) -> None:
         while True:
@@ -590,22 +635,24 @@ class PushConsumer(PullConsumer):
     async def _consume_concurrently(
         self, mq: MessageQueue, pq: ProcessQueue, msg: MessageExt
     ) -> None:
-        status = await self._invoke(msg)
+        status, why = await self._invoke_why(msg)
         if pq.dropped:
             return  # the queue moved away: its new owner commits from here on
-        if status is ConsumeResult.RECONSUME_LATER:
+        if status is not ConsumeResult.SUCCESS:
+            level = -1 if status is ConsumeResult.DEAD_LETTER else 0
             if self.message_model is MessageModel.BROADCASTING:
                 log.warning("broadcast message %s failed; dropped", msg.msg_id)
-            elif not await self.send_back(msg):
+            elif not await self.send_back(msg, level, reason=why):
                 self._task_group().start_soon(self._retry_locally, mq, pq, msg)
                 return
         offset = pq.remove(msg)
         if offset >= 0 and not pq.dropped:
             self.offsets.update(mq, offset)
 
-    async def send_back(self, msg: MessageExt, delay_level: int = 0) -> bool:
+    async def send_back(self, msg: MessageExt, delay_level: int = 0, *, reason: str = "") -> bool:
         """Hand a failed message back to the broker for retry (delay level 0: the broker's
-        choice, 3 + reconsume times; -1: straight to the dead-letter queue)."""
+        choice, 3 + reconsume times; -1: straight to the dead-letter queue), saying why
+        (kept by a dead-letter copy)."""
         try:
             await self.call(
                 ConsumerSendMsgBack(
@@ -614,6 +661,7 @@ class PushConsumer(PullConsumer):
                     delay_level=delay_level,
                     max_reconsume_times=self.max_reconsume_times,
                     origin_msg_id=msg.msg_id,
+                    reason=clip_reason(reason),
                 ),
                 broker=msg.broker_name or None,  # the broker it came from holds its record
             )
@@ -632,22 +680,27 @@ class PushConsumer(PullConsumer):
             if msg is None:
                 await pq.arrived.wait()
                 continue
-            status = await self._invoke(msg)
+            status, why = await self._invoke_why(msg)
             if pq.dropped:
                 return
             if status is ConsumeResult.SUCCESS:
                 offset = pq.commit_taken()
             else:
-                msg.reconsume_times += 1
-                if msg.reconsume_times <= self.max_reconsume_times or not clustering:
-                    if not clustering and msg.reconsume_times > self.max_reconsume_times:
-                        log.warning("orderly broadcast message %s dropped", msg.msg_id)
-                        offset = pq.commit_taken()
-                    else:
-                        pq.give_back()
-                        await anyio.sleep(self.suspend_time)  # suspend this queue a moment
-                        continue
-                elif await self.send_back(msg, delay_level=-1):
+                dead = status is ConsumeResult.DEAD_LETTER  # on purpose: no local retries
+                if not dead:
+                    msg.reconsume_times += 1
+                if not dead and msg.reconsume_times <= self.max_reconsume_times:
+                    pq.give_back()
+                    await anyio.sleep(self.suspend_time)  # suspend this queue a moment
+                    continue
+                if not clustering:  # broadcasting has no dead-letter queue
+                    log.warning("orderly broadcast message %s dropped", msg.msg_id)
+                    offset = pq.commit_taken()
+                elif await self.send_back(
+                    msg,
+                    delay_level=-1,
+                    reason=why if dead else used_up_reason(self.max_reconsume_times, why),
+                ):
                     offset = pq.commit_taken()  # dead-lettered: the queue moves on
                 else:
                     pq.give_back()

@@ -263,7 +263,8 @@ def wait_consumed(
 
 class PushConsumer(SyncClient[_push.PushConsumer]):
     """Blocking push consumer; the listener may be a plain function (it runs in worker
-    threads) or a coroutine function. Same arguments as :class:`txmq.push.PushConsumer`::
+    threads) or a coroutine function, with the same results (``raise txmq.DeadLetter``
+    included). Same arguments as :class:`txmq.push.PushConsumer`::
 
         consumer = txmq.sync.PushConsumer(address, "billing", listener=handle)
         consumer.subscribe("orders", "created || paid")

@@ -18,8 +18,10 @@ pytest.importorskip("httpx2", reason=NO_EXTRA)
 
 from starlette.testclient import TestClient
 
-from txmq import AdminClient
+from txmq import AdminClient, PullConsumer
+from txmq.client import BrokerClient
 from txmq.console import ConsoleConfig, create_app
+from txmq.wire import ConsumerSendMsgBack
 
 
 @pytest.fixture
@@ -77,6 +79,31 @@ def test_a_script_body_is_shown_as_text(web: TestClient, seeded: Seeded) -> None
     assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in page
     assert "evil&lt;key&gt;" in page and "<key>" not in page
     assert re.search(r"group <a [^>]*>shipping</a>: consumed", page)
+
+
+def test_a_dead_letter_reason_is_shown_escaped(web: TestClient, seeded: Seeded) -> None:
+    reason = "bad payload\n<script>alert('reason')</script>"
+
+    async def dead_letter() -> None:
+        address = seeded.address
+        async with PullConsumer(address, "auditing") as c, BrokerClient(address) as raw:
+            [m] = (await c.pull("invoices", 0, 0, long_poll=0)).messages
+            back = ConsumerSendMsgBack(
+                group="auditing",
+                commit_log_offset=m.commit_log_offset,
+                delay_level=-1,
+                origin_msg_id=m.msg_id,
+                reason=reason,
+            )
+            await raw.call(back)
+
+    anyio.run(dead_letter)
+    page = web.get("/dlq", params={"group": "auditing"}).text
+    assert "<script>alert(" not in page
+    shown = "bad payload\n&lt;script&gt;alert(&#39;reason&#39;)&lt;/script&gt;"
+    assert f'<td class="reason">{shown}</td>' in page
+    billing = web.get("/dlq", params={"group": "billing"}).text  # sent back without a reason
+    assert '<td class="reason">sent to the DLQ by its consumer</td>' in billing
 
 
 def test_binary_and_huge_bodies(web: TestClient, seeded: Seeded) -> None:

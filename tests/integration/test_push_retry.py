@@ -77,6 +77,7 @@ async def test_always_failing_message_ends_in_dlq_and_resend_revives_it(
                     await anyio.sleep(0.05)
             [dead] = await admin.dlq_list("g-dlq")
             assert dead.msg_id == r.msg_id and dead.keys == ["order-9"] and dead.body == b"bad"
+            assert dead.dlq_reason == "max reconsume times (3) used up"
             assert seen == [0, 1, 2, 3], seen
             healthy = True
             assert await admin.dlq_resend("g-dlq", [r.msg_id]) == 1

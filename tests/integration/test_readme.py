@@ -352,6 +352,22 @@ def run_idempotent_consumer(folder: Folder, block: Block) -> None:
     assert done == [("billing", "order-7-created", "done")], done
 
 
+def run_dead_letter(folder: Folder, block: Block) -> None:
+    """The listener dead-letters the parcel at its first delivery; the reason is kept and
+    ``txmq admin dlq list`` shows it."""
+    out = folder.python(block)
+    assert out.splitlines() == ["dead-lettered: not JSON: b'<not json>'"], out
+    argv = ["txmq", "admin", "dlq", "list", "--group", "shipping", "--broker", folder.broker]
+    [row] = json.loads(folder.txmq([*argv, "--json"]))
+    assert (row["reason"], row["reconsume_times"], row["keys"]) == (
+        "not JSON: b'<not json>'",
+        1,
+        ["parcel-1"],
+    )
+    table = folder.txmq(argv).splitlines()
+    assert table[0].split()[-1] == "REASON" and table[2].endswith("  not JSON: b'<not json>'")
+
+
 CLUSTER_CLIENT = "Producer(namesrv=NAMESRV)"
 
 
@@ -459,6 +475,7 @@ PLAN: dict[str, Runner | str] = {
     "outbox.add(session": run_outbox_add,
     "txmq outbox relay --db": run_outbox_commands,
     "@txmq.idempotent(": run_idempotent_consumer,
+    "raise txmq.DeadLetter(": run_dead_letter,
     "books:     BALANCED": "the demo's output, not a command",
     "python -m examples.orders seed": "services started by hand that run until stopped; "
     "tests/acceptance/test_orders.py drives the same subcommands (seed, place, stock, "

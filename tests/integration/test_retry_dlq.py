@@ -384,6 +384,7 @@ async def test_dlq_list_and_resend(embedded_broker: Callable[..., EmbeddedBroker
         assert await admin.dlq_resend("DG", [dead[1].msg_id]) == 1
         again = await pull_at(consumer, "%RETRY%DG", 0, 0, long_poll=0)  # at once, no delay
         assert (again.msg_id, again.body, again.reconsume_times) == (dead[1].msg_id, b"two", 0)
+        assert dead[1].dlq_reason == "sent to the DLQ by its consumer" and again.dlq_reason is None
         assert again.get_property(Prop.RETRY_TOPIC) == "orders"
         assert again.keys == ["k-two"]
 
@@ -424,8 +425,17 @@ def test_dlq_sync_admin_and_cli(embedded_broker: Callable[..., EmbeddedBroker]) 
         "alpha"
     )
     table = txmq("dlq", "list", "--group", "CG").splitlines()
-    assert table[0].split() == ["MSG_ID", "TOPIC", "RECONSUME_TIMES", "KEYS", "STORE_TIME", "BODY"]
+    assert table[0].split() == [
+        "MSG_ID",
+        "TOPIC",
+        "RECONSUME_TIMES",
+        "KEYS",
+        "STORE_TIME",
+        "BODY",
+        "REASON",
+    ]
     assert originals[1].msg_id in table[3] and "orders" in table[3] and "k-beta" in table[3]
+    assert table[3].endswith("  sent to the DLQ by its consumer")  # the reason: none was sent
 
     out = txmq("dlq", "resend", "--group", "CG", "--id", originals[1].msg_id)
     assert "re-sent 1 message(s) to %RETRY%CG" in out

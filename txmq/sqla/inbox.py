@@ -13,6 +13,9 @@
 the session it is given). A duplicate finds the key and is skipped and acknowledged; a
 handler failure rolls back both, and the message is retried. Two consumers racing on the
 same message: the second one's insert waits for the first transaction, then finds the key.
+A handler that dead-letters the message (raises ``txmq.DeadLetter``, or returns
+``DEAD_LETTER``) rolls back both too: nothing is applied and the key stays free, so that the
+message applies once it is re-sent from the dead-letter queue.
 
 **Mark mode** (``mode="mark"``, handler ``handler(msg)``) for effects outside the
 database: a ``consuming`` mark with an expiry is committed first, then the handler runs,
@@ -91,7 +94,9 @@ def idempotent(
     (in the listener's thread or task) for each message skipped as a duplicate: a metric.
 
     The handler returns None/SUCCESS, or ``RECONSUME_LATER`` (or False) to roll back and
-    retry; an exception rolls back too (and is raised to the consumer: retry).
+    retry, or ``DEAD_LETTER`` to roll back and dead-letter; an exception rolls back too
+    (and is raised to the consumer: retry; ``txmq.DeadLetter``: to the dead-letter queue).
+    A rolled-back message's key is not recorded (mark mode: its mark is released).
     """
     if mode not in ("transaction", "mark"):
         raise ValueError(f"mode must be 'transaction' or 'mark', not {mode!r}")
@@ -142,8 +147,14 @@ def _engine_of(factory: Any) -> Any:
     return engine
 
 
-def _later(result: Any) -> bool:
-    return result is False or result is ConsumeResult.RECONSUME_LATER
+def _failed(result: Any) -> ConsumeResult | None:
+    """What a handler's result asks the consumer for when it is not a success: later, or
+    the dead-letter queue (roll back either way); None: it is a success."""
+    if result is False or result is ConsumeResult.RECONSUME_LATER:
+        return ConsumeResult.RECONSUME_LATER
+    if result is ConsumeResult.DEAD_LETTER:
+        return ConsumeResult.DEAD_LETTER
+    return None
 
 
 _INSERTS: dict[str, Any] = {}
@@ -241,9 +252,10 @@ class _Guard:
                     if not _inserted(conn.execute(*self._done_row(conn, k))):
                         session.rollback()
                         return self.duplicate(msg, k)
-                    if _later(handler(msg, session)):
+                    failed = _failed(handler(msg, session))
+                    if failed is not None:
                         session.rollback()
-                        return ConsumeResult.RECONSUME_LATER
+                        return failed
                     session.commit()
                 except BaseException:
                     session.rollback()
@@ -263,9 +275,10 @@ class _Guard:
                     if not _inserted(await conn.execute(stmt, params)):
                         await session.rollback()
                         return self.duplicate(msg, k)
-                    if _later(await handler(msg, session)):
+                    failed = _failed(await handler(msg, session))
+                    if failed is not None:
                         await session.rollback()
-                        return ConsumeResult.RECONSUME_LATER
+                        return failed
                     await session.commit()
                 except BaseException:
                     await session.rollback()
@@ -332,13 +345,13 @@ class _Guard:
             if verdict is not None:
                 return verdict
             assert isinstance(got, datetime)
-            ok = False
+            failed: ConsumeResult | None = ConsumeResult.RECONSUME_LATER
             try:
-                ok = not _later(handler(msg))
+                failed = _failed(handler(msg))
             finally:
                 with engine.connect() as conn:
-                    self._finish(conn, k, got, ok)
-            return ConsumeResult.SUCCESS if ok else ConsumeResult.RECONSUME_LATER
+                    self._finish(conn, k, got, failed is None)
+            return failed or ConsumeResult.SUCCESS
 
         return listener
 
@@ -355,13 +368,13 @@ class _Guard:
             if verdict is not None:
                 return verdict
             assert isinstance(got, datetime)
-            ok = False
+            failed: ConsumeResult | None = ConsumeResult.RECONSUME_LATER
             try:
-                ok = not _later(await handler(msg))
+                failed = _failed(await handler(msg))
             finally:
                 async with engine.connect() as conn:
-                    await conn.run_sync(self._finish, k, got, ok)
-            return ConsumeResult.SUCCESS if ok else ConsumeResult.RECONSUME_LATER
+                    await conn.run_sync(self._finish, k, got, failed is None)
+            return failed or ConsumeResult.SUCCESS
 
         return listener
 

@@ -157,7 +157,9 @@ class SendBack(Response, frozen=True, kw_only=True, omit_defaults=True):
 
 class ConsumerSendMsgBack(Request[SendBack], frozen=True, kw_only=True, omit_defaults=True):
     """A consumer failed the message at ``commit_log_offset``: retry it later (after
-    ``delay_level``, 0: 3 + reconsume times; -1: to the dead-letter queue at once)."""
+    ``delay_level``, 0: 3 + reconsume times; -1: to the dead-letter queue at once).
+    ``reason``: why (the listener's ``DeadLetter`` reason, or its last error), kept by a
+    dead-letter copy (property ``TXMQ_DLQ_REASON``, cut to 1024 characters)."""
 
     CODE = RequestCode.CONSUMER_SEND_MSG_BACK
     group: Name
@@ -165,3 +167,4 @@ class ConsumerSendMsgBack(Request[SendBack], frozen=True, kw_only=True, omit_def
     delay_level: int = 0
     max_reconsume_times: int = 16
     origin_msg_id: str = ""
+    reason: str = ""
