@@ -49,7 +49,7 @@ import anyio
 import anyio.abc
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.retry import RetryService
+from txmq.broker.retry import ON_PURPOSE, RetryService
 from txmq.broker.store import GetStatus
 from txmq.codec import decode_record
 from txmq.errors import (
@@ -443,8 +443,9 @@ class PopService:
         how = _How(invisible_ms, e.max_attempts, e.fifo)
         return self._deliver(key, topic, c, how, decode_record(record), e.attempt)
 
-    def dead_letter(self, *, group: str, topic: str, handle: str) -> None:
-        """Copy the message to ``%DLQ%<group>``; it is done."""
+    def dead_letter(self, *, group: str, topic: str, handle: str, reason: str = "") -> None:
+        """Copy the message to ``%DLQ%<group>`` (with its consumer's ``reason``); it is
+        done."""
         if not self.ctx.replica.is_master():
             raise NotMaster("this broker is a slave: dead-letter messages on its master")
         key, q, c, offset, e = self._find(group, topic, handle)
@@ -453,7 +454,14 @@ class PopService:
             self._done(key, q, c, offset, e)
             raise MessageNotFound("the message was removed from the store (retention)")
         msg = decode_record(record)
-        self.retry.store_copy(msg, group, times=e.attempt, max_times=e.max_attempts - 1, level=-1)
+        self.retry.store_copy(
+            msg,
+            group,
+            times=e.attempt,
+            max_times=e.max_attempts - 1,
+            level=-1,
+            reason=reason or ON_PURPOSE,
+        )
         self._done(key, q, c, offset, e)
 
     # -- expiry -----------------------------------------------------------------------------

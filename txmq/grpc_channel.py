@@ -147,9 +147,13 @@ class Channel:
             ("x-mq-request-id", str(uuid.uuid4())),
         )
 
-    async def _unary(self, name: str, request: Any, timeout: float) -> Any:
+    async def _unary(
+        self, name: str, request: Any, timeout: float, extra: tuple[tuple[str, Any], ...] = ()
+    ) -> Any:
+        """Call unary RPC ``name`` (``extra``: metadata beside the client's own)."""
         await self.connection()
-        call = getattr(self._stub, name)(request, metadata=self._metadata(), timeout=timeout)
+        metadata = self._metadata() + extra
+        call = getattr(self._stub, name)(request, metadata=metadata, timeout=timeout)
         try:
             return await call
         except grpc.aio.AioRpcError as exc:

@@ -50,6 +50,7 @@ __all__ = [
     "ALIASES",
     "CODES",
     "DEFAULT_DELAY_LEVELS_MS",
+    "DLQ_REASON_METADATA",
     "check_error",
     "code_of",
     "delay_ms",
@@ -61,6 +62,10 @@ __all__ = [
     "timestamp",
     "to_proto",
 ]
+
+#: the metadata key of a dead letter's reason on ForwardMessageToDeadLetterQueue (the request
+#: has no field for one; "-bin": any bytes, UTF-8 here): txmq's client and endpoint use it
+DLQ_REASON_METADATA = "x-txmq-dlq-reason-bin"
 
 #: RocketMQ's default delay levels ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h
 #: 2h"), in ms: a delay level becomes a delivery time this long from now

@@ -186,21 +186,23 @@ class ReceiveMode:
             status: ConsumeResult
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._renew, r)
-                status = await self.consumer._invoke(msg)
+                status, why = await self.consumer._invoke_why(msg)
                 tg.cancel_scope.cancel()
-            await self.settle(r, status)
+            await self.settle(r, status, why)
         finally:
             self._running -= 1
             if not self._running:
                 self._idle.set()
 
-    async def settle(self, r: Received, status: ConsumeResult) -> None:
+    async def settle(self, r: Received, status: ConsumeResult, why: str = "") -> None:
         from txmq.push import ConsumeResult
 
         c = self.consumer
         try:
             if status is ConsumeResult.SUCCESS:
                 await self.remote.ack(c.group, r, c.request_timeout)
+            elif status is ConsumeResult.DEAD_LETTER:
+                await self.remote.forward_to_dlq(c.group, r, why, c.request_timeout)
             else:
                 later = backoff_s(self.remote.settings, r.attempt)
                 await self.remote.change_invisible(c.group, r, later, c.request_timeout)

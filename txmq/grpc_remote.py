@@ -42,8 +42,15 @@ from txmq.errors import (
     UnsupportedRequest,
 )
 from txmq.grpc_channel import Channel, rpc_error, settle
-from txmq.grpc_convert import check_error, duration, error_of, from_proto, to_proto
-from txmq.message import MessageExt, Prop
+from txmq.grpc_convert import (
+    DLQ_REASON_METADATA,
+    check_error,
+    duration,
+    error_of,
+    from_proto,
+    to_proto,
+)
+from txmq.message import MessageExt, Prop, clip_reason
 from txmq.wire import (
     BatchResult,
     BrokerData,
@@ -427,6 +434,27 @@ class GrpcRemote(Channel):
             timeout,
         )
         check_error(answer.status, f"ack of {received.msg.msg_id}")
+
+    async def forward_to_dlq(
+        self, group: str, received: Received, reason: str, timeout: float
+    ) -> None:
+        """Send ``received`` to the group's dead-letter queue at once (its listener said
+        DEAD_LETTER); the reason travels as metadata (:data:`DLQ_REASON_METADATA`: the
+        request has no field for it), which txmq's endpoint keeps with the dead letter."""
+        answer = await self._unary(
+            "ForwardMessageToDeadLetterQueue",
+            spb.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name=group),
+                topic=pb.Resource(name=received.topic),
+                receipt_handle=received.handle,
+                message_id=received.msg.msg_id,
+                delivery_attempt=received.attempt,
+                max_delivery_attempts=received.attempt,
+            ),
+            timeout,
+            extra=((DLQ_REASON_METADATA, clip_reason(reason).encode()),) if reason else (),
+        )
+        check_error(answer.status, f"dead-lettering {received.msg.msg_id}")
 
     async def change_invisible(
         self, group: str, received: Received, invisible_s: float, timeout: float

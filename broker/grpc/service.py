@@ -34,7 +34,8 @@ from txmq.broker.grpc.convert import (
 from txmq.broker.grpc.routes import QueueSet
 from txmq.broker.grpc.telemetry import Session, transaction_id
 from txmq.errors import BadRequest, TxmqError
-from txmq.message import Prop, parse_subscription, stable_hash
+from txmq.grpc_convert import DLQ_REASON_METADATA
+from txmq.message import Prop, clip_reason, parse_subscription, stable_hash
 from txmq.wire import EndTransaction, SendMessage
 
 if TYPE_CHECKING:
@@ -425,7 +426,13 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         group = resource_name(request.group, "group")
         topic = resource_name(request.topic, "topic")
-        self.ep.pop.dead_letter(group=group, topic=topic, handle=request.receipt_handle)
+        reason = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == DLQ_REASON_METADATA and isinstance(value, bytes):
+                reason = clip_reason(value.decode("utf-8", "replace"))
+        self.ep.pop.dead_letter(
+            group=group, topic=topic, handle=request.receipt_handle, reason=reason
+        )
         return spb.ForwardMessageToDeadLetterQueueResponse(status=status())
 
     # -- what txmq does not serve ---------------------------------------------------------

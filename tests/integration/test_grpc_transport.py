@@ -23,7 +23,9 @@ from tests.grpc_support import (
     started,
 )
 from txmq import (
+    AdminClient,
     ConsumeResult,
+    DeadLetter,
     LocalTransactionState,
     Message,
     MessageExt,
@@ -151,6 +153,27 @@ async def test_a_failed_message_comes_back_with_its_attempt_counted(
             while len(tries) < 3:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
     assert tries == [0, 1, 2]  # the broker's retry back-off (1 s here), attempts counted
+
+
+async def test_a_dead_letter_on_purpose_goes_to_the_dlq_with_its_reason(
+    grpc_broker: Callable[..., GrpcBroker],
+) -> None:
+    gb = grpc_broker()
+    seen: list[str] = []
+
+    def refuse(msg: MessageExt) -> None:
+        seen.append(msg.msg_id)
+        raise DeadLetter("bad <payload>\nline 2")
+
+    async with consumer(gb, "refusers", "refused", refuse):
+        async with Producer(gb.endpoint, transport="grpc") as producer:
+            r = await producer.send(Message("refused", b"x"))
+        async with AdminClient(gb.address) as admin:  # txmq's protocol: the DLQ's listing
+            with anyio.fail_after(20):
+                while not (dead := await admin.dlq_list("refusers")):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+    assert [(m.msg_id, m.dlq_reason) for m in dead] == [(r.msg_id, "bad <payload>\nline 2")]
+    assert seen == [r.msg_id]  # once: no retries
 
 
 async def test_transaction_check_back_over_the_telemetry_stream(
