@@ -10,7 +10,8 @@ message of a transaction), a listener's run, a check-back's answer, a duplicate 
     txmq_client_send_seconds{topic, result="ok"|"error"}            histogram
     txmq_client_send_errors_total{topic, error}                      counter (error class)
     txmq_client_consume_seconds{group, topic, result}                histogram
-        result: "success", "reconsume_later" (asked for) or "error" (the listener raised)
+        result: "success", "reconsume_later" (asked for), "dead_letter" (sent to the DLQ on
+        purpose) or "error" (the listener raised)
     txmq_client_checkback_total{group, state}                        counter
         state: COMMIT, ROLLBACK, UNKNOWN or ERROR (the checker raised)
     txmq_idempotent_duplicates_total{group}                          counter
@@ -144,7 +145,8 @@ class _Metrics:
         )
         self.consume_seconds = histogram(
             "txmq_client_consume_seconds",
-            "Listener runs, by consumer group, topic and result (success, reconsume_later, error)",
+            "Listener runs, by consumer group, topic and result (success, reconsume_later, "
+            "dead_letter, error)",
             ("group", "topic", "result"),
         )
         self.checkbacks = make(
@@ -437,7 +439,7 @@ class _Consuming:
         return self
 
     def result(self, result: str) -> None:
-        """``"success"`` or ``"reconsume_later"``."""
+        """``"success"``, ``"reconsume_later"`` or ``"dead_letter"``."""
         self.outcome = result
 
     def failed(self, exc: BaseException) -> None:
