@@ -140,6 +140,16 @@ class BrokerConfig(ConnectionSettings):
     transaction_timeout_s: float = 6.0
     #: a half message still undecided after this many checks is parked
     transaction_check_max: int = 15
+    #: a send of a message id (UNIQ_KEY) that a client stored this recently (same topic,
+    #: same kind) is a retry: it is answered with the original's result and stores nothing
+    #: (0: off).  2 minutes, NATS JetStream's duplicate window: a producer's whole retry
+    #: horizon (3 attempts of 3 s) with a broker restart or a failover in between, and an
+    #: outbox relay's resend after it was killed
+    dedupe_window_s: float = 120.0
+    #: at most this many ids remembered (about 75 bytes each: 37 MB at most); the newest
+    #: half are always there — at this broker's top rate (~30,000 sends/s) 8 s of sends,
+    #: the whole window up to ~2,000 sends/s
+    dedupe_max_entries: int = 500_000
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -224,6 +234,15 @@ class BrokerConfig(ConnectionSettings):
             )
         if not self.disk_check_interval_s > 0:
             raise SettingsError("disk_check_interval_s must be positive")
+        if not 0 <= self.dedupe_window_s <= 86_400:
+            raise SettingsError(
+                f"dedupe_window_s must be between 0 (off) and 86400 (a day), "
+                f"not {self.dedupe_window_s}"
+            )
+        if not 1 <= self.dedupe_max_entries <= 100_000_000:
+            raise SettingsError(
+                f"dedupe_max_entries must be between 1 and 100000000, not {self.dedupe_max_entries}"
+            )
 
     @cached_property
     def namesrv_addresses(self) -> tuple[str, ...]:

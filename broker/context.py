@@ -19,6 +19,7 @@ import msgspec
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.consumers import ConsumerManager, ProducerManager
+from txmq.broker.dedupe import DedupeWindow
 from txmq.broker.locks import RebalanceLockManager
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.stats import Throughput
@@ -212,3 +213,5 @@ class BrokerContext:
     throughput: Throughput = field(default_factory=Throughput)
     replica: ReplicaView = field(default_factory=_Alone)
     groups: SubscriptionGroupManager = field(default_factory=SubscriptionGroupManager.in_memory)
+    #: the ids of the messages clients stored recently (None: ``dedupe_window_s = 0``)
+    dedupe: DedupeWindow | None = None

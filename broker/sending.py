@@ -1,5 +1,7 @@
 """SEND_MESSAGE and SEND_BATCH_MESSAGE: store messages (half messages go to the transaction
-service, delayed ones through the schedule topic) and acknowledge them."""
+service, delayed ones through the schedule topic) and acknowledge them.  A send of a
+message id stored moments ago (a producer's retry after a lost acknowledgement) is answered
+with the original's result and stores nothing (:mod:`txmq.broker.dedupe`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 import msgpack
 
 from txmq.broker.context import BrokerContext
+from txmq.broker.dedupe import Original
 from txmq.broker.putting import check_put, put_or_raise
 from txmq.broker.schedule import Delayed, ScheduleMessageService
 from txmq.broker.store import MAX_PROPERTIES_SIZE, PutResult
@@ -67,7 +70,15 @@ class SendService:
         self._check_body(len(body))
         self._check_queue(req.topic, req.queue_id)
         props = req.properties
-        if props.get(Prop.TRAN_MSG, "").lower() == "true":  # a half message
+        half = props.get(Prop.TRAN_MSG, "").lower() == "true"
+        dedupe = self.ctx.dedupe
+        msg_id = props.get(Prop.UNIQ_KEY) if dedupe is not None else None
+        if msg_id and self.store.writable:
+            assert dedupe is not None
+            original = dedupe.admit(self.store, msg_id, req.topic, half)
+            if original is not None:  # a retry: answered as the first send was
+                return self.ctx.acks.after_flush(original.end_offset, original.sent(msg_id))
+        if half:  # a half message
             return self.transactions.prepare(req, body)
         topic, queue_id = req.topic, req.queue_id
         # a delayed message goes to the schedule topic (broker/schedule.py) first
@@ -104,6 +115,9 @@ class SendService:
         pos = 0
         body = call.body
         now = _now_ms()
+        dedupe = self.ctx.dedupe if self.store.writable else None
+        #: per entry, the stored original of a retried one (each entry is deduplicated)
+        originals: list[Original | None] = []
         for entry in req.messages:
             size = entry.size
             if size < 0 or pos + size > len(body):
@@ -114,6 +128,16 @@ class SendService:
                 raise BadRequest(f"message properties are over {MAX_PROPERTIES_SIZE} bytes encoded")
             if props.get(Prop.TRAN_MSG, "").lower() == "true":
                 raise BadRequest("a batch cannot hold transactional (half) messages")
+            msg_id = props.get(Prop.UNIQ_KEY)
+            original = (
+                dedupe.admit(self.store, msg_id, topic, False)
+                if dedupe is not None and msg_id
+                else None
+            )
+            originals.append(original)
+            if original is not None:  # a retry of this entry: stored already
+                pos += size
+                continue
             item: dict[str, Any] = {
                 "topic": topic,
                 "queue_id": queue_id,
@@ -127,6 +151,8 @@ class SendService:
             pos += size
         if pos != len(body):
             raise BadRequest("batch entry sizes do not add up to the frame body")
+        if not items:  # every entry a retry
+            return self._batch_answer(req, originals, [])
         results = [check_put(r) for r in self.store.put_batch(items)]
         self.ctx.throughput.put += len(results)
         tally = self.ctx.throughput.tally
@@ -138,15 +164,38 @@ class SendService:
             self.ctx.arrivals.notify(topic, queue_id)
         for level, due in delays:
             self.schedule.stored(level, due)
-        first = results[0]
+        return self._batch_answer(req, originals, results)
+
+    def _batch_answer(
+        self, req: SendBatchMessage, originals: list[Original | None], results: list[PutResult]
+    ) -> BatchResult | asyncio.Future[BatchResult]:
+        """The answer to a batch: each entry's commit-log offset (a retried entry's
+        original's); queue, queue offset and store time of the first entry."""
+        stored = iter(results)
+        offsets: list[str] = []
+        first: tuple[int, int, int] | None = None
+        end = 0
+        for original in originals:
+            if original is None:
+                r = next(stored)
+                phy, end_offset = r.commit_log_offset, r.end_offset
+                where = (req.queue_id, r.queue_offset, r.store_timestamp)
+            else:
+                phy, end_offset = original.commit_log_offset, original.end_offset
+                where = (original.queue_id, original.queue_offset, original.store_timestamp)
+            offsets.append(f"{phy:016X}")
+            end = max(end, end_offset)
+            if first is None:
+                first = where
+        assert first is not None
         answer = BatchResult(
-            msg_ids=[it["properties"].get(Prop.UNIQ_KEY, "") for it in items],
-            offset_msg_ids=[f"{r.commit_log_offset:016X}" for r in results],
-            queue_id=queue_id,
-            queue_offset=first.queue_offset,
-            store_timestamp=first.store_timestamp,
+            msg_ids=[e.properties.get(Prop.UNIQ_KEY, "") for e in req.messages],
+            offset_msg_ids=offsets,
+            queue_id=first[0],
+            queue_offset=first[1],
+            store_timestamp=first[2],
         )
-        return self.ctx.acks.after_flush(results[-1].end_offset, answer)
+        return self.ctx.acks.after_flush(end, answer)
 
     def _delayed(self, topic: str, queue_id: int, props: dict[str, str]) -> Delayed | None:
         if Prop.DELIVER_AT in props:

@@ -25,6 +25,7 @@ from txmq.broker.consumers import (
     run_expiry_scan,
 )
 from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
+from txmq.broker.dedupe import DedupeWindow
 from txmq.broker.identity import claim_store
 from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.metrics import (
@@ -98,6 +99,9 @@ class Broker(Stoppable):
             arrivals=self.arrivals,
             acks=FlushAcks(self.store, config),
             groups=SubscriptionGroupManager(config.store / "config" / "groups.json"),
+            dedupe=DedupeWindow(config.dedupe_window_s, config.dedupe_max_entries)
+            if config.dedupe_window_s > 0
+            else None,
         )
         self.schedule = ScheduleMessageService(ctx)
         self.transactions = TransactionService(ctx)
@@ -188,6 +192,7 @@ class Broker(Stoppable):
             self.store.disk.check()  # a disk already full: refuse writes from the start
             if self.replication.role.is_master:
                 self.transactions.recover()
+                self._read_dedupe_window()
             listener = await anyio.create_tcp_listener(
                 local_host=self.config.host, local_port=self.config.port, reuse_port=False
             )
@@ -341,9 +346,25 @@ class Broker(Stoppable):
         metadata, copied), find the undecided halves in the log, and run the schedule and
         the check-back."""
         self._topics_of_the_log()
+        self._read_dedupe_window()
         self.schedule.reload()
         self.transactions.recover()
         await self._start_duties()
+
+    def _read_dedupe_window(self) -> None:
+        """Before the first send as the master: the ids stored in the last
+        ``dedupe_window_s``, from the key index (a slave's too: built from its copy)."""
+        window = self.context.dedupe
+        if window is None:
+            return
+        began = time.monotonic()
+        loaded = window.load(self.store)
+        log.info(
+            "dedupe window: %d key hashes of the last %.0f s loaded from the key index in %.0f ms",
+            loaded,
+            self.config.dedupe_window_s,
+            (time.monotonic() - began) * 1000,
+        )
 
     def _topics_of_the_log(self) -> None:
         """A topic whose messages this broker copied before it copied the topic itself

@@ -194,7 +194,9 @@ class TransactionProducer(Producer):
     ) -> SendResult:
         """Store ``msg`` as a half message of local transaction ``transaction_id``.
 
-        Not retried: a retry after the broker may have stored it would make a second half.
+        Not retried on another broker set: a retry after the broker may have stored it would
+        make a second half there (the same broker set answers a resend of the same message
+        id with the first half: its dedupe window).
         ``check_immunity_s`` overrides the broker's ``transaction_timeout_s`` (no check-back
         before the half message is that old).  The result's ``transaction_offset`` names the
         half message for :meth:`end_transaction`.

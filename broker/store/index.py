@@ -34,7 +34,7 @@ from .consumequeue import map_file
 from .disk import ALLOC_CHUNK, allocate
 from .types import NAME_WIDTH
 
-__all__ = ["IndexFile", "IndexService", "key_hash", "uniq_key_hash"]
+__all__ = ["UNIQ_SEED", "IndexFile", "IndexService", "key_hash", "uniq_key_hash"]
 
 log = logging.getLogger("txmq.broker.store")
 
@@ -43,7 +43,7 @@ ENTRY = struct.Struct("<IqiI")
 SLOT = struct.Struct("<I")
 MAGIC = 0x54584958  # "TXIX"
 VERSION = 1
-_UNIQ_SEED = 0x5EED5EED
+UNIQ_SEED = 0x5EED5EED
 
 
 def key_hash(key: str) -> int:
@@ -53,7 +53,7 @@ def key_hash(key: str) -> int:
 
 def uniq_key_hash(key: str) -> int:
     """Hash of a UNIQ_KEY (message id), kept apart from the KEYS hashes."""
-    return zlib.crc32(key.encode(), _UNIQ_SEED)
+    return zlib.crc32(key.encode(), UNIQ_SEED)
 
 
 class IndexFile:
@@ -185,6 +185,22 @@ class IndexFile:
                 break
             v = prev
 
+    def hashes_since(self, begin_ts: int) -> array[int]:
+        """The hashes of the entries stored at or after ``begin_ts`` (ms; to the second:
+        up to a second earlier too), in the order they were added."""
+        lo, hi = 0, self.count  # the first entry (0-based) with its second >= begin's
+        since = (begin_ts - self.begin_ts) // 1000
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ENTRY.unpack_from(self.mm, self.entries_at + mid * 20)[2] < since:
+                lo = mid + 1
+            else:
+                hi = mid
+        words = array("I", self.mm[self.entries_at + lo * 20 : self.entries_at + self.count * 20])
+        if sys.byteorder != "little":
+            words.byteswap()
+        return words[::5]  # each entry: hash, then 16 bytes more
+
     def _entry(self, n: int) -> tuple[int, int, int, int]:
         h, phy, delta, prev = ENTRY.unpack_from(self.mm, self.entries_at + (n - 1) * 20)
         return h, phy, delta, prev
@@ -304,6 +320,15 @@ class IndexService:
         for f in reversed(self.files):
             if f.count and f.end_ts >= begin_ts - 1000 and f.begin_ts <= end_ts:
                 yield from f.lookup(h, begin_ts, end_ts)
+
+    def hashes_since(self, begin_ts: int) -> list[int]:
+        """The key hashes (UNIQ_KEY and KEYS alike) of the entries stored at or after
+        ``begin_ts`` (ms; up to a second earlier too), oldest first."""
+        out: list[int] = []
+        for f in self.files:
+            if f.count and f.end_ts >= begin_ts - 1000:
+                out.extend(f.hashes_since(begin_ts))
+        return out
 
     def truncate(self, phy: int, trust_slots: bool) -> None:
         """Drop every entry pointing at or above ``phy`` (recovery)."""

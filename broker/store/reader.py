@@ -301,3 +301,19 @@ class StoreReads:
     def query_all_by_uniq_key(self, msg_id: str, max_num: int = 256) -> list[bytes]:
         """Every record whose UNIQ_KEY is ``msg_id`` (copies of one message), newest first."""
         return query_all_by_uniq_key(self._index, self._cl, msg_id, max_num)
+
+    def query_uniq_key_since(self, msg_id: str, begin_ts: int, max_num: int = 64) -> list[bytes]:
+        """The records whose UNIQ_KEY is ``msg_id`` stored at or after ``begin_ts`` (ms),
+        newest first."""
+        out: list[bytes] = []
+        for rec in _candidates(self._index, self._cl, uniq_key_hash(msg_id), begin_ts, 2**63 - 1):
+            if record_topic_and_props(rec)[1].get(Prop.UNIQ_KEY) == msg_id:
+                out.append(rec)
+                if len(out) >= max_num:
+                    break
+        return out
+
+    def key_hashes_since(self, begin_ts: int) -> list[int]:
+        """The key-index hashes (``uniq_key_hash`` of each UNIQ_KEY, ``key_hash`` of each
+        KEYS entry) of the records stored at or after ``begin_ts`` (ms), oldest first."""
+        return self._index.hashes_since(begin_ts)

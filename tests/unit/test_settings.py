@@ -98,3 +98,19 @@ def test_bad_controller_settings_are_clear_errors(setting: str, bad: object, say
     assert (loaded.lease_s, loaded.store) == (1.5, Path("/tmp/ctl"))
     with pytest.raises(SettingsError, match="lease_s"):
         ControllerConfig.load(env={"TXMQ_CONTROLLER_LEASE_S": "soon"})
+
+
+def test_dedupe_settings_are_read_and_checked() -> None:
+    c = BrokerConfig()
+    assert (c.dedupe_window_s, c.dedupe_max_entries) == (120.0, 500_000)
+    env = {"TXMQ_BROKER_DEDUPE_WINDOW_S": "0", "TXMQ_BROKER_DEDUPE_MAX_ENTRIES": "1000"}
+    c = BrokerConfig.load(env=env)
+    assert (c.dedupe_window_s, c.dedupe_max_entries) == (0.0, 1000)  # 0: off
+    for bad in (-1, 86_401, float("nan")):
+        with pytest.raises(SettingsError, match="dedupe_window_s must be between 0"):
+            BrokerConfig(dedupe_window_s=bad)
+    for bad_count in (0, -5, 100_000_001):
+        with pytest.raises(SettingsError, match="dedupe_max_entries must be between 1"):
+            BrokerConfig(dedupe_max_entries=bad_count)
+    with pytest.raises(SettingsError, match="TXMQ_BROKER_DEDUPE_MAX_ENTRIES"):
+        BrokerConfig.load(env={"TXMQ_BROKER_DEDUPE_MAX_ENTRIES": "many"})

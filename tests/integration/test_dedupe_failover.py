@@ -1,0 +1,57 @@
+"""The dedupe window survives a failover: a slave follows the ids in its copy of the log, so
+once promoted it answers a retry of a message its old master stored with the original's
+result (a SYNC_MASTER and two slaves under the controller, on real processes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NamesrvProcess, wait_for
+from tests.integration.test_dedupe import Resent
+from tests.replicaset import ReplicaSet, consume_all
+from txmq.message import new_message_id
+from txmq.sync import Producer
+
+TOPIC = "dedupe-failover"
+
+
+@pytest.fixture
+def replica_set(
+    tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
+) -> Iterator[ReplicaSet]:
+    ns = namesrv_process("ns")
+    ns.args = ["--controller-store", str(tmp_path / "controller")]
+    ns.start()
+    rs = ReplicaSet(tmp_path, ns, "sync")
+    try:
+        yield rs.start()
+    finally:
+        for b in rs.brokers.values():
+            if b.alive():
+                b.kill()
+
+
+def test_a_promoted_slave_answers_retries_of_what_its_old_master_stored(
+    replica_set: ReplicaSet,
+) -> None:
+    rs = replica_set
+    first = rs.wait_healthy()
+    msgs = [Resent(TOPIC, str(n).encode(), msg_id=new_message_id()) for n in range(200)]
+    namesrv = rs.namesrv.address
+    with Producer(namesrv=namesrv, retry_times=0) as producer:
+        firsts = [producer.send(m) for m in msgs]
+    assert {r.status for r in firsts} == {"SEND_OK"}  # on a slave too (SYNC_MASTER)
+    rs.kill(first)  # the acknowledgements of a resend of these would be lost with it
+    wait_for(lambda: rs.master() not in (-1, first), timeout=30)
+    new = rs.wait_healthy()
+    assert "dedupe window: 200 key hashes" in rs.brokers[new].output()
+    with Producer(namesrv=namesrv, retry_times=2) as producer:
+        agains = [producer.send(m) for m in msgs]
+        later = producer.send(Resent(TOPIC, b"200", msg_id=new_message_id()))
+    assert agains == firsts  # same queue, queue offset, offset message id, store time
+    assert later.status == "SEND_OK"
+    seen = consume_all(namesrv, TOPIC)
+    assert sorted(seen) == list(range(201)) and set(seen.values()) == {1}
