@@ -48,7 +48,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -65,10 +64,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    Node,
     machine_busy,
     machine_info,
     payload,
-    proc_cpu,
     run_windowed,
 )
 
@@ -86,74 +85,28 @@ SCENARIOS = {
 # -- processes ------------------------------------------------------------------------------
 
 
-class Server:
-    """``txmq namesrv start`` or ``txmq broker start`` in a process of its own."""
-
-    def __init__(self, name: str, argv: list[str], tmp: Path) -> None:
-        self.name = name
-        self.tmp = tmp
-        self.ready = tmp / f"{name}.ready"
-        self.log = tmp / f"{name}.log"
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "txmq.cli", "--log-level", "WARNING"),
-                    *argv,
-                    *("--port", "0", "--ready-file", str(self.ready)),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.address = ""
-
-    def wait_ready(self, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while not (self.ready.exists() and self.ready.read_text()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log.read_text()[-2000:] if self.log.exists() else ""
-                raise RuntimeError(f"{self.name} did not start:\n{tail}")
-            time.sleep(0.05)
-        self.address = self.ready.read_text()
-        return self.address
-
-    def cpu(self) -> float:
-        return proc_cpu(self.proc.pid)
-
-    def stop(self) -> None:
-        """SIGTERM by PID; SIGKILL if it is still running 30 s later."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 class Cluster:
     """One name server and two broker sets, topic ``bench`` on both."""
 
     def __init__(self, flush: str) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="txmq-clusterbench-"))
-        self.servers: list[Server] = []
+        self.servers: list[Node] = []
         self.namesrv = ""
-        self.brokers: dict[str, Server] = {}
+        self.brokers: dict[str, Node] = {}
         self.flush = flush
 
     def start(self) -> None:
-        ns = Server("namesrv", ["namesrv", "start"], self.tmp)
+        ns = Node("namesrv", ["namesrv", "start"], self.tmp, timeout=30)
         self.servers.append(ns)
-        self.namesrv = ns.wait_ready()
+        self.namesrv = ns.start().wait_ready()
         for name in BROKERS:
             argv = [
                 *("broker", "start", "--store", str(self.tmp / f"store-{name}")),
                 *("--flush", self.flush, "--namesrv", self.namesrv, "--cluster", CLUSTER),
                 *("--broker-name", name),
             ]
-            self.brokers[name] = Server(name, argv, self.tmp)
-            self.servers.append(self.brokers[name])
+            self.brokers[name] = Node(name, argv, self.tmp, timeout=30)
+            self.servers.append(self.brokers[name].start())
         for b in self.brokers.values():
             b.wait_ready()
         asyncio.run(self._create_topic())

@@ -10,6 +10,8 @@ here are meant to be used by all of them so that the same work is measured the s
   monotonic clock is shared and no clock sync is involved.
 * :class:`LatencyCollector` - records send-to-receive latencies and waits (bounded) until
   every message has arrived.
+* :class:`Node` - one ``python -m txmq.cli ... start`` server process (broker or name
+  server) of a benchmark: started, waited for (its ready file), stopped by its PID.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import json
 import math
 import os
 import platform
+import signal
+import socket
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
 _STAMP = struct.Struct(">Q")
 STAMP_SIZE = _STAMP.size
@@ -400,3 +406,135 @@ def machine_busy() -> float:
     """Busy seconds of all cores so far (``/proc/stat``: everything but idle and iowait)."""
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICK
+
+
+# -- server processes -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a ``--grpc-port`` or ``--metrics-port``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Node:
+    """``python -m txmq.cli --log-level L <argv> --port 0 --ready-file F`` in its own process.
+
+    ``argv`` is the command and its options (``["broker", "start", "--store", ...]``,
+    ``["namesrv", "start"]``); ``extra`` is appended to it.  The ready file
+    (``tmp/<name>.ready``) and the log (``tmp/<name>.log``: stdout and stderr, appended to
+    across restarts) live in ``tmp``, so several nodes of one folder need distinct names.
+    :meth:`start` launches (again, on the same store), :meth:`wait_ready` or
+    :meth:`wait_ready_async` wait at most ``timeout`` seconds for the address the process
+    writes to its ready file; :meth:`stop` ends it by SIGTERM, then SIGKILL.  Every wait is
+    bounded and every signal goes to the node's own PID.
+    """
+
+    POLL_S = 0.02
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        tmp: Path | str,
+        log_level: str = "WARNING",
+        *,
+        extra: Sequence[str] = (),
+        timeout: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.argv = [*argv, *extra]
+        self.tmp = Path(tmp)
+        self.log_level = log_level
+        self.timeout = timeout
+        self.ready = self.tmp / f"{name}.ready"
+        self.log = self.tmp / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.starts = 0
+
+    def start(self) -> Node:
+        """Launch (again, on the same store and log); :meth:`wait_ready` waits for it."""
+        assert not self.alive(), f"{self.name} runs already"
+        self.ready.unlink(missing_ok=True)
+        self.address = ""
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "txmq.cli", "--log-level", self.log_level),
+                    *self.argv,
+                    *("--port", "0", "--ready-file", str(self.ready)),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self.starts += 1
+        return self
+
+    def _is_ready(self, deadline: float) -> bool:
+        """True once the ready file holds the address (then in :attr:`address`).  If the
+        process ended first, or ``deadline`` passed (the process is then killed), a
+        RuntimeError with the end of its log."""
+        if self.ready.exists() and (address := self.ready.read_text()):
+            self.address = address
+            return True
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise RuntimeError(f"{self.name} did not start (exit {code}):\n{self.tail()}")
+        if time.monotonic() > deadline:
+            self.kill()
+            raise RuntimeError(f"{self.name} not ready in time, killed:\n{self.tail()}")
+        return False
+
+    def wait_ready(self, timeout: float | None = None) -> str:
+        """The address, once the process wrote it (at most ``timeout`` s; default: the
+        node's)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not self._is_ready(deadline):
+            time.sleep(self.POLL_S)
+        return self.address
+
+    async def wait_ready_async(self, timeout: float | None = None) -> str:
+        """:meth:`wait_ready` for a coroutine: polls with ``asyncio.sleep``."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:  # a file to poll: no event to wait on
+            if self._is_ready(deadline):
+                return self.address
+            await asyncio.sleep(self.POLL_S)
+
+    def tail(self, chars: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else -1
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu(self) -> float:
+        """User + system CPU seconds of the running process so far (0 if it is not)."""
+        return proc_cpu(self.pid) if self.alive() else 0.0
+
+    def kill(self) -> None:
+        """SIGKILL by PID and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM by PID; SIGKILL if still running ``timeout`` s later."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    async def stop_async(self, timeout: float = 30.0) -> None:
+        """:meth:`stop` for a coroutine: waits in a thread, the event loop runs on."""
+        await asyncio.to_thread(self.stop, timeout)

@@ -20,9 +20,6 @@ import concurrent.futures
 import os
 import resource
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,9 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine_info, payload, proc_cpu, run_windowed
+from bench.common import Node, free_port, machine_info, payload, run_windowed
 
-ROOT = Path(__file__).resolve().parent.parent
 QUEUES = 4
 
 
@@ -58,40 +54,26 @@ class Row:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Broker:
+    """One broker (async flush) with a gRPC endpoint on a free port, in a temporary folder."""
+
     def __init__(self) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="txmq-grpc-bench-")
-        self.grpc_port = _free_port()
-        ready = Path(self.tmp) / "ready"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "txmq.cli", "--log-level", "WARNING", "broker", "start",
-             "--store", f"{self.tmp}/store", "--port", "0", "--grpc-port", str(self.grpc_port),
-             "--ready-file", str(ready)],
-            cwd=ROOT, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the txmq broker did not start")
-            time.sleep(0.05)
-        self.address = ready.read_text()
+        self.tmp = Path(tempfile.mkdtemp(prefix="txmq-grpc-bench-"))
+        self.grpc_port = free_port()
+        argv = ["broker", "start", "--store", str(self.tmp / "store")]
+        self.node = Node("broker", argv, self.tmp, extra=["--grpc-port", str(self.grpc_port)])
+        try:
+            self.address = self.node.start().wait_ready(30)
+        except BaseException:
+            self.stop()
+            raise
         self.endpoint = f"127.0.0.1:{self.grpc_port}"
 
     def cpu(self) -> float:
-        return proc_cpu(self.proc.pid)
+        return self.node.cpu()
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.node.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

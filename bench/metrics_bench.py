@@ -23,12 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,24 +36,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import run_windowed  # noqa: E402
+from bench.common import Node, free_port, run_windowed  # noqa: E402
 from txmq import AdminClient, Message, Producer, PushConsumer  # noqa: E402
 from txmq.message import MessageExt  # noqa: E402
 
 QUEUES = 4
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 @dataclass
@@ -65,7 +48,7 @@ class Broker:
     name: str
     metrics_port: int  # 0: off
     tmp: Path
-    proc: subprocess.Popen[bytes] | None = None
+    node: Node | None = None
     address: str = ""
     produce: list[tuple[float, float]] = field(default_factory=list)  # (msg/s, CPU µs/msg)
     consume: list[tuple[float, float]] = field(default_factory=list)
@@ -77,34 +60,20 @@ class Broker:
         return self.name.split()[0].lower()
 
     def start(self) -> None:
-        ready = self.tmp / f"{self.key}.ready"
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "txmq.cli", "--log-level", "WARNING", "broker", "start"),
-                *("--store", str(self.tmp / self.key), "--port", "0", "--grpc-port", "0"),
-                *("--metrics-port", str(self.metrics_port), "--ready-file", str(ready)),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"broker {self.name} did not start")
-            time.sleep(0.05)
-        self.address = ready.read_text()
+        argv = [
+            *("broker", "start", "--store", str(self.tmp / self.key), "--grpc-port", "0"),
+            *("--metrics-port", str(self.metrics_port)),
+        ]
+        self.node = Node(f"broker-{self.key}", argv, self.tmp, timeout=30)
+        self.address = self.node.start().wait_ready()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.node is not None:
+            self.node.stop()
 
     def cpu(self) -> float:
-        assert self.proc is not None
-        return _cpu_s(self.proc.pid)
+        assert self.node is not None
+        return self.node.cpu()
 
 
 async def _scrape(broker: Broker, interval: float) -> None:
@@ -218,7 +187,7 @@ async def rounds(off: Broker, on: Broker, args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="txmq-metrics-bench-"))
     off = Broker("A (off)" if args.aa else "off", 0, tmp)
-    on = Broker("B (off)" if args.aa else "on", 0 if args.aa else _free_port(), tmp)
+    on = Broker("B (off)" if args.aa else "on", 0 if args.aa else free_port(), tmp)
     try:
         off.start()
         on.start()

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,10 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine_info, run_windowed
+from bench.common import Node, machine_info, run_windowed
 from txmq import ConsumeFrom, Message, MessageExt, Producer, PushConsumer, observe
 
-ROOT = Path(__file__).resolve().parent.parent
 #: "off": no registry, and the OpenTelemetry API without an SDK (what the hooks check first)
 MODES = (
     "off",
@@ -64,24 +63,21 @@ def set_mode(mode: str) -> None:
 
 
 class Broker:
+    """One broker in a temporary folder, removed by :meth:`stop`."""
+
     def __init__(self) -> None:
-        self.tmp = tempfile.mkdtemp(prefix="txmq-observe-bench-")
-        ready = Path(self.tmp) / "ready"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "txmq.cli", "--log-level", "WARNING", "broker", "start",
-             "--store", f"{self.tmp}/store", "--port", "0", "--ready-file", str(ready)],
-            cwd=ROOT, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the txmq broker did not start")
-            time.sleep(0.05)
-        self.address = ready.read_text()
+        self.tmp = Path(tempfile.mkdtemp(prefix="txmq-observe-bench-"))
+        argv = ["broker", "start", "--store", str(self.tmp / "store")]
+        self.node = Node("broker", argv, self.tmp, timeout=30)
+        try:
+            self.address = self.node.start().wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+        self.node.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 async def one_round(

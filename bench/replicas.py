@@ -1,9 +1,9 @@
 """Replicated broker sets on real processes, for bench/replication_bench.py and
 bench/failover_bench.py.
 
-* :class:`Node`: one ``python -m txmq.cli ... start`` process (name server or broker) with
-  a ready file and a log in a temporary folder; start, SIGKILL, SIGTERM (by PID), start
-  again on the same store, CPU seconds so far.
+* :class:`Node` (from :mod:`bench.common`): one ``python -m txmq.cli ... start`` process
+  (name server or broker) with a ready file and a log in a temporary folder; start,
+  SIGKILL, SIGTERM (by PID), start again on the same store, CPU seconds so far.
 * :class:`BrokerSet`: ``replicas`` brokers of one broker set, as a user runs them: every
   broker ``--namesrv NS --cluster C --broker-name B --broker-id i``, and for a replicated
   set ``--replication sync|async --controller NS`` (the controller inside the name server
@@ -21,95 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import anyio
 
-from bench.common import proc_cpu
+from bench.common import Node as Node  # re-exported: bench.replicas.Node still works
 from txmq.remoting import RemotingClient
 from txmq.wire import BrokerSetState, GetReplicaInfo, Request
 from txmq.wire.base import R
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "bench"
-
-
-class Node:
-    """``python -m txmq.cli --log-level L <argv> --port 0 --ready-file F`` in its own process."""
-
-    def __init__(self, name: str, argv: list[str], tmp: Path, log_level: str = "WARNING") -> None:
-        self.name = name
-        self.argv = argv
-        self.tmp = tmp
-        self.log_level = log_level
-        self.ready = tmp / f"{name}.ready"
-        self.log = tmp / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.address = ""
-        self.starts = 0
-
-    def start(self) -> Node:
-        """Launch (again, on the same store and log); :meth:`wait_ready` waits for it."""
-        assert not self.alive(), f"{self.name} runs already"
-        self.ready.unlink(missing_ok=True)
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "txmq.cli", "--log-level", self.log_level),
-                    *self.argv,
-                    *("--port", "0", "--ready-file", str(self.ready)),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        self.starts += 1
-        return self
-
-    def wait_ready(self, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while not (self.ready.exists() and self.ready.read_text()):
-            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start:\n{self.tail()}")
-            time.sleep(0.02)
-        self.address = self.ready.read_text()
-        return self.address
-
-    def tail(self, chars: int = 2000) -> str:
-        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else -1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def cpu(self) -> float:
-        return proc_cpu(self.pid) if self.alive() else 0.0
-
-    def kill(self) -> None:
-        """SIGKILL by PID and reap."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM by PID; SIGKILL if still running ``timeout`` s later."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
 
 
 def namesrv_node(tmp: Path, log_level: str = "WARNING") -> Node:

@@ -6,19 +6,14 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import LatencyCollector, expected_messages, run_paced, run_windowed
+from bench.common import LatencyCollector, Node, expected_messages, run_paced, run_windowed
 from txmq import Message, Producer, PushConsumer
 from txmq.message import MessageExt
 
-ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "bench"
 QUEUES = 4
 
@@ -35,20 +30,15 @@ class TxmqSystem:
         )
         self.pull_batch = pull_batch
         self._tmp: str | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._node: Node | None = None
         self.address = ""
         self.producer: Producer | None = None
 
     async def setup(self) -> None:
         self._tmp = tempfile.mkdtemp(prefix="txmq-bench-")
-        ready = Path(self._tmp) / "ready"
-        self._proc = _spawn_broker(self._tmp, self.flush, ready)
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text()):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("txmq broker did not start")
-            await asyncio.sleep(0.05)
-        self.address = ready.read_text()
+        argv = ["broker", "start", "--store", f"{self._tmp}/store", "--flush", self.flush]
+        self._node = Node("txmq-broker", argv, self._tmp, timeout=30).start()
+        self.address = await self._node.wait_ready_async()
         self.producer = Producer(self.address, "bench-producer")
         await self.producer.start()
         from txmq import AdminClient
@@ -120,38 +110,10 @@ class TxmqSystem:
     async def teardown(self) -> None:
         if self.producer is not None:
             await self.producer.stop()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self._proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+        if self._node is not None:
+            await self._node.stop_async()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
-
-
-def _spawn_broker(tmp: str, flush: str, ready: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "txmq.cli",
-            "--log-level",
-            "WARNING",
-            "broker",
-            "start",
-            "--store",
-            f"{tmp}/store",
-            "--port",
-            "0",
-            "--flush",
-            flush,
-            "--ready-file",
-            str(ready),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
 
 
 def make_systems(args: argparse.Namespace) -> list[TxmqSystem]:

@@ -38,8 +38,6 @@ import gc
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +67,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import txmq.sqla  # noqa: E402
-from bench.common import TICK, machine_info, percentile, proc_cpu  # noqa: E402
+from bench.common import TICK, Node, machine_info, percentile, proc_cpu  # noqa: E402
 from txmq import AdminClient, Message, TransactionProducer  # noqa: E402
 from txmq.sqla import SqlTransactionChecker, transaction  # noqa: E402
 
@@ -301,48 +299,22 @@ async def measure(
 
 
 class BrokerProc:
+    """``txmq broker start`` (``flush``) in a temporary folder, removed by :meth:`stop`."""
+
     def __init__(self, flush: str) -> None:
         self.flush = flush
-        self.tmp = tempfile.mkdtemp(prefix=f"txmq-txbench-{flush}-")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"txmq-txbench-{flush}-"))
+        argv = ["broker", "start", "--store", str(self.tmp / "store"), "--flush", flush]
+        self.node = Node("broker", argv, self.tmp, timeout=30)
         self.address = ""
 
-    def spawn(self) -> Path:
-        """Start ``txmq broker start`` in the background; the path of its ready file."""
-        ready = Path(self.tmp) / "ready"
-        with (Path(self.tmp) / "broker.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "txmq.cli", "--log-level", "WARNING"),
-                    *("broker", "start", "--store", f"{self.tmp}/store", "--port", "0"),
-                    *("--flush", self.flush, "--ready-file", str(ready)),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return ready
-
     async def start(self) -> None:
-        ready = self.spawn()
-        assert self.proc is not None
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"txmq broker ({self.flush} flush) did not start")
-            await asyncio.sleep(0.05)
-        self.address = ready.read_text()
+        self.address = await self.node.start().wait_ready_async()
         async with AdminClient(self.address) as admin:
             await admin.create_topic(TOPIC, 4)
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                await asyncio.to_thread(self.proc.wait, 10)
+        await self.node.stop_async()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -415,8 +387,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
             producers.append(producer)
             fn = CountingTx(with_txmq(sessions, producer))
             counted.append((broker, fn))
-            pid = broker.proc.pid if broker.proc else None
-            scenarios.append((f"(c) txmq, {flush} flush", fn, pid))
+            scenarios.append((f"(c) txmq, {flush} flush", fn, broker.node.pid))
         # warm the pool: every connection opened once
         await asyncio.gather(*(order_only(sessions)() for _ in range(POOL_SIZE)))
         cells: dict[tuple[str, int], list[Row]] = {}
