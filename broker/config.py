@@ -129,6 +129,9 @@ class BrokerConfig(ConnectionSettings):
     offset_persist_interval_s: float = 5.0
     #: delay of each level (1-based) for delayed messages and consumer retries
     message_delay_levels: str = DEFAULT_DELAY_LEVELS
+    #: how far ahead a timer message (an exact delivery time) may be: 3 days, RocketMQ 5's
+    #: timerMaxDelaySec (at most 30 days; keep the commit log's retention above it)
+    timer_max_delay_s: int = 3 * 86_400
     #: a queue lock (orderly consumption) not renewed for this long may be taken by another
     lock_expiry_s: float = 60.0
     #: a consumer or producer that sent no heartbeat for this long is dropped from its group
@@ -171,6 +174,11 @@ class BrokerConfig(ConnectionSettings):
                 "(a record never spans two segments)"
             )
         _ = self.delay_levels  # parsed once here: a bad value fails at start
+        if not 1 <= self.timer_max_delay_s <= 30 * 86_400:
+            raise SettingsError(
+                f"timer_max_delay_s must be between 1 and 2592000 (30 days), "
+                f"not {self.timer_max_delay_s}"
+            )
         for name, value in (("cluster", self.cluster), ("broker_name", self.broker_name)):
             if not value or len(value) > 255 or any(c in value for c in "/\\;:% \t\n"):
                 raise SettingsError(

@@ -9,12 +9,10 @@ into the real topic, then sleeps until the head is due or a new message arrives 
 level.  Consumer retries take the same path into ``%RETRY%<group>``.
 
 A message to deliver at an exact time (DELIVER_AT, milliseconds since the epoch: what a
-RocketMQ 5 client's delivery timestamp becomes) hops through the levels: it waits in the
-longest level not longer than the time left, and when that level delivers it, it is stored
-again the same way while a second or more is left; the last part (under the shortest level)
-is waited out at the head of its level.  Each hop is stored, so a restart loses nothing; a
-message arrives within the level loop's wake-up time of its due time (milliseconds), at
-worst behind a message of the shortest level stored just before it (under a second).
+RocketMQ 5 client's delivery timestamp becomes) is a timer message: :mod:`broker.timer`
+(this service owns it as ``timer``, runs it and persists it).  A message of an older
+version still waiting in a level with DELIVER_AT goes on to the timer when the level
+delivers it.
 
 The read offset of each level is saved in ``<store>/config/delay_offsets.json`` every few
 seconds and at shutdown.  After a crash the saved offsets may lag behind: the messages
@@ -34,6 +32,7 @@ import msgspec
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
+from txmq.broker.timer import TimerService
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageTooLarge, TxmqError
 from txmq.jsonfile import load_json, write_json_atomic
@@ -46,7 +45,8 @@ log = logging.getLogger("txmq.broker.schedule")
 _BATCH = 64
 _DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
 
-#: where a delayed message is stored instead: (topic, queue id, properties, delivery ms, level)
+#: where a delayed message is stored instead: (topic, queue id, properties, delivery ms,
+#: level; 0 for a timer message)
 Delayed = tuple[str, int, dict[str, str], int, int]
 
 
@@ -79,6 +79,8 @@ class ScheduleMessageService:
         self._dirty = False
         self._wake: dict[int, anyio.Event] = {}
         self._next_due: dict[int, int | None] = {}
+        #: timer messages (exact delivery times)
+        self.timer = TimerService(ctx)
 
     # -- the send side --------------------------------------------------------------------
 
@@ -123,25 +125,16 @@ class ScheduleMessageService:
     def prepare_at(
         self, topic: str, queue_id: int, props: dict[str, str], deliver_at_ms: int
     ) -> Delayed | None:
-        """Where to store a message to deliver at ``deliver_at_ms`` (None: it is due)."""
-        now = _now_ms()
-        left = deliver_at_ms - now
-        if left <= 0:
-            return None
-        level = 1
-        for i, delay in enumerate(self.levels, start=1):
-            if delay <= left:
-                level = i
-        due = now + min(self.delay_ms(level), left)
-        stored = {k: v for k, v in props.items() if k != CQ_TAG_PROPERTY}
-        stored[Prop.DELIVER_AT] = str(deliver_at_ms)
-        stored[Prop.DELAY] = str(level)
-        stored[Prop.REAL_TOPIC] = topic
-        stored[Prop.REAL_QID] = str(queue_id)
-        return SCHEDULE_TOPIC, level - 1, stored, due, level
+        """Where to store a message to deliver at ``deliver_at_ms`` (None: it is due): the
+        timer topic (level 0)."""
+        timer = self.timer.prepare(topic, queue_id, props, deliver_at_ms)
+        return None if timer is None else (*timer, 0)
 
     def stored(self, level: int, due_ms: int) -> None:
         """A delayed message was stored: wake the level's task if it is due sooner."""
+        if level == 0:
+            self.timer.stored(due_ms)
+            return
         nxt = self._next_due.get(level)
         if nxt is None or due_ms < nxt:
             self._next_due[level] = due_ms
@@ -170,6 +163,7 @@ class ScheduleMessageService:
                 self._wake[level] = anyio.Event()
                 tg.start_soon(self._level_loop, level)
             tg.start_soon(self._persist_loop)
+            await tg.start(self.timer.run)
             task_status.started()
 
     async def _level_loop(self, level: int) -> None:
@@ -233,11 +227,7 @@ class ScheduleMessageService:
         except ValueError:
             due = msg.store_timestamp + delay
         # the levels may have been shortened since: never wait longer than the current delay
-        due = min(due, now + delay)
-        at = _deliver_at(msg)
-        if due <= now and at is not None and at - now < self.delay_ms(1):
-            return at  # the last part of an exact time: waited out here
-        return due
+        return min(due, now + delay)
 
     def _set_offset(self, level: int, offset: int) -> None:
         if self._offsets.get(level) != offset:
@@ -270,10 +260,12 @@ class ScheduleMessageService:
             queue_id %= cfg.queue_nums
         at = _deliver_at(msg)
         hop = None
-        if at is not None and at - _now_ms() >= self.delay_ms(1):  # a second or more left
-            hop = self.prepare_at(topic, queue_id, props, at)
+        if at is not None:  # an older version's exact time: the rest of it on the timer
+            hop = self.prepare_at(
+                topic, queue_id, {k: v for k, v in props.items() if k != Prop.DELAY}, at
+            )
         try:
-            if hop is not None:  # the next hop of an exact time
+            if hop is not None:
                 r = self.store.put(
                     topic=hop[0],
                     queue_id=hop[1],
@@ -324,6 +316,7 @@ class ScheduleMessageService:
         """Read the levels' offsets from the file again (a slave about to become the
         master: its file holds what the old master had delivered)."""
         self._offsets = load_json(self.path, DelayOffsetsFile).offsets
+        self.timer.reload()
 
     def _snapshot(self, force: bool) -> DelayOffsetsFile | None:
         if not (self._dirty or force):
@@ -332,7 +325,9 @@ class ScheduleMessageService:
         return DelayOffsetsFile(dict(self._offsets))
 
     def persist(self, force: bool = False) -> None:
-        """Save the levels' offsets now (the broker calls it at shutdown)."""
+        """Save the levels' offsets and the timer checkpoint now (the broker calls it at
+        shutdown)."""
+        self.timer.persist(force)
         data = self._snapshot(force)
         if data is not None:
             write_json_atomic(self.path, data)

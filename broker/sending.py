@@ -26,7 +26,7 @@ from txmq.wire import BatchResult, SendBatchMessage, SendMessage, Sent
 __all__ = ["MAX_DELIVER_AHEAD_MS", "SendService", "sent"]
 
 #: how far ahead a delivery time may be (RocketMQ 5's timerMaxDelaySec: 3 days)
-MAX_DELIVER_AHEAD_MS = 3 * 86_400_000
+MAX_DELIVER_AHEAD_MS = 3 * 86_400_000  # the default of timer_max_delay_s
 
 
 def sent(props: dict[str, str], queue_id: int, r: PutResult) -> Sent:
@@ -204,10 +204,10 @@ class SendService:
                 at = int(raw)
             except ValueError:
                 raise BadRequest(f"{Prop.DELIVER_AT} {raw!r} is not a time in ms") from None
-            limit = _now_ms() + MAX_DELIVER_AHEAD_MS
-            if at > limit:
+            horizon = self.schedule.timer.max_delay_ms
+            if at > _now_ms() + horizon:
                 raise BadRequest(
-                    f"delivery time {at} is more than {MAX_DELIVER_AHEAD_MS // 86_400_000} days "
+                    f"delivery time {at} is more than timer_max_delay_s ({horizon // 1000} s) "
                     "ahead"
                 )
             return self.schedule.prepare_at(topic, queue_id, props, at)

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from txmq.wire.errors import BadRequest
 
@@ -24,6 +25,7 @@ __all__ = [
     "PARKED_TOPIC",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPIC_PREFIXES",
+    "TIMER_TOPIC",
     "TOPIC_NAME_PATTERN",
     "Message",
     "MessageExt",
@@ -66,6 +68,7 @@ class Prop:
     DELIVER_AT = "TIMER_DELIVER_MS"  # deliver at this time (ms since the epoch), RocketMQ 5's
     RECHECK_OF = "TXMQ_RECHECK_OF"  # a re-checked half's copy: the parked half's offset
     DLQ_REASON = "TXMQ_DLQ_REASON"  # a dead letter's copy: why it is there (txmq's own)
+    TIMER_OF = "TXMQ_TIMER_OF"  # a timer's delivered copy: the timer's commit-log offset
 
     ALL: frozenset[str] = frozenset(
         {
@@ -90,6 +93,7 @@ class Prop:
             DELIVER_AT,
             RECHECK_OF,
             DLQ_REASON,
+            TIMER_OF,
         }
     )
 
@@ -124,6 +128,9 @@ PARKED_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 DECISION_TOPIC = "TXMQ_SYS_TRANS_DECISION"
 #: delayed messages wait here, a queue per delay level
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: timer messages (an exact delivery time) wait here, one queue (RocketMQ 5's
+#: rmq_sys_wheel_timer); its consume queue is the timer log
+TIMER_TOPIC = "RMQ_SYS_WHEEL_TIMER"
 
 
 def retry_topic(group: str) -> str:
@@ -223,7 +230,13 @@ def _check_property(name: str, value: str) -> None:
 
 @dataclass(slots=True)
 class Message:
-    """A message to send: topic, body bytes, optional tag, keys and user properties."""
+    """A message to send: topic, body bytes, optional tag, keys and user properties.
+
+    Delayed delivery: ``delay_level`` (1..18, the broker's levels), or an exact time:
+    ``deliver_at`` (an aware :class:`~datetime.datetime`; a naive one is local time) or
+    ``delay`` (a :class:`~datetime.timedelta` from the moment it is sent) — at most one of
+    the three, and no further ahead than the broker's ``timer_max_delay_s`` (3 days).
+    """
 
     topic: str
     body: bytes
@@ -231,6 +244,8 @@ class Message:
     keys: tuple[str, ...] | list[str] | str = ()
     properties: dict[str, str] = field(default_factory=dict)
     delay_level: int = 0
+    deliver_at: datetime | None = None
+    delay: timedelta | None = None
 
     def key_list(self) -> list[str]:
         if isinstance(self.keys, str):
@@ -251,7 +266,26 @@ class Message:
             props[Prop.KEYS] = " ".join(keys)
         if self.delay_level:
             props[Prop.DELAY] = str(self.delay_level)
+        at = self.deliver_at_ms()
+        if at is not None:
+            props[Prop.DELIVER_AT] = str(at)
         return props
+
+    def deliver_at_ms(self) -> int | None:
+        """The exact delivery time asked for (ms since the epoch), None if none."""
+        if self.deliver_at is None and self.delay is None:
+            return None
+        if self.delay_level or (self.deliver_at is not None and self.delay is not None):
+            raise ValueError("give at most one of delay_level, deliver_at and delay")
+        if self.deliver_at is not None:
+            if not isinstance(self.deliver_at, datetime):
+                raise TypeError(f"deliver_at must be a datetime, not {self.deliver_at!r}")
+            return round(self.deliver_at.timestamp() * 1000)
+        if not isinstance(self.delay, timedelta):
+            raise TypeError(f"delay must be a timedelta, not {self.delay!r}")
+        if self.delay < timedelta(0):
+            raise ValueError(f"delay {self.delay} is negative")
+        return time.time_ns() // 1_000_000 + round(self.delay / timedelta(milliseconds=1))
 
 
 @dataclass(slots=True)

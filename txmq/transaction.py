@@ -203,7 +203,7 @@ class TransactionProducer(Producer):
         """
         if not isinstance(transaction_id, str) or not transaction_id:
             raise ValueError("transaction_id must be a non-empty string")
-        if msg.delay_level:
+        if msg.delay_level or msg.deliver_at is not None or msg.delay is not None:
             raise ValueError("a transactional message cannot be delayed")
         props = self._wire_properties(msg, options.get("sharding_key"))
         props[Prop.TRAN_MSG] = "true"

@@ -1,0 +1,406 @@
+"""Timer messages: delivery at an exact time (RocketMQ 5's ``TimerMessageStore``).
+
+A message sent with DELIVER_AT (``TIMER_DELIVER_MS``, ms since the epoch; what a client's
+``deliver_at`` / ``delay`` and a gRPC delivery timestamp become) at most
+``timer_max_delay_s`` ahead is stored once, in ``RMQ_SYS_WHEEL_TIMER`` queue 0, with its
+real topic and queue in REAL_TOPIC / REAL_QID.  The message stays in the commit log; the
+timer log is that queue's consume queue: one 20-byte entry per timer, (commit-log offset,
+size, delivery time), appended by the store's dispatcher as the message is stored, in its
+own files under ``<store>/consumequeue/RMQ_SYS_WHEEL_TIMER/0/``, flushed, checkpointed and
+rebuilt after a crash like every consume queue.
+
+In memory, a timing wheel: a slot per second holding its timers' (delivery time, offset,
+size, log position), and a heap of the seconds that have a slot.  One task reads new
+entries of the timer log into the wheel, and delivers what is due in (delivery time,
+commit-log offset) order: each due message is read from the commit log and stored in its
+real topic and queue (a batch at a time), keeping its UNIQ_KEY and DELIVER_AT, with
+TXMQ_TIMER_OF naming the timer's commit-log offset; it sleeps until the next delivery time
+or until a sooner timer is stored.
+
+Exactly once across restarts: deliveries happen in key order, so what was delivered is a
+prefix of that order.  ``<store>/config/timer_checkpoint.json`` keeps the last delivered
+key, the commit-log end when it was written and the timer-log position below which every
+timer is delivered (every few seconds and at shutdown).  On start the wheel is rebuilt from
+the timer log past that position, leaving out keys up to the checkpoint's and timers whose
+delivered copy (TXMQ_TIMER_OF) is in the commit log past the checkpoint's end — the copies
+made after the last checkpoint, found by a scan of those few seconds of log.  What the
+store lost in a crash (async flush) is lost with its copy and delivered again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import msgspec
+
+from txmq.broker.context import BrokerContext
+from txmq.broker.store import CQ_TAG_PROPERTY, PutResult, PutStatus
+from txmq.broker.store.consumequeue import CQ_ENTRY
+from txmq.broker.store.scanner import Scanner
+from txmq.broker.store.types import StoreError
+from txmq.codec import decode_record
+from txmq.errors import MessageTooLarge, TxmqError
+from txmq.jsonfile import load_json, write_json_atomic
+from txmq.message import TIMER_TOPIC, Prop, is_system_topic
+
+__all__ = ["TimerCheckpoint", "TimerService", "TimerWheel"]
+
+log = logging.getLogger("txmq.broker.timer")
+
+_BATCH = 256
+_READ = 4096  # timer-log entries read at a time
+_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
+_MARK = Prop.TIMER_OF.encode()
+
+#: a timer in the wheel: (delivery ms, commit-log offset, size, timer-log position)
+Entry = tuple[int, int, int, int]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TimerCheckpoint(msgspec.Struct):
+    """``timer_checkpoint.json``: what the timer service has delivered."""
+
+    #: the key (delivery ms, commit-log offset) of the last timer delivered
+    delivered_ms: int = -1
+    delivered_offset: int = -1
+    #: the commit log's end when this was written: later copies are found by a scan
+    commit_log: int = 0
+    #: every timer below this position of the timer log is delivered
+    low: int = 0
+
+
+class TimerWheel:
+    """Timers by second: a slot (list) per second, a heap of the seconds with a slot."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, list[Entry]] = {}
+        self._sorted: set[int] = set()
+        self._heads: list[int] = []
+        self.count = 0
+
+    def add(self, entry: Entry) -> None:
+        second = entry[0] // 1000
+        slot = self._slots.get(second)
+        if slot is None:
+            self._slots[second] = [entry]
+            heapq.heappush(self._heads, second)
+        else:
+            slot.append(entry)
+            self._sorted.discard(second)
+        self.count += 1
+
+    def _head(self) -> list[Entry] | None:
+        if not self._heads:
+            return None
+        second = self._heads[0]
+        slot = self._slots[second]
+        if second not in self._sorted:
+            slot.sort()
+            self._sorted.add(second)
+        return slot
+
+    def next_due(self) -> int | None:
+        slot = self._head()
+        return slot[0][0] if slot else None
+
+    def take(self, now_ms: int, limit: int) -> list[Entry]:
+        """Up to ``limit`` timers due by ``now_ms``, in (delivery time, offset) order."""
+        out: list[Entry] = []
+        while len(out) < limit:
+            slot = self._head()
+            if slot is None or slot[0][0] > now_ms:
+                break
+            n = 0
+            want = limit - len(out)
+            while n < len(slot) and n < want and slot[n][0] <= now_ms:
+                n += 1
+            out.extend(slot[:n])
+            del slot[:n]
+            if not slot:
+                second = heapq.heappop(self._heads)
+                del self._slots[second]
+                self._sorted.discard(second)
+        self.count -= len(out)
+        return out
+
+    def put_back(self, entries: list[Entry]) -> None:
+        for e in entries:
+            self.add(e)
+
+
+class TimerService:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.max_delay_ms = ctx.config.timer_max_delay_s * 1000
+        self.persist_interval_s = ctx.config.offset_persist_interval_s
+        self.path = ctx.config.store / "config" / "timer_checkpoint.json"
+        self.wheel = TimerWheel()
+        self._wake = anyio.Event()
+        self._next: int | None = None
+        self._ready = False
+        self._dirty = False
+        self._load()
+
+    # -- the send side --------------------------------------------------------------------
+
+    def prepare(
+        self, topic: str, queue_id: int, props: dict[str, str], deliver_at_ms: int
+    ) -> tuple[str, int, dict[str, str], int] | None:
+        """Where to store a timer message (None: it is due: store it in its topic)."""
+        if deliver_at_ms <= _now_ms():
+            return None
+        stored = {k: v for k, v in props.items() if k not in _DROP}
+        stored[Prop.DELIVER_AT] = str(deliver_at_ms)
+        stored[Prop.REAL_TOPIC] = topic
+        stored[Prop.REAL_QID] = str(queue_id)
+        return TIMER_TOPIC, 0, stored, deliver_at_ms
+
+    def stored(self, due_ms: int) -> None:
+        """A timer message was stored: wake the task if it is due sooner than it waits."""
+        if self._next is None or due_ms < self._next:
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return self.wheel.count
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        ck = load_json(self.path, TimerCheckpoint)
+        self._key = (ck.delivered_ms, ck.delivered_offset)
+        self._low = ck.low
+        self._scan_from = ck.commit_log
+        self._done: set[int] = set()
+        self._enqueued = ck.low
+        self.wheel = TimerWheel()
+        self._ready = False
+
+    def reload(self) -> None:
+        """Read the checkpoint again and rebuild (a slave about to become the master)."""
+        self._load()
+
+    def _timer_log(self) -> Any:
+        return self.store._cqs.get((TIMER_TOPIC, 0))
+
+    def _recover(self) -> None:
+        """Rebuild the wheel: the timer log past the checkpoint, minus what was delivered."""
+        cq = self._timer_log()
+        low = max(self._low, cq.min_offset) if cq is not None else self._low
+        self._low = self._enqueued = low
+        copies: set[int] = set()
+        if cq is not None and low < cq.max_offset:
+            first = cq.entry(low)
+            start = max(self._scan_from, first[0] if first else 0, self.store.commit_log_min_offset)
+            scanner = Scanner(self.store._cl, start)
+            for _off, buf, pos, size in scanner:
+                if buf.find(_MARK, pos, pos + size) < 0:
+                    continue
+                raw = decode_record(bytes(buf[pos : pos + size])).all_properties.get(Prop.TIMER_OF)
+                if raw is not None and raw.isdigit():
+                    copies.add(int(raw))
+        self._copies = copies
+        self._enqueue(recovering=True)
+        self._copies = set()
+        self._ready = True
+        log.info(
+            "timers: %d pending (timer log from %d; %d delivered after the checkpoint)",
+            self.wheel.count,
+            low,
+            len(copies),
+        )
+
+    def _enqueue(self, recovering: bool = False) -> None:
+        """Read the timer log's new entries into the wheel."""
+        cq = self._timer_log()
+        if cq is None:
+            return
+        hi = cq.max_offset
+        key = self._key
+        while self._enqueued < hi:
+            pos = self._enqueued
+            raw = cq.read(pos, _READ)
+            if not raw:  # a gap between files: go on at the next one
+                self._enqueued = min(hi, (pos // cq.per_file + 1) * cq.per_file)
+                continue
+            for i, (phy, size, due) in enumerate(CQ_ENTRY.iter_unpack(raw)):
+                if recovering and ((due, phy) <= key or phy in self._copies):
+                    self._delivered(pos + i)
+                else:
+                    self.wheel.add((due, phy, size, pos + i))
+            self._enqueued = pos + len(raw) // CQ_ENTRY.size
+
+    def _delivered(self, position: int) -> None:
+        if position == self._low:
+            self._low += 1
+            done = self._done
+            while self._low in done:
+                done.remove(self._low)
+                self._low += 1
+        else:
+            self._done.add(position)
+        self._dirty = True
+
+    # -- delivery -------------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Deliver timers until cancelled."""
+        cfg = self.ctx.topics.get(TIMER_TOPIC)
+        if cfg is None:
+            self.ctx.topics.create_or_update(TIMER_TOPIC, 1, system=True)
+        if not self._ready:
+            self._recover()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._persist_loop)
+            task_status.started()
+            await self._loop()
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake = event = anyio.Event()
+            self._next = None  # whatever is stored meanwhile wakes the loop
+            now = _now_ms()  # before reading the log: a timer read later is due after now
+            self._enqueue()
+            due = self.wheel.take(now, _BATCH)
+            if due:
+                if not self._deliver(due):
+                    self.wheel.put_back(due)
+                    await anyio.sleep(1)  # the store refused (shutting down, disk full)
+                else:
+                    await anyio.lowlevel.checkpoint()
+                continue
+            self._next = nxt = self.wheel.next_due()
+            if nxt is None:
+                await event.wait()
+            else:
+                with anyio.move_on_after(max(nxt - _now_ms(), 0) / 1000):
+                    await event.wait()
+
+    def _deliver(self, entries: list[Entry]) -> bool:
+        """Store the due messages in their topics; False if the store refused them all."""
+        items: list[dict[str, Any]] = []
+        kept: list[Entry] = []
+        for entry in entries:
+            item = self._item(entry)
+            if item is None:  # nothing to deliver: done with it
+                self._mark(entry)
+            else:
+                items.append(item)
+                kept.append(entry)
+        if not items:
+            return True
+        results: list[PutResult | None]
+        try:
+            results = list(self.store.put_batch(items))
+        except MessageTooLarge:  # one at a time, to drop only the one too large
+            results = []
+            for item in items:
+                try:
+                    results.extend(self.store.put_batch([item]))
+                except MessageTooLarge as exc:
+                    log.warning("timer message for %s dropped: %s", item["topic"], exc)
+                    results.append(None)
+        refused = (PutStatus.SERVICE_NOT_AVAILABLE, PutStatus.DISK_FULL, PutStatus.NOT_MASTER)
+        again: list[Entry] = []
+        for entry, item, r in zip(kept, items, results, strict=True):
+            if r is not None and r.status in refused:
+                again.append(entry)
+                continue
+            if r is not None and r.status is PutStatus.PUT_OK:
+                self.ctx.arrivals.notify(item["topic"], item["queue_id"])
+            elif r is not None:
+                log.warning(
+                    "timer message for %s dropped: store answered %s", item["topic"], r.status.value
+                )
+            self._mark(entry)
+        if again:
+            if len(again) == len(kept):
+                return False
+            self.wheel.put_back(again)
+        return True
+
+    def _mark(self, entry: Entry) -> None:
+        self._key = max(self._key, (entry[0], entry[1]))
+        self._delivered(entry[3])
+
+    def _item(self, entry: Entry) -> dict[str, Any] | None:
+        _due, phy, _size, _pos = entry
+        record = self.store.look_message_by_offset(phy)
+        if record is None:
+            log.warning("timer message at %d is gone from the commit log; skipped", phy)
+            return None
+        msg = decode_record(record)
+        props = msg.all_properties
+        topic = props.get(Prop.REAL_TOPIC)
+        try:
+            queue_id = int(props.get(Prop.REAL_QID, ""))
+        except ValueError:
+            queue_id = -1
+        if not topic or queue_id < 0:
+            log.warning("timer message %s at %d has no real topic/queue; skipped", msg.msg_id, phy)
+            return None
+        try:
+            cfg = self.ctx.topics.for_send(topic, allow_system=is_system_topic(topic))
+        except TxmqError as exc:
+            log.warning("timer message %s for %s dropped: %s", msg.msg_id, topic, exc)
+            return None
+        out = {k: v for k, v in props.items() if k not in _DROP}
+        out[Prop.TIMER_OF] = str(phy)
+        return {
+            "topic": topic,
+            "queue_id": queue_id % cfg.queue_nums,
+            "body": msg.body,
+            "properties": out,
+            "born_timestamp": msg.born_timestamp,
+            "sys_flag": msg.sys_flag,
+            "flag": msg.flag,
+            "reconsume_times": msg.reconsume_times,
+        }
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def _snapshot(self, force: bool) -> TimerCheckpoint | None:
+        if not (self._dirty or force) or not self._ready:
+            return None
+        self._dirty = False
+        return TimerCheckpoint(
+            delivered_ms=self._key[0],
+            delivered_offset=self._key[1],
+            commit_log=self.store.commit_log_max_offset,
+            low=self._low,
+        )
+
+    def persist(self, force: bool = False) -> None:
+        """Save the checkpoint now (at shutdown)."""
+        data = self._snapshot(force)
+        if data is not None:
+            write_json_atomic(self.path, data)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.persist_interval_s)
+            data = self._snapshot(False)
+            if data is None:
+                continue
+            try:
+                # the copies of what it counts as delivered are on disk before it is
+                await self.store.wait_flushed(data.commit_log)
+                await anyio.to_thread.run_sync(write_json_atomic, self.path, data)
+            except StoreError:  # the store stopped: shutdown persists it
+                return
+            except OSError as exc:
+                self._dirty = True
+                if not self.store.disk.absorb(exc):
+                    log.exception("persisting the timer checkpoint failed")
