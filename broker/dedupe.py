@@ -46,13 +46,15 @@ from zlib import crc32 as _crc32
 from txmq.broker.store import MessageStore
 from txmq.broker.store.index import UNIQ_SEED as _SEED
 from txmq.codec import HEADER, record_topic_and_props
-from txmq.message import HALF_TOPIC, SCHEDULE_TOPIC, Prop, SysFlag, is_system_topic
+from txmq.message import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, Prop, SysFlag, is_system_topic
 from txmq.wire import Sent
 
 __all__ = ["DedupeWindow", "Original", "client_topic"]
 
 _UNIQ = Prop.UNIQ_KEY
 _REAL_TOPIC = Prop.REAL_TOPIC
+#: where a client's delayed message waits first: a delay level's queue, or the timer
+_WAITING = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
 _PREPARED = SysFlag.TRANSACTION_PREPARED_TYPE
 _COMMIT = SysFlag.TRANSACTION_COMMIT_TYPE
 _MASK = SysFlag.TRANSACTION_MASK
@@ -60,13 +62,13 @@ _MASK = SysFlag.TRANSACTION_MASK
 
 def client_topic(topic: str, sys_flag: int, props: dict[str, str]) -> str | None:
     """The topic a client sent a record to, if a client's send stored it (a message, a
-    delayed message's first stop in the schedule topic, a half message); None for what the
+    delayed message's first stop in the schedule or timer topic, a half message); None for what the
     broker stores itself (committed halves, retries, dead letters, op records, ...)."""
     if topic == HALF_TOPIC:
         if sys_flag & _MASK != _PREPARED or Prop.RECHECK_OF in props:
             return None
         return props.get(_REAL_TOPIC)
-    if topic == SCHEDULE_TOPIC:
+    if topic in _WAITING:
         real = props.get(_REAL_TOPIC)
         return None if not real or is_system_topic(real) else real
     if is_system_topic(topic) or sys_flag & _MASK == _COMMIT:
@@ -109,7 +111,7 @@ def _original(rec: bytes, msg_id: str) -> Original | None:
     if real is None:
         return None
     queue_id = f[3]
-    if topic in (HALF_TOPIC, SCHEDULE_TOPIC):
+    if topic == HALF_TOPIC or topic in _WAITING:
         try:
             queue_id = int(props.get(Prop.REAL_QID, ""))
         except ValueError:

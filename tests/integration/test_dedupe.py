@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import anyio
 import pytest
@@ -77,19 +78,23 @@ async def test_a_retried_send_is_answered_with_the_original_and_stores_nothing(
         d1 = await producer.send(delayed, queue_id=0)
         d2 = await producer.send(delayed, queue_id=0)
         assert d2 == d1
+        # a timer message (an exact delivery time) likewise
+        timed = Resent("orders", b"timed", delay=timedelta(seconds=1), msg_id=new_message_id())
+        t1 = await producer.send(timed, queue_id=0)
+        assert await producer.send(timed, queue_id=3) == t1
     broker = eb.broker
     assert broker is not None and broker.context.dedupe is not None
-    assert broker.context.dedupe.duplicates == 7  # 1 + 2 + 3 batch entries + 1
+    assert broker.context.dedupe.duplicates == 8  # 1 + 2 + 3 batch entries + 1 + 1
 
     with anyio.fail_after(10):
         while True:
             stored = await read_topic(eb.address, "orders")
-            if any(m.body == b"later" for m in stored):
+            if {b"later", b"timed"} <= {m.body for m in stored}:
                 break
             await anyio.sleep(0.2)
     counts = Counter(m.msg_id for m in stored)
-    assert sorted(counts.values()) == [1] * 5  # order 1, three batch entries, the delayed one
-    assert sorted(m.body for m in stored) == [b"b0", b"b1", b"b2", b"later", b"order 1"]
+    assert sorted(counts.values()) == [1] * 6  # order 1, three batch entries, delayed, timed
+    assert sorted(m.body for m in stored) == [b"b0", b"b1", b"b2", b"later", b"order 1", b"timed"]
 
 
 async def test_a_retried_half_message_is_the_same_transaction(
