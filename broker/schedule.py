@@ -31,11 +31,12 @@ import anyio.lowlevel
 import msgspec
 
 from txmq.broker.context import BrokerContext
+from txmq.broker.persisting import SavedState
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
 from txmq.broker.timer import TimerService
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageTooLarge, TxmqError
-from txmq.jsonfile import load_json, write_json_atomic
+from txmq.jsonfile import load_json
 from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop, is_system_topic
 
 __all__ = ["DelayOffsetsFile", "Delayed", "ScheduleMessageService"]
@@ -68,13 +69,14 @@ class DelayOffsetsFile(msgspec.Struct):
     offsets: dict[Annotated[int, msgspec.Meta(ge=1)], Annotated[int, msgspec.Meta(ge=0)]] = {}
 
 
-class ScheduleMessageService:
+class ScheduleMessageService(SavedState):
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.levels: tuple[int, ...] = ctx.config.delay_levels
         self.persist_interval_s = ctx.config.offset_persist_interval_s
         self.path = ctx.config.store / "config" / "delay_offsets.json"
+        self.what = "delay-level offsets"
         self._offsets: dict[int, int] = load_json(self.path, DelayOffsetsFile).offsets
         self._dirty = False
         self._wake: dict[int, anyio.Event] = {}
@@ -328,19 +330,4 @@ class ScheduleMessageService:
         """Save the levels' offsets and the timer checkpoint now (the broker calls it at
         shutdown)."""
         self.timer.persist(force)
-        data = self._snapshot(force)
-        if data is not None:
-            write_json_atomic(self.path, data)
-
-    async def _persist_loop(self) -> None:
-        while True:
-            await anyio.sleep(self.persist_interval_s)
-            data = self._snapshot(False)
-            if data is None:
-                continue
-            try:
-                await anyio.to_thread.run_sync(write_json_atomic, self.path, data)
-            except OSError as exc:
-                self._dirty = True
-                if not self.store.disk.absorb(exc):  # a full disk is logged once, there
-                    log.exception("persisting delay-level offsets failed")
+        super().persist(force)

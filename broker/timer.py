@@ -40,13 +40,13 @@ import anyio.lowlevel
 import msgspec
 
 from txmq.broker.context import BrokerContext
+from txmq.broker.persisting import SavedState
 from txmq.broker.store import CQ_TAG_PROPERTY, PutResult, PutStatus
 from txmq.broker.store.consumequeue import CQ_ENTRY
 from txmq.broker.store.scanner import Scanner
-from txmq.broker.store.types import StoreError
 from txmq.codec import decode_record
 from txmq.errors import MessageTooLarge, TxmqError
-from txmq.jsonfile import load_json, write_json_atomic
+from txmq.jsonfile import load_json
 from txmq.message import TIMER_TOPIC, Prop, is_system_topic
 
 __all__ = ["TimerCheckpoint", "TimerService", "TimerWheel"]
@@ -137,13 +137,14 @@ class TimerWheel:
             self.add(e)
 
 
-class TimerService:
+class TimerService(SavedState):
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.max_delay_ms = ctx.config.timer_max_delay_s * 1000
         self.persist_interval_s = ctx.config.offset_persist_interval_s
         self.path = ctx.config.store / "config" / "timer_checkpoint.json"
+        self.what = "the timer checkpoint"
         self.wheel = TimerWheel()
         self._wake = anyio.Event()
         self._next: int | None = None
@@ -382,25 +383,6 @@ class TimerService:
             low=self._low,
         )
 
-    def persist(self, force: bool = False) -> None:
-        """Save the checkpoint now (at shutdown)."""
-        data = self._snapshot(force)
-        if data is not None:
-            write_json_atomic(self.path, data)
-
-    async def _persist_loop(self) -> None:
-        while True:
-            await anyio.sleep(self.persist_interval_s)
-            data = self._snapshot(False)
-            if data is None:
-                continue
-            try:
-                # the copies of what it counts as delivered are on disk before it is
-                await self.store.wait_flushed(data.commit_log)
-                await anyio.to_thread.run_sync(write_json_atomic, self.path, data)
-            except StoreError:  # the store stopped: shutdown persists it
-                return
-            except OSError as exc:
-                self._dirty = True
-                if not self.store.disk.absorb(exc):
-                    log.exception("persisting the timer checkpoint failed")
+    def _flushed_to(self, data: TimerCheckpoint) -> int:
+        # the copies of what it counts as delivered are on disk before it is
+        return data.commit_log
