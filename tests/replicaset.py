@@ -8,10 +8,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
 from txmq import Message
@@ -28,6 +30,31 @@ from txmq.wire import (
 
 SET = "a"
 SEGMENT = 1024 * 1024
+
+
+@pytest.fixture
+def replica_sets(
+    tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
+) -> Iterator[Callable[..., ReplicaSet]]:
+    """Factory: ``replica_sets(replication="sync", **broker_settings)`` starts a name server
+    with the controller inside and a replicated broker set; every broker still running at
+    the end is SIGKILLed."""
+    made: list[ReplicaSet] = []
+
+    def make(replication: str = "sync", **settings: object) -> ReplicaSet:
+        ns = namesrv_process("ns")
+        ns.args = ["--controller-store", str(tmp_path / "controller")]
+        ns.start()
+        env = {f"TXMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()}
+        rs = ReplicaSet(tmp_path, ns, replication, env=env)
+        made.append(rs)
+        return rs.start()
+
+    yield make
+    for rs in made:
+        for b in rs.brokers.values():
+            if b.alive():
+                b.kill()
 
 
 @dataclass

@@ -9,36 +9,26 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.conftest import NamesrvProcess, ask, free_port, wait_for
 from tests.integration.test_cli import txmq
-from tests.replicaset import SET, ReplicaSet, consume_all
+from tests.replicaset import SET, ReplicaSet, consume_all, replica_sets
 from txmq import Message
 from txmq.sync import Producer
 from txmq.wire import GetBrokerRuntimeInfo
+
+__all__ = ["replica_sets"]  # the fixture
 
 TOPIC = "switched"
 
 
 @pytest.fixture
-def replica_set(
-    tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
-) -> Iterator[ReplicaSet]:
-    ns = namesrv_process("ns")
-    ns.args = ["--controller-store", str(tmp_path / "controller")]
-    ns.start()
-    rs = ReplicaSet(tmp_path, ns, "sync")
-    try:
-        yield rs.start()
-    finally:
-        for b in rs.brokers.values():
-            if b.alive():
-                b.kill()
+def replica_set(replica_sets: Callable[..., ReplicaSet]) -> ReplicaSet:
+    return replica_sets("sync")
 
 
 def cluster(namesrv: str) -> list[dict[str, Any]]:

@@ -4,34 +4,24 @@ result (a SYNC_MASTER and two slaves under the controller, on real processes).""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import NamesrvProcess, wait_for
+from tests.conftest import wait_for
 from tests.integration.test_dedupe import Resent
-from tests.replicaset import ReplicaSet, consume_all
+from tests.replicaset import ReplicaSet, consume_all, replica_sets
 from txmq.message import new_message_id
 from txmq.sync import Producer
+
+__all__ = ["replica_sets"]  # the fixture
 
 TOPIC = "dedupe-failover"
 
 
 @pytest.fixture
-def replica_set(
-    tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
-) -> Iterator[ReplicaSet]:
-    ns = namesrv_process("ns")
-    ns.args = ["--controller-store", str(tmp_path / "controller")]
-    ns.start()
-    rs = ReplicaSet(tmp_path, ns, "sync")
-    try:
-        yield rs.start()
-    finally:
-        for b in rs.brokers.values():
-            if b.alive():
-                b.kill()
+def replica_set(replica_sets: Callable[..., ReplicaSet]) -> ReplicaSet:
+    return replica_sets("sync")
 
 
 def test_a_promoted_slave_answers_retries_of_what_its_old_master_stored(

@@ -9,43 +9,28 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from tests.conftest import NamesrvProcess, wait_for
-from tests.replicaset import ReplicaSet, Sender, consume_all
+from tests.conftest import wait_for
+from tests.replicaset import ReplicaSet, Sender, consume_all, replica_sets
 from tests.sqla_support import Order, create_all, orders
 from txmq import Message
 from txmq.sqla import COMMITTED, SqlTransactionChecker, transaction, transaction_log
 from txmq.sync import AdminClient, TransactionProducer
 
+__all__ = ["replica_sets"]  # the fixture
+
 TOPIC = "jepsen"
 
 
 @pytest.fixture
-def replica_set(
-    tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
-) -> Iterator[Callable[..., ReplicaSet]]:
-    made: list[ReplicaSet] = []
-
-    def make(replication: str = "sync", **settings: object) -> ReplicaSet:
-        ns = namesrv_process("ns")
-        ns.args = ["--controller-store", str(tmp_path / "controller")]
-        ns.start()
-        env = {f"TXMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()}
-        rs = ReplicaSet(tmp_path, ns, replication, env=env)
-        made.append(rs)
-        return rs.start()
-
-    yield make
-    for rs in made:
-        for b in rs.brokers.values():
-            if b.alive():
-                b.kill()
+def replica_set(replica_sets: Callable[..., ReplicaSet]) -> Callable[..., ReplicaSet]:
+    return replica_sets
 
 
 def check_everything_acknowledged_is_there_once(rs: ReplicaSet, sender: Sender) -> int:
