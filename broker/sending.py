@@ -23,10 +23,7 @@ from txmq.message import Prop
 from txmq.rpc import Call
 from txmq.wire import BatchResult, SendBatchMessage, SendMessage, Sent
 
-__all__ = ["MAX_DELIVER_AHEAD_MS", "SendService", "sent"]
-
-#: how far ahead a delivery time may be (RocketMQ 5's timerMaxDelaySec: 3 days)
-MAX_DELIVER_AHEAD_MS = 3 * 86_400_000  # the default of timer_max_delay_s
+__all__ = ["SendService", "sent"]
 
 
 def sent(props: dict[str, str], queue_id: int, r: PutResult) -> Sent:
@@ -207,8 +204,7 @@ class SendService:
             horizon = self.schedule.timer.max_delay_ms
             if at > _now_ms() + horizon:
                 raise BadRequest(
-                    f"delivery time {at} is more than timer_max_delay_s ({horizon // 1000} s) "
-                    "ahead"
+                    f"delivery time {at} is more than timer_max_delay_s ({horizon // 1000} s) ahead"
                 )
             return self.schedule.prepare_at(topic, queue_id, props, at)
         if Prop.DELAY in props:
