@@ -14,9 +14,10 @@ import pytest
 
 from tests.conftest import BrokerProcess
 from tests.grpc_support import GrpcBroker, grpc_broker
-from txmq import Message, Producer, PullConsumer, PullStatus
+from tests.integration.test_transactions import read_topic
+from txmq import Message, Producer
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import MessageExt, new_message_id
+from txmq.message import new_message_id
 from txmq.transaction import TransactionProducer
 
 pytestmark = pytest.mark.anyio
@@ -33,20 +34,6 @@ class Resent(Message):
 
     def wire_properties(self, msg_id: str) -> dict[str, str]:
         return Message.wire_properties(self, self.msg_id)
-
-
-async def read_topic(address: str, topic: str) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    async with PullConsumer(address, "dedupe-reader") as consumer:
-        for qid in await consumer.queues(topic):
-            offset = 0
-            while True:
-                res = await consumer.pull(topic, qid, offset, max_msgs=512, long_poll=0)
-                if res.status != PullStatus.FOUND:
-                    break
-                out.extend(res.messages)
-                offset = res.next_offset
-    return out
 
 
 async def test_a_retried_send_is_answered_with_the_original_and_stores_nothing(
