@@ -39,12 +39,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
-from txmq.dist import Dist, DistCollector
+from txmq.dist import DistCollector
 
 __all__ = [
     "SYSTEM",
@@ -123,12 +122,14 @@ class _Metrics:
                     raise
                 return found
 
-        def histogram(name: str, doc: str, labels: Iterable[str]) -> Any:
+        def histogram(name: str, doc: str, labels: Iterable[str]) -> DistCollector:
             # a DistCollector, not prometheus_client's Histogram: these two run for every
             # message, and its observe() costs several times as much (txmq/dist.py)
             found = made(name)
-            if found is not None:
+            if isinstance(found, DistCollector):
                 return found
+            if found is not None:
+                raise ValueError(f"the registry has a {name} of its own: txmq cannot use it")
             collector = DistCollector(name, doc, labels, _LATENCY_BUCKETS)
             registry.register(collector)
             return collector
@@ -173,10 +174,6 @@ class _Metrics:
             Gauge, "txmq_outbox_parked_rows", "Outbox rows parked after their last attempt"
         )
         self._children: dict[tuple[Any, ...], Any] = {}
-        #: (topic, result) -> its send-latency histogram; (group, topic, result) -> its
-        #: consume-latency histogram (what the hooks look up for every message)
-        self.sent: dict[tuple[str, str], Dist] = {}
-        self.consumed: dict[tuple[str, str, str], Dist] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, remembered (labels() takes a lock and builds a key)."""
@@ -359,13 +356,7 @@ class _Sending:
         m = self.m
         if m is not None:
             took = _perf_counter() - self.began
-            # Dist.observe, inlined: this runs for every send
-            key = (self.topic, "ok" if exc is None else "error")
-            d = m.sent.get(key)
-            if d is None:
-                d = m.sent[key] = m.send_seconds.labels(*key)
-            d.counts[bisect_left(d.bounds, took)] += 1
-            d.total += took
+            m.send_seconds.observe((self.topic, "ok" if exc is None else "error"), took)
             if exc is not None:
                 m.child(m.send_errors, self.topic, type(exc).__name__).inc()
         for span in self.spans:
@@ -469,13 +460,7 @@ class _Consuming:
         m = self.m
         if m is not None:
             took = _perf_counter() - self.began
-            # Dist.observe, inlined: this runs for every message consumed
-            key = (self.group, self.topic, self.outcome)
-            d = m.consumed.get(key)
-            if d is None:
-                d = m.consumed[key] = m.consume_seconds.labels(*key)
-            d.counts[bisect_left(d.bounds, took)] += 1
-            d.total += took
+            m.consume_seconds.observe((self.group, self.topic, self.outcome), took)
         span = self.span
         if span is not None:
             assert _otel is not None
