@@ -20,9 +20,9 @@ import logging
 import msgpack
 
 from txmq.broker.context import BrokerContext
-from txmq.broker.putting import put_or_raise
+from txmq.broker.putting import WAITING_PROPS, put_or_raise
 from txmq.broker.schedule import ScheduleMessageService
-from txmq.broker.store import CQ_TAG_PROPERTY, MAX_PROPERTIES_SIZE, GetStatus, PutResult
+from txmq.broker.store import MAX_PROPERTIES_SIZE, GetStatus, PutResult
 from txmq.codec import decode_record
 from txmq.errors import BadRequest, MessageNotFound
 from txmq.message import (
@@ -52,7 +52,7 @@ DEFAULT_MAX_RECONSUME_TIMES = 16
 #: the delay level of a consumer's first retry; each retry waits one level more
 FIRST_RETRY_LEVEL = 3
 MAX_DLQ_LIST = 1024
-_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY, Prop.DLQ_REASON})
+_DROP = WAITING_PROPS | {Prop.DLQ_REASON}
 #: the reason of a dead letter its consumer sent to the DLQ without saying why
 ON_PURPOSE = "sent to the DLQ by its consumer"
 

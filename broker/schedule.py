@@ -32,19 +32,19 @@ import msgspec
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.persisting import SavedState
+from txmq.broker.putting import WAITING_PROPS, real_destination
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
 from txmq.broker.timer import TimerService
 from txmq.codec import decode_record
-from txmq.errors import BadRequest, MessageTooLarge, TxmqError
+from txmq.errors import BadRequest, MessageTooLarge
 from txmq.jsonfile import load_json
-from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop, is_system_topic
+from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop
 
 __all__ = ["DelayOffsetsFile", "Delayed", "ScheduleMessageService"]
 
 log = logging.getLogger("txmq.broker.schedule")
 
 _BATCH = 64
-_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
 
 #: where a delayed message is stored instead: (topic, queue id, properties, delivery ms,
 #: level; 0 for a timer message)
@@ -240,26 +240,10 @@ class ScheduleMessageService(SavedState):
         """Store the real message; False if the store is not available or the disk is full
         (try again later)."""
         props = msg.all_properties
-        topic = props.get(Prop.REAL_TOPIC)
-        try:
-            queue_id = int(props.get(Prop.REAL_QID, ""))
-        except ValueError:
-            queue_id = -1
-        if not topic or queue_id < 0:
-            log.warning(
-                "delay level %d: message %s at offset %d has no real topic/queue; skipped",
-                level,
-                msg.msg_id,
-                msg.queue_offset,
-            )
+        where = real_destination(self.ctx.topics, msg, f"delay level {level}")
+        if where is None:
             return True
-        try:
-            cfg = self.ctx.topics.for_send(topic, allow_system=is_system_topic(topic))
-        except TxmqError as exc:
-            log.warning("delayed message %s for %s dropped: %s", msg.msg_id, topic, exc)
-            return True
-        if queue_id >= cfg.queue_nums:
-            queue_id %= cfg.queue_nums
+        topic, queue_id = where
         at = _deliver_at(msg)
         hop = None
         if at is not None:  # an older version's exact time: the rest of it on the timer
@@ -284,7 +268,7 @@ class ScheduleMessageService(SavedState):
                     topic=topic,
                     queue_id=queue_id,
                     body=msg.body,
-                    properties={k: v for k, v in props.items() if k not in _DROP},
+                    properties={k: v for k, v in props.items() if k not in WAITING_PROPS},
                     born_timestamp=msg.born_timestamp,
                     sys_flag=msg.sys_flag,
                     flag=msg.flag,

@@ -41,13 +41,14 @@ import msgspec
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.persisting import SavedState
-from txmq.broker.store import CQ_TAG_PROPERTY, PutResult, PutStatus
+from txmq.broker.putting import WAITING_PROPS, real_destination
+from txmq.broker.store import PutResult, PutStatus
 from txmq.broker.store.consumequeue import CQ_ENTRY
 from txmq.broker.store.scanner import Scanner
 from txmq.codec import decode_record
-from txmq.errors import MessageTooLarge, TxmqError
+from txmq.errors import MessageTooLarge
 from txmq.jsonfile import load_json
-from txmq.message import TIMER_TOPIC, Prop, is_system_topic
+from txmq.message import TIMER_TOPIC, Prop
 
 __all__ = ["TimerCheckpoint", "TimerService", "TimerWheel"]
 
@@ -55,7 +56,6 @@ log = logging.getLogger("txmq.broker.timer")
 
 _BATCH = 256
 _READ = 4096  # timer-log entries read at a time
-_DROP = frozenset({Prop.DELAY, Prop.REAL_TOPIC, Prop.REAL_QID, CQ_TAG_PROPERTY})
 _MARK = Prop.TIMER_OF.encode()
 
 #: a timer in the wheel: (delivery ms, commit-log offset, size, timer-log position)
@@ -160,7 +160,7 @@ class TimerService(SavedState):
         """Where to store a timer message (None: it is due: store it in its topic)."""
         if deliver_at_ms <= _now_ms():
             return None
-        stored = {k: v for k, v in props.items() if k not in _DROP}
+        stored = {k: v for k, v in props.items() if k not in WAITING_PROPS}
         stored[Prop.DELIVER_AT] = str(deliver_at_ms)
         stored[Prop.REAL_TOPIC] = topic
         stored[Prop.REAL_QID] = str(queue_id)
@@ -343,25 +343,15 @@ class TimerService(SavedState):
             log.warning("timer message at %d is gone from the commit log; skipped", phy)
             return None
         msg = decode_record(record)
-        props = msg.all_properties
-        topic = props.get(Prop.REAL_TOPIC)
-        try:
-            queue_id = int(props.get(Prop.REAL_QID, ""))
-        except ValueError:
-            queue_id = -1
-        if not topic or queue_id < 0:
-            log.warning("timer message %s at %d has no real topic/queue; skipped", msg.msg_id, phy)
+        where = real_destination(self.ctx.topics, msg, "timer")
+        if where is None:
             return None
-        try:
-            cfg = self.ctx.topics.for_send(topic, allow_system=is_system_topic(topic))
-        except TxmqError as exc:
-            log.warning("timer message %s for %s dropped: %s", msg.msg_id, topic, exc)
-            return None
-        out = {k: v for k, v in props.items() if k not in _DROP}
+        topic, queue_id = where
+        out = {k: v for k, v in msg.all_properties.items() if k not in WAITING_PROPS}
         out[Prop.TIMER_OF] = str(phy)
         return {
             "topic": topic,
-            "queue_id": queue_id % cfg.queue_nums,
+            "queue_id": queue_id,
             "body": msg.body,
             "properties": out,
             "born_timestamp": msg.born_timestamp,
