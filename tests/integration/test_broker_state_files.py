@@ -1,16 +1,18 @@
-"""The broker's state files (topics, consumer offsets, delay and transaction offsets) hold
-only what the broker checked, and a damaged one never stops the broker from starting."""
+"""The broker's state files (topics, consumer offsets, delay and transaction offsets, the
+timer checkpoint) hold only what the broker checked, and a damaged one never stops the
+broker from starting."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import BrokerProcess
+from tests.conftest import BrokerProcess, wait_for
 from tests.raw_client import RawClient, still_serving
 from txmq import Message
 from txmq.errors import ResponseCode
@@ -86,9 +88,17 @@ def _damage(store: Path) -> None:
     topics["topics"]["zero"] = {"name": "zero", "queue_nums": 0}
     (config / "topics.json").write_text(json.dumps(topics))
     (config / "delay_offsets.json").write_text('{"offsets": {"3": 1, "x": 2')  # torn
+    (config / "timer_checkpoint.json").write_text('{"delivered_ms": "soon"')  # torn
     (config / "transaction_offsets.json").write_text(
         json.dumps({"check_offset": -1, "op_offset": None, "check_times": {"0": "many"}})
     )
+
+
+def _timed(address: str) -> list[bytes]:
+    """The bodies in topic "timed" (one queue)."""
+    with PullConsumer(address, "timed-reader") as consumer:
+        got = consumer.pull("timed", 0, 0, max_msgs=32, long_poll=0)
+        return [m.body for m in got.messages]
 
 
 def test_a_damaged_state_file_is_set_aside_and_what_fits_is_kept(
@@ -100,6 +110,10 @@ def test_a_damaged_state_file_is_set_aside_and_what_fits_is_kept(
         producer.send(Message("orders", b"x"), queue_id=0)
         c.commit_offset("orders", 0, 1)
         c.commit_offset("orders", 2, 5)
+        with AdminClient(broker.address) as admin:
+            admin.create_topic("timed", 1)
+        producer.send(Message("timed", b"first", delay=timedelta(seconds=0.2)))
+        wait_for(lambda: _timed(broker.address) == [b"first"], timeout=10)
     assert broker.terminate() == 0
     _damage(store)
 
@@ -125,7 +139,14 @@ def test_a_damaged_state_file_is_set_aside_and_what_fits_is_kept(
     assert '"many"' in tx_aside.read_text()
     assert _config(store, "transaction_offsets.json")["check_offset"] >= 0
     assert delay_aside.read_text().endswith('"x": 2')
+    [timer_aside] = config.glob("timer_checkpoint.json.bad-*")
+    assert timer_aside.read_text() == '{"delivered_ms": "soon"'
     assert "nothing could be kept" in broker.output()
+    # without its checkpoint the timer finds what it delivered in the log: not again
+    with Producer(broker.address) as producer:
+        producer.send(Message("timed", b"second", delay=timedelta(seconds=0.2)))
+    wait_for(lambda: b"second" in _timed(broker.address), timeout=10)
+    assert _timed(broker.address) == [b"first", b"second"]
     still_serving(broker.address)
     assert broker.terminate() == 0
     assert _config(store, "offsets.json")["offsets"] == kept
