@@ -7,10 +7,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from txmq.acl.guard import peer_host
+from txmq.acl.policy import Resource, topic_resource
 from txmq.broker.context import BrokerContext
 from txmq.broker.subscriptions import GroupConfig
 from txmq.broker.topics import check_queue_id
-from txmq.codec import read_header
+from txmq.codec import read_header, record_topic_and_props
 from txmq.errors import GroupNotFound, MessageNotFound, NotMaster, TopicNotFound
 from txmq.rpc import Call
 from txmq.wire import (
@@ -189,6 +191,10 @@ class AdminService:
                 record = None
         if record is None:
             raise MessageNotFound(f"no message with id {msg_id!r}")
+        denied = self._unreadable(call, record)
+        if denied is not None:
+            assert self.ctx.guard is not None
+            self.ctx.guard.deny(call.user, "sub", denied, "ViewMessageById", call.conn)
         return WithBody(Empty(), record)
 
     def query_by_key(self, req: QueryMessageByKey, call: Call) -> WithBody[MessageCount]:
@@ -196,7 +202,25 @@ class AdminService:
         records = self.store.query_by_key(req.key, max_num=max_num)
         if not records:
             raise MessageNotFound(f"no message with key {req.key!r}")
+        denied = [res for r in records if (res := self._unreadable(call, r)) is not None]
+        if denied:
+            records = [r for r in records if self._unreadable(call, r) is None]
+            if not records:
+                assert self.ctx.guard is not None
+                self.ctx.guard.deny(call.user, "sub", denied[0], "QueryMessageByKey", call.conn)
         return WithBody(MessageCount(count=len(records)), b"".join(records))
+
+    def _unreadable(self, call: Call, record: bytes) -> Resource | None:
+        """Under access control, the resource a message lookup's user may neither
+        consume (``sub``) nor administer (None: readable; no access control)."""
+        guard, user = self.ctx.guard, call.user
+        if guard is None or user is None or user.super_user:
+            return None
+        res = topic_resource(record_topic_and_props(record)[0])
+        source = peer_host(call.conn)
+        if guard.allowed(user, res, "sub", source) or guard.allowed(user, res, "admin", source):
+            return None
+        return res
 
     # -- offsets and the broker -------------------------------------------------------------
 

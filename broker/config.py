@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from txmq.broker.store import FlushMode, StoreConfig
 from txmq.remoting import parse_address, parse_namesrv
+from txmq.security import ClientSecurity
 from txmq.serving import ConnectionSettings
 from txmq.settings import SettingsError, load_settings
 
@@ -153,9 +154,20 @@ class BrokerConfig(ConnectionSettings):
     #: half are always there — at this broker's top rate (~30,000 sends/s) 8 s of sends,
     #: the whole window up to ~2,000 sends/s
     dedupe_max_entries: int = 500_000
+    #: this broker's own credentials (a user of the ACL files of its name servers,
+    #: controllers and master): what signs its registrations, heartbeats and replication.
+    #: From [broker] of the TOML file or $TXMQ_BROKER_ACCESS_KEY / $TXMQ_BROKER_SECRET_KEY,
+    #: never the command line
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if bool(self.access_key) != bool(self.secret_key):
+            raise SettingsError(
+                "access_key and secret_key go together (TXMQ_BROKER_ACCESS_KEY and "
+                "TXMQ_BROKER_SECRET_KEY): set both or neither"
+            )
         if isinstance(self.store, str):  # BrokerConfig(store="/var/lib/txmq") in code
             object.__setattr__(self, "store", Path(self.store))
         if not isinstance(self.store, Path):
@@ -287,6 +299,27 @@ class BrokerConfig(ConnectionSettings):
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def peer_security(self) -> ClientSecurity:
+        """How this broker connects to other servers (its name servers, controllers, its
+        master's HA port, other brokers): with TLS on (``tls_cert``), over TLS, checking
+        them against ``tls_ca`` (else the system's authorities) and showing its own
+        certificate to those that ask for one; else in plaintext."""
+        return self._peer_security
+
+    @cached_property
+    def _peer_security(self) -> ClientSecurity:
+        ak, sk = self.access_key or None, self.secret_key or None
+        if self.tls_cert is None:
+            return ClientSecurity(access_key=ak, secret_key=sk)
+        return ClientSecurity(
+            access_key=ak,
+            secret_key=sk,
+            tls=True,
+            tls_ca=self.tls_ca,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+        )
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(

@@ -40,6 +40,7 @@ __all__ = [
     "ConsumerMember",
     "GroupService",
     "ProducerManager",
+    "channel_user",
     "run_expiry_scan",
 ]
 
@@ -179,6 +180,12 @@ class CheckChannel(Protocol):
     @property
     def closed(self) -> bool: ...
     def send_oneway(self, request: Any, body: bytes = b"") -> None: ...
+
+
+def channel_user(channel: CheckChannel) -> str | None:
+    """The user a channel's requests are signed by (None: not known, no access control)."""
+    attributes = getattr(channel, "attributes", None)
+    return attributes.get("acl_user") if attributes is not None else None
 
 
 class ProducerManager:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -33,6 +33,9 @@ from txmq.errors import (
     SlaveNotAvailable,
     TxmqError,
 )
+
+if TYPE_CHECKING:
+    from txmq.acl.guard import Guard
 
 __all__ = ["Arrivals", "BrokerContext", "FlushAcks", "ReplicaView", "ReplicationGate"]
 
@@ -215,3 +218,5 @@ class BrokerContext:
     groups: SubscriptionGroupManager = field(default_factory=SubscriptionGroupManager.in_memory)
     #: the ids of the messages clients stored recently (None: ``dedupe_window_s = 0``)
     dedupe: DedupeWindow | None = None
+    #: access control (``acl_file``; None: off)
+    guard: Guard | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from txmq.acl.service import AclService
 from txmq.broker.admin import AdminService
 from txmq.broker.consumers import GroupService
 from txmq.broker.locks import LockService
@@ -65,6 +66,7 @@ class Services:
     checker: TransactionChecker
     decisions: OperatorDecisions
     admin: AdminService
+    acl: AclService
 
 
 def request_router(s: Services) -> Router:
@@ -108,4 +110,6 @@ def request_router(s: Services) -> Router:
     r.route(DlqResend, s.retry.dlq_resend)
     r.route(GetTransactions, s.checker.list_transactions)
     r.route(DecideTransaction, s.decisions.decide)
+    # users and rules
+    s.acl.route(r)
     return r

@@ -153,7 +153,11 @@ class Registration:
         self._loops_done = anyio.Event()
         async with AsyncExitStack() as stack:
             for link in self._links:
-                client = RemotingClient(link.address, connect_timeout=REQUEST_TIMEOUT_S)
+                client = RemotingClient(
+                    link.address,
+                    connect_timeout=REQUEST_TIMEOUT_S,
+                    security=self.config.peer_security(),
+                )
                 client.on_connect.append(self._watch(link))
                 link.client = await stack.enter_async_context(client)
                 link.first_attempt = anyio.Event()

@@ -108,6 +108,7 @@ class Replication:
             apply_metadata=self.metadata.apply,
             address=address,
             pending_offsets=ctx.offsets.pending,
+            security=config.peer_security(),
         )
         self.link: ControllerLink | None = None
         if controlled:
@@ -116,6 +117,7 @@ class Replication:
                 config.controller_heartbeat_interval_s,
                 self._heartbeat,
                 self._apply,
+                security=config.peer_security(),
             )
             self.service.on_caught_up = self.link.poke
         self.acceptor = Acceptor(
@@ -123,6 +125,7 @@ class Replication:
             max_frame_size=config.max_frame_size,
             limits=config.connection_limits(),
             log_to="txmq.broker.ha",
+            tls=config.server_ssl_context(),
         )
         ctx.topics.on_change.append(self._metadata_changed)
         ctx.topics.on_delete.append(self._metadata_changed)
@@ -375,7 +378,12 @@ class Replication:
             return
         try:
             leaving = msgspec.structs.replace(self._heartbeat(), leaving=True)
-            await ask_controller(self.config.controller_addresses, leaving, 1.0)
+            await ask_controller(
+                self.config.controller_addresses,
+                leaving,
+                1.0,
+                security=self.config.peer_security(),
+            )
         except TxmqError:
             pass
 

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import msgpack
+import msgspec
 
 from txmq.broker.context import BrokerContext
 from txmq.broker.dedupe import Original
@@ -60,14 +61,23 @@ class SendService:
         check_queue_id(self.ctx.topics.for_send(topic), queue_id)
 
     def send_message(self, req: SendMessage, call: Call) -> Sent | asyncio.Future[Sent]:
-        return self.put(req, call.body)
+        return self.put(req, call.body, call.user.name if call.user is not None else None)
 
-    def put(self, req: SendMessage, body: bytes) -> Sent | asyncio.Future[Sent]:
-        """Store one message (the gRPC endpoint's SendMessage comes here too)."""
+    def put(
+        self, req: SendMessage, body: bytes, user: str | None = None
+    ) -> Sent | asyncio.Future[Sent]:
+        """Store one message (the gRPC endpoint's SendMessage comes here too); ``user``:
+        who sent it, under access control (a half message keeps it: only that user's
+        producers are asked about it, and only that user ends it)."""
         self._check_body(len(body))
         self._check_queue(req.topic, req.queue_id)
         props = req.properties
         half = props.get(Prop.TRAN_MSG, "").lower() == "true"
+        if half and (user is not None or Prop.ACL_USER in props):
+            props = {k: v for k, v in props.items() if k != Prop.ACL_USER}
+            if user is not None:
+                props[Prop.ACL_USER] = user
+            req = msgspec.structs.replace(req, properties=props)
         dedupe = self.ctx.dedupe
         msg_id = props.get(Prop.UNIQ_KEY) if dedupe is not None else None
         if msg_id and self.store.writable:

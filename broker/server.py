@@ -16,6 +16,8 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
+from txmq.acl.guard import guard_of
+from txmq.acl.service import AclService
 from txmq.broker.admin import AdminService
 from txmq.broker.config import BrokerConfig
 from txmq.broker.consumers import (
@@ -56,7 +58,13 @@ from txmq.broker.transaction_operator import OperatorDecisions
 from txmq.errors import TopicNotFound
 from txmq.fmt import ms_time
 from txmq.remoting import Handler
-from txmq.serving import Acceptor, EmbeddedServer, ListenerUnavailable, Stoppable
+from txmq.serving import (
+    Acceptor,
+    EmbeddedServer,
+    ListenerUnavailable,
+    Stoppable,
+    warn_if_exposed,
+)
 from txmq.wire import RuntimeInfo
 
 if TYPE_CHECKING:
@@ -107,6 +115,8 @@ class Broker(Stoppable):
         self.transactions = TransactionService(ctx)
         self.transaction_checker = TransactionChecker(ctx, self.transactions)
         self.decisions = OperatorDecisions(ctx, self.transactions)
+        #: access control (--acl FILE): None when off
+        guard = guard_of(config, f"broker {config.broker_name}")
         self.services = Services(
             sending=SendService(ctx, self.schedule, self.transactions),
             pulling=PullService(ctx),
@@ -117,8 +127,10 @@ class Broker(Stoppable):
             checker=self.transaction_checker,
             decisions=self.decisions,
             admin=AdminService(ctx, self.runtime_info),
+            acl=AclService(guard, f"broker {config.broker_name}"),
         )
         self.router = request_router(self.services)
+        self.router.guard = ctx.guard = self.guard = guard
         #: RocketMQ 5's pop consumption (the gRPC endpoint's ReceiveMessage and acks)
         self.pop = PopService(ctx, self.services.retry)
         #: the RocketMQ 5 gRPC endpoint, once started (txmq.broker.grpc)
@@ -126,6 +138,7 @@ class Broker(Stoppable):
         self.replication = Replication(
             config, ctx, self.schedule, self.transactions, lambda: self.address, self
         )
+        self.replication.service.router.guard = self.guard
         self.registration: Registration | None = None
         if config.namesrv_addresses:
             registration = self.registration = Registration(
@@ -154,6 +167,7 @@ class Broker(Stoppable):
             max_frame_size=config.max_frame_size,
             limits=config.connection_limits(),
             log_to="txmq.broker",
+            tls=config.server_ssl_context(),
         )
         self.connections = self.acceptor.connections
         self.port = config.port
@@ -201,12 +215,20 @@ class Broker(Stoppable):
             raise
         self.port = listener.extra(SocketAttribute.local_port)
         self.started_at = time.time()
+        warn_if_exposed(
+            "broker",
+            self.config.host,
+            tls=self.config.tls_cert is not None,
+            acl=self.guard is not None,
+        )
         try:
             async with listener, anyio.create_task_group() as tg:
                 self.acceptor.serve(listener, tg)
                 tg.start_soon(self._offset_persister)
                 tg.start_soon(self._sample_throughput)
                 tg.start_soon(self._disk_watch)
+                if self.guard is not None:
+                    tg.start_soon(self.guard.watch)
                 await tg.start(self.pop.run)
                 self._tg = tg
                 await tg.start(self.replication.run)
@@ -292,6 +314,9 @@ class Broker(Stoppable):
             pop=self.pop,
             group_policy=self.context.groups.policy,
             producers=self.producers,
+            tls=cfg.server_tls(),
+            peer_security=cfg.peer_security(),
+            guard=self.guard,
         )
 
     async def _stop_grpc(self) -> None:

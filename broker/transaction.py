@@ -38,6 +38,7 @@ from typing import Annotated
 
 import msgspec
 
+from txmq.acl.policy import topic_resource
 from txmq.broker.context import BrokerContext
 from txmq.broker.putting import put_or_raise
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult, PutStatus
@@ -76,6 +77,7 @@ _DROP = frozenset(
         Prop.REAL_TOPIC,
         Prop.REAL_QID,
         Prop.PRODUCER_GROUP,
+        Prop.ACL_USER,
         Prop.TRANSACTION_CHECK_TIMES,
         Prop.CHECK_IMMUNITY_TIME_IN_SECONDS,
         Prop.DELAY,
@@ -125,6 +127,8 @@ class PendingHalf:
     check_times: int = 0
     #: a re-checked half's copy: the offset of the parked half it copies (else -1)
     recheck_of: int = -1
+    #: who sent it (access control on; else ""): only that user's producers are asked
+    user: str = ""
 
     def row(self, now_ms: int, *, parked_timestamp: int | None = None) -> TransactionRow:
         return TransactionRow(
@@ -278,6 +282,7 @@ class TransactionService:
             op_mark=op_mark,
             check_times=check_times,
             recheck_of=recheck_of,
+            user=props.get(Prop.ACL_USER, ""),
         )
 
     def _derived(self, offset: int, msg_id: str) -> Iterator[MessageExt]:
@@ -460,6 +465,7 @@ class TransactionService:
             immunity_ms=immunity,
             op_mark=op_mark,
             recheck_of=int(props.get(Prop.RECHECK_OF, "-1")),
+            user=props.get(Prop.ACL_USER, ""),
         )
         self.pending[half.offset] = half
         tally = self.ctx.throughput.tally
@@ -502,6 +508,8 @@ class TransactionService:
             raise TransactionNotFound(
                 f"the half message at commit-log offset {offset} is {msg.msg_id}, not {msg_id}"
             )
+        if call is not None and call.user is not None:
+            self._may_end(msg, call)
         tally = self.ctx.throughput.tally
         if tally is not None and req.from_check:
             tally.check_answer(group, state)
@@ -544,6 +552,23 @@ class TransactionService:
             end = op.end_offset
         log.debug("END %s for %s (offset %d, group %s)", state, msg.msg_id, offset, group)
         return self.ctx.acks.after_flush(end, answer)
+
+    def _may_end(self, msg: MessageExt, call: Call) -> None:
+        """Under access control, a half is ended by the user who sent it (with ``pub`` on
+        its topic still), or by a super user."""
+        user, guard = call.user, self.ctx.guard
+        if user is None or guard is None or user.super_user:
+            return
+        props = msg.all_properties
+        sender = props.get(Prop.ACL_USER, "")
+        if sender and sender != user.name:
+            guard.refuse(
+                call.conn,
+                f"EndTransaction: half message {msg.msg_id} was sent by user {sender!r}; "
+                f"{user.name!r} may not end it",
+            )
+        topic = props.get(Prop.REAL_TOPIC, "")
+        guard.require(user, "pub", topic_resource(topic), "EndTransaction", call.conn)
 
     def commit_message(self, half: PendingHalf, msg: MessageExt) -> tuple[int, PutResult]:
         """Store the real message of a half: (queue id, result); raises if refused."""

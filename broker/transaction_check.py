@@ -25,6 +25,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from txmq.broker.consumers import channel_user
 from txmq.broker.context import BrokerContext
 from txmq.broker.store import CQ_TAG_PROPERTY, PutStatus
 from txmq.broker.transaction import (
@@ -101,6 +102,9 @@ class TransactionChecker:
                 self.park(half)
                 continue
             conns = self.ctx.producers.connections(half.group)
+            if half.user and self.ctx.guard is not None:
+                # under access control, only producers of the user that sent the half
+                conns = [c for c in conns if channel_user(c) == half.user]
             if not conns:
                 continue
             record = self.store.look_message_by_offset(half.offset)

@@ -15,6 +15,7 @@ import json
 import anyio
 
 from txmq.admin import AdminClient
+from txmq.cli.admin_acl import add_acl, run_acl
 from txmq.cli.admin_groups import add_group, run_group
 from txmq.cli.admin_ha import (
     add_controller_option,
@@ -69,7 +70,9 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq admin group update --group billing --fifo --retry-max 3\n"
         "  txmq admin dlq list --group billing\n"
         "  txmq admin transactions --parked\n"
-        "  txmq admin transactions commit --id 7F0000010A2B... --reason 'order 42 was paid'",
+        "  txmq admin transactions commit --id 7F0000010A2B... --reason 'order 42 was paid'\n"
+        "  txmq admin user create orders-service       # as TXMQ_ACCESS_KEY, a super user\n"
+        "  txmq admin acl add orders-service topic:orders pub",
     )
     asub = a.add_subparsers(dest="admin_cmd", required=True, metavar="COMMAND")
     cl = add_command(
@@ -164,6 +167,7 @@ def add_parser(sub: SubParsers) -> None:
     dr.add_argument("--broker-name", help=BROKER_NAME_HELP)
     add_transactions(asub, _shared)
     add_group(asub)
+    add_acl(asub)
     share(a, _shared)
     add_controller_option(a, None)  # before the subcommand, or after these two
     for leaf in (cl, sw):
@@ -178,6 +182,8 @@ def run_admin(args: argparse.Namespace) -> int:
         return run_switchover(args)
     if args.admin_cmd == "group":
         return run_group(args)
+    if args.admin_cmd in ("user", "acl"):
+        return run_acl(args)
     if args.admin_cmd == "transactions":
         if args.tx_cmd:
             return run_decide(args)

@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from txmq.cli.options import CommandError, SubParsers, add_command
+from txmq.cli.options import (
+    CommandError,
+    SubParsers,
+    acl_overrides,
+    add_acl_server,
+    add_command,
+    add_tls_server,
+    tls_overrides,
+)
 from txmq.cli.serve import run_server
 
 __all__ = ["add_parser"]
@@ -36,7 +44,14 @@ def add_parser(sub: SubParsers) -> None:
         "  # official RocketMQ 5 clients (gRPC) on port 8090 instead of 8081:\n"
         "  txmq broker start --store ./store --grpc-port 8090\n"
         "  # Prometheus metrics on http://0.0.0.0:9557/metrics instead of 127.0.0.1:5557:\n"
-        "  txmq broker start --store ./store --host 0.0.0.0 --metrics-port 9557",
+        "  txmq broker start --store ./store --host 0.0.0.0 --metrics-port 9557\n"
+        "  # TLS on the client, HA and gRPC ports (clients: tls=True, tls_ca='ca.pem', or\n"
+        "  # TXMQ_TLS=1 TXMQ_TLS_CA=ca.pem); --tls-ca also requires client certificates:\n"
+        "  txmq broker start --store ./store --host 0.0.0.0 --tls-cert server.pem \\\n"
+        "      --tls-key server.key --tls-ca ca.pem\n"
+        "  # access control: clients sign with TXMQ_ACCESS_KEY/TXMQ_SECRET_KEY; the broker's\n"
+        "  # own user (to register, replicate) in TXMQ_BROKER_ACCESS_KEY/_SECRET_KEY:\n"
+        "  txmq broker start --store ./store --acl /etc/txmq/acl.toml",
     )
     start.add_argument(
         "--store", type=Path, help="storage folder, created if missing (default ./txmq-store)"
@@ -101,6 +116,8 @@ def add_parser(sub: SubParsers) -> None:
         help="heartbeat to this controller, which elects the set's master (automatic "
         "failover); --broker-id is then only this replica's id in its set",
     )
+    add_tls_server(start)
+    add_acl_server(start)
     start.set_defaults(func=start_broker)
 
 
@@ -128,6 +145,8 @@ def start_broker(args: argparse.Namespace) -> int:
         "controller": args.controller,
         "grpc_port": args.grpc_port,
         "metrics_port": args.metrics_port,
+        **tls_overrides(args),
+        **acl_overrides(args),
     }
     if args.no_auto_create_topic:
         overrides["auto_create_topic"] = False

@@ -7,7 +7,14 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from txmq.cli.options import SubParsers, add_command
+from txmq.cli.options import (
+    SubParsers,
+    acl_overrides,
+    add_acl_server,
+    add_command,
+    add_tls_server,
+    tls_overrides,
+)
 from txmq.cli.serve import run_server
 
 if TYPE_CHECKING:
@@ -31,7 +38,11 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq broker start --store ./a --namesrv 127.0.0.1:9876 --cluster C "
         "--broker-name broker-a\n"
         "  # with the controller inside (brokers give --controller 127.0.0.1:9876):\n"
-        "  txmq namesrv start --controller-store ./controller",
+        "  txmq namesrv start --controller-store ./controller\n"
+        "  # TLS (brokers with --tls-cert reach it over TLS, checking it with their --tls-ca):\n"
+        "  txmq namesrv start --host 0.0.0.0 --tls-cert server.pem --tls-key server.key\n"
+        "  # access control (brokers sign with TXMQ_BROKER_ACCESS_KEY/_SECRET_KEY):\n"
+        "  txmq namesrv start --acl /etc/txmq/acl.toml",
     )
     start.add_argument("--host", help="address to bind (default 127.0.0.1)")
     start.add_argument("--port", type=int, help="port (default 9876; 0 picks a free one)")
@@ -47,6 +58,8 @@ def add_parser(sub: SubParsers) -> None:
         "keeping its state in DIR",
     )
     start.add_argument("--ready-file", help="write the bound address here once listening")
+    add_tls_server(start)
+    add_acl_server(start)
     start.set_defaults(func=start_namesrv)
 
     c = add_command(sub, "controller", help="run a controller (automatic failover)")
@@ -73,6 +86,8 @@ def add_parser(sub: SubParsers) -> None:
         help="TOML file with a [controller] table (heartbeat_timeout_s, lease_s, ...)",
     )
     cstart.add_argument("--ready-file", help="write the bound address here once listening")
+    add_tls_server(cstart)
+    add_acl_server(cstart)
     cstart.set_defaults(func=start_controller)
 
 
@@ -80,7 +95,12 @@ def start_namesrv(args: argparse.Namespace) -> int:
     from txmq.namesrv import NamesrvConfig, NamesrvServer
 
     config = NamesrvConfig.load(
-        args.config, host=args.host, port=args.port, controller_store=args.controller_store
+        args.config,
+        host=args.host,
+        port=args.port,
+        controller_store=args.controller_store,
+        **tls_overrides(args),
+        **acl_overrides(args),
     )
     return _serve(NamesrvServer(config), "namesrv", args.ready_file)
 
@@ -88,7 +108,14 @@ def start_namesrv(args: argparse.Namespace) -> int:
 def start_controller(args: argparse.Namespace) -> int:
     from txmq.namesrv import ControllerConfig, ControllerServer
 
-    config = ControllerConfig.load(args.config, host=args.host, port=args.port, store=args.store)
+    config = ControllerConfig.load(
+        args.config,
+        host=args.host,
+        port=args.port,
+        store=args.store,
+        **tls_overrides(args),
+        **acl_overrides(args),
+    )
     return _serve(ControllerServer(config), "controller", args.ready_file)
 
 

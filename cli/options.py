@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "CommandError",
     "Shared",
     "SubParsers",
+    "acl_overrides",
+    "add_acl_server",
     "add_command",
     "add_endpoints",
+    "add_tls_server",
     "endpoints",
     "leaves",
     "non_negative_float",
     "positive_int",
     "share",
+    "tls_overrides",
 ]
 
 if TYPE_CHECKING:
@@ -101,6 +106,58 @@ def endpoints(args: argparse.Namespace) -> dict[str, str | None]:
             "--namesrv to the whole cluster through its name servers)"
         )
     return {"address": broker, "namesrv": namesrv}
+
+
+def add_tls_server(
+    parser: argparse.ArgumentParser,
+    *,
+    client_ca: bool = True,
+    about: str = "encrypt the server's connections (clients then connect with tls=True, "
+    "or TXMQ_TLS=1)",
+) -> None:
+    """``--tls-cert``, ``--tls-key`` (and ``--tls-ca``): TLS on a server's ports."""
+    tls = parser.add_argument_group("TLS", about)
+    tls.add_argument(
+        "--tls-cert", type=Path, metavar="FILE", help="the server's certificate (PEM); turns TLS on"
+    )
+    tls.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="the certificate's private key (PEM)"
+    )
+    if client_ca:
+        tls.add_argument(
+            "--tls-ca",
+            type=Path,
+            metavar="FILE",
+            help="require client certificates signed by this authority (PEM); clients give "
+            "theirs with TXMQ_TLS_CERT/TXMQ_TLS_KEY",
+        )
+
+
+def tls_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of :func:`add_tls_server`'s options (None: as the file and environment
+    say)."""
+    return {
+        "tls_cert": getattr(args, "tls_cert", None),
+        "tls_key": getattr(args, "tls_key", None),
+        "tls_ca": getattr(args, "tls_ca", None),
+    }
+
+
+def add_acl_server(parser: argparse.ArgumentParser) -> None:
+    """``--acl FILE``: access control on a server's ports."""
+    parser.add_argument(
+        "--acl",
+        type=Path,
+        metavar="FILE",
+        help="access control: the users and rules file (TOML; read again when it changes); "
+        "every request must then be signed by a user allowed to make it",
+    )
+
+
+def acl_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The setting of :func:`add_acl_server`'s option (None: as the file and environment
+    say)."""
+    return {"acl_file": getattr(args, "acl", None)}
 
 
 def positive_int(text: str) -> int:

@@ -5,8 +5,8 @@ dead letters, reset a consumer group's offsets to a time.
 Each one checks the CSRF token (403 otherwise), then wants ``confirm=yes``: without it
 (a browser without JavaScript, whose button could not ask) the answer is a page that asks
 and posts the same form again with it.  What was done is logged by the console
-(``txmq.console``, with the operator's address) and shown once on the page the browser is
-sent back to.
+(``txmq.console``, with the operator's address, and with ``--login`` its user) and shown
+once on the page the browser is sent back to.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from txmq.console.security import FIELD, check_csrf
-from txmq.console.web import page, state_of
+from txmq.console.web import client_of, page, session_of, state_of
 
 __all__ = ["create_topic", "decide_transaction", "dlq_resend", "reset_offsets"]
 
@@ -81,7 +81,10 @@ def _done(request: Request, to: str, kind: str, text: str, **query: str) -> Resp
 
 
 def _who(request: Request) -> str:
-    return request.client.host if request.client else "?"
+    """Who acts: the client's address (and with --login the user, ``bob@10.0.0.7``)."""
+    host = request.client.host if request.client else "?"
+    session = session_of(request)
+    return f"{session.user}@{host}" if session is not None else host
 
 
 async def create_topic(request: Request) -> Response:
@@ -93,7 +96,7 @@ async def create_topic(request: Request) -> Response:
     asked = _confirm(request, form, f"Create topic {topic!r} with {queues} queue(s)?")
     if asked is not None:
         return asked
-    info = await (await state_of(request).client()).create_topic(topic, queues)
+    info = await (await client_of(request)).create_topic(topic, queues)
     log.warning("operator %s: created topic %r (%d queues)", _who(request), topic, queues)
     return _done(request, "/topic", "ok", f"topic {topic} has {info.queue_nums} queue(s)",
                  name=topic)  # fmt: skip
@@ -126,7 +129,7 @@ async def decide_transaction(request: Request) -> Response:
     if not confirmed or (needs_reason and not reason):
         missing = confirmed  # confirmed without a reason (a browser that let it pass)
         return _ask(request, form, question, reason=needs_reason, missing=missing)
-    client = await state_of(request).client()
+    client = await client_of(request)
     rows = await client.decide_transaction(
         decision,  # type: ignore[arg-type]
         msg_id=msg_id or None,
@@ -160,7 +163,7 @@ async def dlq_resend(request: Request) -> Response:
     asked = _confirm(request, form, f"Re-send {what} of group {group!r} to %RETRY%{group}?")
     if asked is not None:
         return asked
-    client = await state_of(request).client()
+    client = await client_of(request)
     resent = await client.dlq_resend(group, None if every else [msg_id], broker=broker)
     log.warning("operator %s: re-sent %s of group %s: %d", _who(request), what, group, resent)
     kind = "ok" if resent else "warn"
@@ -186,7 +189,7 @@ async def reset_offsets(request: Request) -> Response:
     )
     if asked is not None:
         return asked
-    rows = await (await state_of(request).client()).reset_offsets(group, topic, to)
+    rows = await (await client_of(request)).reset_offsets(group, topic, to)
     moved = sum(1 for r in rows if r.new_offset != r.old_offset)
     log.warning(
         "operator %s: reset offsets of group %s on topic %s to %s: %s",

@@ -13,7 +13,7 @@ from txmq.console.dblog import log_states
 from txmq.console.holders import queue_holders
 from txmq.console.journey import journeys
 from txmq.console.render import chart, show_body
-from txmq.console.web import page, state_of
+from txmq.console.web import client_of, page, state_of
 from txmq.message import Prop
 
 __all__ = [
@@ -44,7 +44,7 @@ def _param(request: Request, name: str, *, required: bool = True) -> str:
 
 async def cluster(request: Request) -> Response:
     state = state_of(request)
-    client = await state.client()
+    client = await client_of(request)
     rows = await client.cluster()
     infos = {(i.broker_name, i.address): i for i in await client.runtime_infos()}
     history = state.history
@@ -67,7 +67,7 @@ async def cluster(request: Request) -> Response:
 
 
 async def topics(request: Request) -> Response:
-    client = await state_of(request).client()
+    client = await client_of(request)
     rows = sorted(await client.topics(), key=lambda r: (r.system, r.topic))
     return page(
         request,
@@ -81,14 +81,14 @@ async def topics(request: Request) -> Response:
 
 async def topic(request: Request) -> Response:
     name = _param(request, "name")
-    client = await state_of(request).client()
+    client = await client_of(request)
     queues = await client.topic_stats(name)
     offsets = [o for o in await client.offsets() if o.topic == name]
     return page(request, "topic", {"name": name, "queues": queues, "offsets": offsets})
 
 
 async def groups(request: Request) -> Response:
-    client = await state_of(request).client()
+    client = await client_of(request)
     offsets = await client.offsets()
     configs = {g.group: g for g in await client.groups()}
     lag: dict[str, int] = defaultdict(int)
@@ -114,7 +114,7 @@ async def groups(request: Request) -> Response:
 async def group(request: Request) -> Response:
     name = _param(request, "name")
     state = state_of(request)
-    client = await state.client()
+    client = await client_of(request)
     offsets = [o for o in await client.offsets() if o.group == name]
     members = await client.members(name)
     holders = await queue_holders(client, name, offsets, members)
@@ -144,7 +144,7 @@ async def message(request: Request) -> Response:
     state = state_of(request)
     if not msg_id and not key:
         return page(request, "message", {"msg_id": "", "key": "", "found": []})
-    client = await state.client()
+    client = await client_of(request)
     found = await journeys(client, msg_id=msg_id, key=key, broker=broker)
     shown = [
         {
@@ -164,7 +164,7 @@ async def message_body(request: Request) -> Response:
     """The whole body of a message, as a download (never shown as a page)."""
     msg_id = _param(request, "id")
     broker = request.query_params.get("broker", "").strip() or None
-    msg = await (await state_of(request).client()).message_by_id(msg_id, broker=broker)
+    msg = await (await client_of(request)).message_by_id(msg_id, broker=broker)
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", msg_id)[:64]
     return Response(
         msg.body,
@@ -174,7 +174,7 @@ async def message_body(request: Request) -> Response:
 
 
 async def transactions(request: Request) -> Response:
-    client = await state_of(request).client()
+    client = await client_of(request)
     pending = await client.transactions("pending", LIST_MAX)
     parked = await client.transactions("parked", LIST_MAX)
     decided = await client.decisions(DECIDED_MAX)
@@ -197,7 +197,7 @@ async def transactions(request: Request) -> Response:
 
 async def dlq(request: Request) -> Response:
     name = request.query_params.get("group", "").strip()
-    client = await state_of(request).client()
+    client = await client_of(request)
     dead_groups = sorted(
         (r.topic.removeprefix(DLQ_PREFIX), r.messages)
         for r in await client.topics()

@@ -5,6 +5,12 @@ kept in memory only), and the operator actions the client lacks as methods.
 
 The console asks brokers through :class:`txmq.admin.AdminClient` (one broker, or every
 broker of a cluster through name servers); it never imports the broker's code.
+
+The shared client signs with the console process's own credentials ($TXMQ_ACCESS_KEY and
+$TXMQ_SECRET_KEY, or the ``[client]`` table of $TXMQ_CONFIG), if it has any.  Without
+``login`` it serves every browser; with it, each logged-in browser has a client of its own
+(:mod:`txmq.console.sessions`) and the shared one serves the background sampler alone (a
+refusal shows as the charts' last error).
 """
 
 from __future__ import annotations
@@ -66,6 +72,16 @@ class ConsoleConfig:
     #: the Host headers the console answers ("*": any); the loopback names by default, so
     #: that a page of another site cannot reach it through DNS rebinding
     allowed_hosts: list[str] = field(default_factory=lambda: list(LOOPBACK))
+    #: every page wants a logged-in user of the brokers' ACL, whose own client signs that
+    #: browser's requests (:mod:`txmq.console.login`); off: one shared client, signing
+    #: with $TXMQ_ACCESS_KEY / $TXMQ_SECRET_KEY if set, serves every browser
+    login: bool = False
+    #: a session ends after this long without a page or an action (seconds)...
+    session_idle_s: float = 30 * 60
+    #: ...and this long after its login, whatever its use
+    session_max_s: float = 12 * 3600
+    #: sessions kept at most (a new login ends the least recently used one)
+    max_sessions: int = 1000
 
 
 class OperatorClient(AdminClient):
@@ -144,8 +160,9 @@ class ConsoleState:
         return f"broker {self.config.broker or '(default address)'}"
 
     async def client(self) -> OperatorClient:
-        """The started operator client (started now if it is not: raises if the broker or
-        the name servers cannot be reached)."""
+        """The shared operator client, signing with the console process's credentials
+        (started now if it is not: raises if the broker or the name servers cannot be
+        reached).  Pages and actions get theirs from :func:`txmq.console.web.client_of`."""
         async with self._lock:
             if self._client is None:
                 client = OperatorClient(

@@ -1,4 +1,5 @@
-"""Rendering a page (or its live fragment) with the browser's CSRF token, and error pages."""
+"""Rendering a page (or its live fragment) with the browser's CSRF token, and error pages;
+the client a page or an action asks the brokers with (:func:`client_of`)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from txmq.console import render
 from txmq.console.security import COOKIE, FIELD, token_for
-from txmq.console.state import ConsoleState
+from txmq.console.sessions import SCOPE_KEY, Session
+from txmq.console.state import ConsoleState, OperatorClient
 
-__all__ = ["HERE", "error_page", "page", "state_of"]
+__all__ = ["HERE", "client_of", "error_page", "page", "session_of", "state_of"]
 
 log = logging.getLogger("txmq.console")
 HERE = Path(__file__).resolve().parent
@@ -41,6 +44,25 @@ def state_of(request: Request) -> ConsoleState:
     return state
 
 
+def session_of(request: Request) -> Session | None:
+    """The logged-in session of the request (None: login is off, or an open page)."""
+    session = request.scope.get(SCOPE_KEY)
+    return session if isinstance(session, Session) else None
+
+
+async def client_of(request: Request) -> OperatorClient:
+    """The client every page and action asks the brokers with: the logged-in user's own
+    (``--login``: the brokers check each request under that user's rules), else the
+    console's shared one."""
+    session = session_of(request)
+    if session is not None:
+        return session.client
+    state = state_of(request)
+    if state.config.login:  # an open path (never one that asks the brokers)
+        raise HTTPException(401, "log in first")
+    return await state.client()
+
+
 def page(
     request: Request,
     name: str,
@@ -54,6 +76,7 @@ def page(
     token, new = token_for(request, state.secret)
     partial = request.query_params.get("partial") == "1"
     flash = state.flashes.pop(request.query_params.get("flash", ""), None)
+    session = session_of(request)
     response = templates.TemplateResponse(
         request,
         f"_{name}.html" if partial else f"{name}.html",
@@ -64,11 +87,17 @@ def page(
             "refresh_ms": int(state.config.refresh_s * 1000),
             "where": state.where,
             "nav": request.url.path,
+            "login_on": state.config.login,
+            "login_user": session.user if session is not None else "",
         },
         status_code=status,
     )
     if new:
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        # over https (--tls-cert) the browser sends it back over https only
+        secure = request.url.scheme == "https"
+        response.set_cookie(
+            COOKIE, token, httponly=True, samesite="strict", path="/", secure=secure
+        )
     return response
 
 

@@ -17,12 +17,14 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
+from txmq.acl.guard import guard_of
+from txmq.acl.service import AclService
 from txmq.namesrv.config import ControllerConfig, NamesrvConfig
 from txmq.namesrv.controller import Controller
 from txmq.namesrv.routes import RouteTable
 from txmq.remoting import Connection
 from txmq.rpc import Call, Router
-from txmq.serving import Acceptor, EmbeddedServer, Stoppable
+from txmq.serving import Acceptor, EmbeddedServer, Stoppable, warn_if_exposed
 from txmq.wire import (
     ClusterInfo,
     Empty,
@@ -115,11 +117,16 @@ class NamesrvServer(Stoppable):
         self.controller = controller
         if controller is not None:
             controller.route(self.router)
+        #: access control (--acl FILE): None when off
+        who = f"{self.what} {config.host}:{config.port}"
+        self.guard = self.router.guard = guard_of(config, who)
+        AclService(self.guard, f"this {self.what}").route(self.router)
         self.acceptor = Acceptor(
             self.router.handle,
             max_frame_size=config.max_frame_size,
             limits=config.connection_limits(),
             log_to="txmq.namesrv",
+            tls=config.server_ssl_context(),
         )
         self.connections = self.acceptor.connections
         self.port = config.port
@@ -136,8 +143,12 @@ class NamesrvServer(Stoppable):
             local_host=self.config.host, local_port=self.config.port, reuse_port=False
         )
         self.port = listener.extra(SocketAttribute.local_port)
+        tls = self.config.tls_cert is not None
+        warn_if_exposed(self.what, self.config.host, tls=tls, acl=self.guard is not None)
         async with listener, anyio.create_task_group() as tg:
             self.acceptor.serve(listener, tg)
+            if self.guard is not None:
+                tg.start_soon(self.guard.watch)
             if self.routes:
                 tg.start_soon(self._expiry_scan)
                 log.info(

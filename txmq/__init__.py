@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Any
 
 from txmq.admin import AdminClient, ConsumeTimeout, wait_consumed
 from txmq.errors import (
+    AuthenticationFailed,
     BrokerUnavailable,
     InvalidTopic,
     MessageTooLarge,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdminClient",
+    "AuthenticationFailed",
     "BrokerUnavailable",
     "ConsumeFrom",
     "ConsumeResult",

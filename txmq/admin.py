@@ -27,6 +27,7 @@ import anyio
 import msgspec
 
 from txmq import controller_client
+from txmq.admin_acl import AclAdmin
 from txmq.admin_transactions import BrokerDecisionRow, BrokerTransactionRow, TransactionAdmin
 from txmq.cluster_view import BrokerRow, ControllerView, cluster_rows
 from txmq.codec import decode_record, decode_records
@@ -83,7 +84,7 @@ class ConsumeTimeout(TxmqError, TimeoutError):
     retriable = True
 
 
-class AdminClient(TransactionAdmin):
+class AdminClient(TransactionAdmin, AclAdmin):
     """Operator queries of the broker given by ``address``, or of every broker of a
     cluster through its name servers (``namesrv=``).  Methods that take ``broker``
     (a broker set's name) ask only that broker set of the cluster."""
@@ -418,7 +419,10 @@ class AdminClient(TransactionAdmin):
         """The controller's view of every broker set: epoch, master, in-sync slaves, each
         replica's state, and whether an election runs."""
         addresses = _addresses(controller) or await self.controllers()
-        return (await controller_client.replica_info(addresses, timeout=self.request_timeout))[1]
+        answer = await controller_client.replica_info(
+            addresses, timeout=self.request_timeout, security=self.security
+        )
+        return answer[1]
 
     async def switchover(
         self,
@@ -432,7 +436,9 @@ class AdminClient(TransactionAdmin):
         is ``to`` (-1: the best in-sync slave), once it has everything the master wrote
         (see :func:`txmq.controller_client.switchover`)."""
         addresses = _addresses(controller) or await self.controllers(broker=broker)
-        return await controller_client.switchover(addresses, broker, to, timeout_s=timeout_s)
+        return await controller_client.switchover(
+            addresses, broker, to, timeout_s=timeout_s, security=self.security
+        )
 
     # -- the dead-letter queue ----------------------------------------------------------------
 

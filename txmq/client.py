@@ -20,6 +20,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
 import anyio
@@ -27,6 +28,7 @@ import anyio
 from txmq.errors import BrokerUnavailable, TxmqError
 from txmq.remoting import Connection, Handler, RemotingClient, parse_address, parse_namesrv
 from txmq.route import Calls, MessageQueue, Remote, Route, RouteTable
+from txmq.security import ClientSecurity, client_security
 from txmq.wire import (
     DEFAULT_MAX_FRAME_SIZE,
     MASTER_ID,
@@ -151,8 +153,20 @@ class BrokerClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         handler: Handler | None = None,
         transport: Transport | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: bool | None = None,
+        tls_ca: str | Path | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
+        """``access_key``/``secret_key``, ``tls``/``tls_ca`` (or all of it as one
+        ``security``): how to reach secured brokers and name servers; what is not given
+        comes from ``$TXMQ_ACCESS_KEY``, ``$TXMQ_TLS``, ``$TXMQ_TLS_CA``, ... and the
+        ``[client]`` table of ``$TXMQ_CONFIG`` (:func:`txmq.security.client_security`)."""
         self.transport = self._choose_transport(transport)
+        self.security = client_security(
+            security, access_key=access_key, secret_key=secret_key, tls=tls, tls_ca=tls_ca
+        )
         if self.transport == "grpc":
             if namesrv or (not address and os.environ.get("TXMQ_NAMESRV_ADDR")):
                 raise ValueError(
@@ -276,6 +290,7 @@ class BrokerClient:
             self._handler,
             connect_timeout=self.connect_timeout,
             max_frame_size=self.max_frame_size,
+            security=self.security,
         )
         remote.on_connect = self.on_connect
         if self._tg is not None:
@@ -293,7 +308,9 @@ class BrokerClient:
             topics=self._declared_topics,
             serve=self._serve,
         )
-        remote: Remote = make_remote(address, side, connect_timeout=self.connect_timeout)
+        remote: Remote = make_remote(
+            address, side, connect_timeout=self.connect_timeout, security=self.security
+        )
         self._closing.append(remote)  # type: ignore[arg-type]
         if self._tg is not None:
             remote.attach(self._tg)

@@ -129,7 +129,9 @@ async def cluster_rows(
     sets: tuple[str, list[BrokerSetState]] | None = None
     if addresses:
         try:
-            address, replicas = await replica_info(addresses, timeout=client.request_timeout)
+            address, replicas = await replica_info(
+                addresses, timeout=client.request_timeout, security=client.security
+            )
             sets = address, replicas.sets
         except TxmqError as exc:
             # asked for by name: say why it is missing (else: this cluster has none)

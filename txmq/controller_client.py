@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from txmq.errors import BrokerUnavailable, TxmqError, UnsupportedRequest
 from txmq.remoting import RemotingClient
+from txmq.security import ClientSecurity, client_security
 from txmq.wire import (
     BrokerSetState,
     ControllerAnswer,
@@ -64,14 +65,22 @@ class SwitchoverResult:
 
 
 async def ask_controller(
-    addresses: Sequence[str], request: Request[R], timeout: float = 5.0
+    addresses: Sequence[str],
+    request: Request[R],
+    timeout: float = 5.0,
+    *,
+    security: ClientSecurity | None = None,
 ) -> tuple[str, R]:
     """``request``'s answer from the first of ``addresses`` that hosts a controller, and
-    that address."""
+    that address (``security``: TLS and credentials; None: as a client's are, from
+    ``$TXMQ_TLS``, ... :func:`txmq.security.client_security`)."""
     said: list[str] = []
+    security = client_security(security)
     for address in dict.fromkeys(addresses):
         try:
-            async with RemotingClient(address, connect_timeout=CONNECT_TIMEOUT_S) as client:
+            async with RemotingClient(
+                address, connect_timeout=CONNECT_TIMEOUT_S, security=security
+            ) as client:
                 return address, (await client.call(request, timeout=timeout)).header
         except UnsupportedRequest:
             said.append(f"{address} hosts no controller")
@@ -83,11 +92,17 @@ async def ask_controller(
 
 
 async def replica_info(
-    addresses: Sequence[str], broker_name: str = "", timeout: float = 5.0
+    addresses: Sequence[str],
+    broker_name: str = "",
+    timeout: float = 5.0,
+    *,
+    security: ClientSecurity | None = None,
 ) -> tuple[str, ReplicaInfo]:
     """The controller's view of every broker set (or only ``broker_name``): epoch, master,
     sync state set, each replica's state; and the controller's address."""
-    return await ask_controller(addresses, GetReplicaInfo(broker_name=broker_name), timeout)
+    return await ask_controller(
+        addresses, GetReplicaInfo(broker_name=broker_name), timeout, security=security
+    )
 
 
 async def switchover(
@@ -96,6 +111,7 @@ async def switchover(
     to: int = -1,
     *,
     timeout_s: float = 10.0,
+    security: ClientSecurity | None = None,
 ) -> SwitchoverResult:
     """Make broker ``to`` (its own id; -1: the best in-sync slave) the master of broker set
     ``broker_name``, once it has everything the current master wrote (the master stops
@@ -106,10 +122,11 @@ async def switchover(
         raise ValueError(f"--to {to}: a broker id is 0 to 1024")
     if not 0.1 <= timeout_s <= 600:
         raise ValueError(f"a switchover's time-out is 0.1 to 600 s, not {timeout_s:g}")
-    controller, info = await replica_info(addresses, broker_name)
+    security = client_security(security)
+    controller, info = await replica_info(addresses, broker_name, security=security)
     state = next((s for s in info.sets if s.broker_name == broker_name), None)
     if state is None:
-        _, every = await replica_info([controller])
+        _, every = await replica_info([controller], security=security)
         known = ", ".join(s.broker_name for s in every.sets) or "none"
         raise SwitchoverFailed(
             f"the controller at {controller} knows no broker set {broker_name!r} (known: {known})"
@@ -119,7 +136,9 @@ async def switchover(
         return _result(controller, state, state.master_id, state.epoch, state)
     request = ElectMaster(broker_name=broker_name, broker_id=to, timeout_ms=int(timeout_s * 1000))
     try:
-        async with RemotingClient(controller, connect_timeout=CONNECT_TIMEOUT_S) as client:
+        async with RemotingClient(
+            controller, connect_timeout=CONNECT_TIMEOUT_S, security=security
+        ) as client:
             answer: ControllerAnswer = (await client.call(request, timeout=timeout_s + 5)).header
     except UnsupportedRequest as exc:  # pragma: no cover - it answered GetReplicaInfo
         raise NoController(f"{controller} hosts no controller: {exc}") from None

@@ -2,6 +2,7 @@
 codes they map to: :mod:`txmq.wire.errors`)."""
 
 from txmq.wire.errors import (
+    AuthenticationFailed,
     BadRequest,
     BrokerBusy,
     BrokerUnavailable,
@@ -30,6 +31,7 @@ from txmq.wire.errors import (
 )
 
 __all__ = [
+    "AuthenticationFailed",
     "BadRequest",
     "BrokerBusy",
     "BrokerUnavailable",

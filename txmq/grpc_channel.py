@@ -30,6 +30,9 @@ from txmq.errors import (
 )
 from txmq.grpc_convert import duration, error_of
 from txmq.remoting import parse_address
+from txmq.security import ClientSecurity
+from txmq.signing import signed_metadata
+from txmq.tls import grpc_channel_credentials
 
 __all__ = ["Channel", "rpc_error", "settle"]
 
@@ -70,11 +73,20 @@ async def settle(call: Any) -> None:
 class Channel:
     """One RocketMQ 5 gRPC endpoint (``host:port``), reached over one channel."""
 
-    def __init__(self, address: str, side: ClientSide, *, connect_timeout: float = 3.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        side: ClientSide,
+        *,
+        connect_timeout: float = 3.0,
+        security: ClientSecurity | None = None,
+    ) -> None:
         self.address = address
         self.host, self.port = parse_address(address)
         self.side = side
         self.connect_timeout = connect_timeout
+        #: over TLS when it says so (its tls_ca, tls_cert and tls_key)
+        self.security = security
         #: the endpoint's answer to our settings (its retry back-off policy, ...)
         self.settings: Any = None
         self._channel: grpc.aio.Channel | None = None
@@ -115,15 +127,17 @@ class Channel:
             raise BrokerUnavailable("client is not started")
         async with self._lock:
             if self._channel is None:
-                channel = grpc.aio.insecure_channel(self.address)
+                channel = self._open()
                 try:
                     with anyio.fail_after(self.connect_timeout):
                         await channel.channel_ready()
                 except TimeoutError:
                     await channel.close()
+                    tls = self.security is not None and self.security.uses_tls
                     unreachable = BrokerUnavailable(
                         f"cannot connect to gRPC endpoint {self.address} within "
                         f"{self.connect_timeout:.1f}s"
+                        + (" over TLS (is TLS on at the endpoint? is tls_ca right?)" if tls else "")
                     )
                     unreachable.sent = False
                     raise unreachable from None
@@ -136,14 +150,29 @@ class Channel:
             await self._stream_up.wait()
         return self
 
+    def _open(self) -> grpc.aio.Channel:
+        security = self.security
+        if security is None or not security.uses_tls:
+            return grpc.aio.insecure_channel(self.address)
+        credentials = grpc_channel_credentials(security.tls_ca, security.tls_cert, security.tls_key)
+        return grpc.aio.secure_channel(self.address, credentials)
+
     def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """A call's metadata, signed the RocketMQ 5 way when the client has credentials
+        (:mod:`txmq.acl.grpc_auth`: fresh for every call and every Telemetry stream)."""
+        credentials = self.security.credentials if self.security is not None else None
+        signed: tuple[tuple[str, str], ...]
+        if credentials is not None:
+            signed = signed_metadata(credentials)
+        else:
+            signed = (("x-mq-date-time", datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")),)
         return (
             ("x-mq-client-id", self.side.client_id()),
             ("x-mq-language", "PYTHON"),
             ("x-mq-protocol", "GRPC_V2"),
             ("x-mq-client-version", _VERSION),
             ("x-mq-namespace", ""),
-            ("x-mq-date-time", datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")),
+            *signed,
             ("x-mq-request-id", str(uuid.uuid4())),
         )
 

@@ -25,6 +25,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from txmq.errors import (
+    AuthenticationFailed,
     BadRequest,
     BrokerBusy,
     DiskFull,
@@ -234,6 +235,7 @@ CODES: tuple[tuple[type[TxmqError], int], ...] = (
     (MessageNotFound, pb.MESSAGE_NOT_FOUND),
     (InvalidReceiptHandle, pb.INVALID_RECEIPT_HANDLE),
     (NoPermission, pb.FORBIDDEN),
+    (AuthenticationFailed, pb.UNAUTHORIZED),
     (FlushDiskTimeout, pb.MASTER_PERSISTENCE_TIMEOUT),
     (FlushSlaveTimeout, pb.SLAVE_PERSISTENCE_TIMEOUT),
     (SlaveNotAvailable, pb.HA_NOT_AVAILABLE),
@@ -253,7 +255,6 @@ _ERRORS: dict[int, type[TxmqError]] = {
         code: kind for kind, code in CODES if code not in (pb.BAD_REQUEST, pb.INTERNAL_SERVER_ERROR)
     },
     pb.NOT_FOUND: TopicNotFound,
-    pb.UNAUTHORIZED: NoPermission,
     pb.PAYMENT_REQUIRED: NoPermission,
     pb.PAYLOAD_TOO_LARGE: MessageTooLarge,
     pb.MESSAGE_PROPERTIES_TOO_LARGE: MessageTooLarge,

@@ -51,6 +51,7 @@ from txmq.grpc_convert import (
     to_proto,
 )
 from txmq.message import MessageExt, Prop, clip_reason
+from txmq.security import ClientSecurity
 from txmq.wire import (
     BatchResult,
     BrokerData,
@@ -101,8 +102,15 @@ class Received:
 class GrpcRemote(Channel):
     """One RocketMQ 5 gRPC endpoint as the core's remote (see the module's documentation)."""
 
-    def __init__(self, address: str, side: ClientSide, *, connect_timeout: float = 3.0) -> None:
-        super().__init__(address, side, connect_timeout=connect_timeout)
+    def __init__(
+        self,
+        address: str,
+        side: ClientSide,
+        *,
+        connect_timeout: float = 3.0,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        super().__init__(address, side, connect_timeout=connect_timeout, security=security)
         #: txmq's transaction_offset (a number of this remote's) <-> (topic, the endpoint's id)
         self._tx_numbers = itertools.count(1)
         self._tx_by_id: dict[str, int] = {}
@@ -477,7 +485,14 @@ class GrpcRemote(Channel):
             received.handle = answer.receipt_handle
 
 
-def make_remote(address: str, side: ClientSide, *, connect_timeout: float = 3.0) -> GrpcRemote:
+def make_remote(
+    address: str,
+    side: ClientSide,
+    *,
+    connect_timeout: float = 3.0,
+    security: ClientSecurity | None = None,
+) -> GrpcRemote:
     """The remote of a client with ``transport="grpc"`` (the client core calls it:
-    :meth:`txmq.client.BrokerClient._plugged_remote`)."""
-    return GrpcRemote(address, side, connect_timeout=connect_timeout)
+    :meth:`txmq.client.BrokerClient._plugged_remote`); ``security``: over TLS when it
+    says so."""
+    return GrpcRemote(address, side, connect_timeout=connect_timeout, security=security)

@@ -69,6 +69,7 @@ class Prop:
     RECHECK_OF = "TXMQ_RECHECK_OF"  # a re-checked half's copy: the parked half's offset
     DLQ_REASON = "TXMQ_DLQ_REASON"  # a dead letter's copy: why it is there (txmq's own)
     TIMER_OF = "TXMQ_TIMER_OF"  # a timer's delivered copy: the timer's commit-log offset
+    ACL_USER = "TXMQ_ACL_USER"  # a half message's sender (access control on): who ends it
 
     ALL: frozenset[str] = frozenset(
         {
@@ -94,6 +95,7 @@ class Prop:
             RECHECK_OF,
             DLQ_REASON,
             TIMER_OF,
+            ACL_USER,
         }
     )
 

@@ -32,6 +32,9 @@ from txmq.errors import (
     error_for_code,
 )
 from txmq.flow import FRAME_ALLOWANCE, ConnectionLimits, FrameBudget, stop_eager_reading
+from txmq.security import ClientSecurity
+from txmq.signing import Signer
+from txmq.tls import client_handshake
 from txmq.wire.base import ErrorAnswer, R, Request, Response, WithBody, decode, encode
 from txmq.wire.errors import clip
 from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE, Frame, FrameDecoder, FrameKind, encode_frame
@@ -109,6 +112,8 @@ class Connection:
         self.max_frame_size = max_frame_size
         self.closed = False
         self.attributes: dict[str, Any] = {}
+        #: signs this connection's requests (None: they go unsigned)
+        self.signer: Signer | None = None
         self._decoder = FrameDecoder(max_frame_size)
         self._ids = itertools.count(1)
         # the request path is the hot path: plain asyncio futures and tasks, no per-request
@@ -448,7 +453,7 @@ class Connection:
         self._pending[request_id] = fut
         expiry = loop.call_later(timeout, _expire, fut) if timeout > 0 else None
         try:
-            self._enqueue(encode_frame(FrameKind.REQUEST, code, request_id, header, body, version))
+            self._enqueue(self._frame(FrameKind.REQUEST, code, request_id, header, body, version))
             frame = await fut
         finally:
             self._pending.pop(request_id, None)
@@ -464,7 +469,15 @@ class Connection:
 
     def oneway(self, code: int, header: bytes = b"", body: bytes = b"", version: int = 1) -> None:
         request_id = next(self._ids) & 0xFFFFFFFF
-        self._enqueue(encode_frame(FrameKind.ONEWAY, code, request_id, header, body, version))
+        self._enqueue(self._frame(FrameKind.ONEWAY, code, request_id, header, body, version))
+
+    def _frame(
+        self, kind: FrameKind, code: int, request_id: int, header: bytes, body: bytes, version: int
+    ) -> bytes:
+        # signed here, as it is queued: the requests' numbers go out in order
+        if self.signer is None:
+            return encode_frame(kind, code, request_id, header, body, version)
+        return self.signer.frame(kind, code, request_id, header, body, version)
 
 
 def error_message(frame: Frame) -> str:
@@ -494,12 +507,15 @@ class RemotingClient:
         *,
         connect_timeout: float = 3.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        security: ClientSecurity | None = None,
     ) -> None:
+        """``security``: credentials and TLS (None: plaintext, unsigned)."""
         self.address = address
         self.host, self.port = parse_address(address)
         self.handler = handler
         self.connect_timeout = connect_timeout
         self.max_frame_size = max_frame_size
+        self.security = security
         self._conn: Connection | None = None
         self._lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -544,14 +560,22 @@ class RemotingClient:
                 raise BrokerUnavailable("client is not started")
             try:
                 with anyio.fail_after(self.connect_timeout):
-                    stream = await anyio.connect_tcp(self.host, self.port)
+                    stream: anyio.abc.ByteStream = await anyio.connect_tcp(self.host, self.port)
             except (OSError, TimeoutError) as exc:
                 unreachable = BrokerUnavailable(f"cannot connect to broker {self.address}: {exc}")
                 unreachable.sent = False
                 raise unreachable from exc
+            tls = self.security.ssl_context if self.security is not None else None
+            if tls is not None:  # BrokerUnavailable (not sent) saying why when it fails
+                stream = await client_handshake(
+                    stream, tls, self.host, self.address, self.connect_timeout
+                )
             conn = Connection(
                 stream, self.handler, max_frame_size=self.max_frame_size, name=self.address
             )
+            credentials = self.security.credentials if self.security is not None else None
+            if credentials is not None:
+                conn.signer = Signer(credentials)
             self._conn = conn
             self._tg.start_soon(conn.run)
             for hook in self.on_connect:

@@ -13,31 +13,47 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from txmq.errors import UnsupportedRequest
 from txmq.remoting import Connection, HandlerResult
 from txmq.wire.base import Request, decode, request_class
 from txmq.wire.frame import Frame
 
-__all__ = ["Call", "Router"]
+
+class Gate(Protocol):
+    """A server's access control (:class:`txmq.acl.guard.Guard`): who signed a frame, and
+    whether they may make its request (each raises the error to answer)."""
+
+    def authenticate(self, conn: Connection, frame: Frame, kind: type[Request[Any]]) -> Any: ...
+
+    def authorize(self, user: Any, request: Request[Any], conn: Connection) -> None: ...
+
+
+__all__ = ["Call", "Gate", "Router"]
 
 Q = TypeVar("Q", bound=Request[Any])
 
 
 @dataclass(slots=True, frozen=True)
 class Call:
-    """What a handler gets beside its request: the connection it came on, and its body."""
+    """What a handler gets beside its request: the connection it came on, its body, and
+    the user who signed it (None: the server has no access control)."""
 
     conn: Connection
     body: bytes
+    #: a :class:`txmq.acl.policy.User` (typed loosely: the client floor does not import
+    #: the servers' access control)
+    user: Any = None
 
 
 class Router:
     """Request class -> handler; :meth:`handle` is a :class:`Connection`'s handler."""
 
-    def __init__(self, who: str) -> None:
+    def __init__(self, who: str, guard: Gate | None = None) -> None:
         self.who = who
+        #: access control: every request must be signed by a user allowed to make it
+        self.guard = guard
         self._routes: dict[type[Request[Any]], Callable[[Any, Call], HandlerResult]] = {}
 
     def route(self, kind: type[Q], handler: Callable[[Q, Call], HandlerResult]) -> None:
@@ -52,4 +68,10 @@ class Router:
             raise UnsupportedRequest(
                 f"{kind.__name__} (request code {frame.code}) is not supported by {self.who}"
             )
-        return handler(decode(kind, frame.header), Call(conn, frame.body))
+        guard = self.guard
+        if guard is None:
+            return handler(decode(kind, frame.header), Call(conn, frame.body))
+        user = guard.authenticate(conn, frame, kind)
+        request = decode(kind, frame.header)
+        guard.authorize(user, request, conn)
+        return handler(request, Call(conn, frame.body, user))

@@ -4,11 +4,15 @@ under the connection limits, and running in a background thread for synchronous 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import Any, Generic, Protocol, Self, TypeVar, cast
 
 import anyio
@@ -17,9 +21,10 @@ import anyio.from_thread
 import anyio.lowlevel
 from anyio.abc import SocketAttribute, SocketListener
 
-from txmq.flow import ConnectionLimits, FrameBudget
+from txmq.flow import ConnectionLimits, FrameBudget, stop_eager_reading
 from txmq.remoting import Connection, Handler
 from txmq.settings import SettingsError
+from txmq.tls import ServerTls, accept_tls
 from txmq.wire.frame import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "ListenerUnavailable",
     "Server",
     "Stoppable",
+    "warn_if_exposed",
 ]
 
 
@@ -39,6 +45,8 @@ class ListenerUnavailable(Exception):
 
 log = logging.getLogger("txmq.serving")
 
+#: how long a TLS handshake may take when connections have no frame timeout
+HANDSHAKE_TIMEOUT_S = 30.0
 #: accept() errors that mean "no room for another connection now", not "the listener broke"
 _NO_ROOM = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -60,6 +68,17 @@ class ConnectionSettings:
     #: memory all connections together may hold in frames not yet complete (at least
     #: max_frame_size); a big frame waits, unread, until it fits
     incoming_frame_memory: int = 64 * 1024 * 1024
+    #: TLS on the server's ports: its certificate and key (PEM files; both or neither)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: with TLS on, require client certificates signed by this authority (a PEM file)
+    tls_ca: Path | None = None
+    #: access control: the users and rules file (TOML, :mod:`txmq.acl.policy`), read again
+    #: when it changes; every request must then be signed by a user allowed to make it
+    #: (None: no access control, anyone who reaches the port may do anything)
+    acl_file: Path | None = None
+    #: how far a signed request's time may be from this server's clock
+    acl_time_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_frame_size < 64 * 1024:
@@ -74,6 +93,37 @@ class ConnectionSettings:
             raise SettingsError("incoming_frame_memory must be at least max_frame_size")
         if self.connection_max_inflight < 1:
             raise SettingsError("connection_max_inflight must be at least 1")
+        self._check_tls()
+        if not 1 <= self.acl_time_window_s <= 3600:
+            raise SettingsError("acl_time_window_s must be between 1 and 3600 seconds")
+
+    def _check_tls(self) -> None:
+        for name in ("tls_cert", "tls_key", "tls_ca"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # Config(tls_cert="server.pem") in code
+                object.__setattr__(self, name, Path(value) if value else None)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("tls_cert and tls_key go together: set both (or neither)")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise SettingsError(
+                "tls_ca (require client certificates) needs TLS on: set tls_cert and tls_key"
+            )
+        self.server_ssl_context()  # unreadable or mismatched files fail at start
+
+    def server_tls(self) -> ServerTls | None:
+        """The server's TLS files (None: plaintext)."""
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return ServerTls(self.tls_cert, self.tls_key, self.tls_ca)
+
+    def server_ssl_context(self) -> ssl.SSLContext | None:
+        """The server side's TLS context (None: plaintext)."""
+        return self._server_ssl_context
+
+    @cached_property
+    def _server_ssl_context(self) -> ssl.SSLContext | None:
+        tls = self.server_tls()
+        return tls.context() if tls is not None else None
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(
@@ -90,9 +140,19 @@ class Acceptor:
     the frame memory shared by all of them)."""
 
     def __init__(
-        self, handler: Handler, *, max_frame_size: int, limits: ConnectionLimits, log_to: str
+        self,
+        handler: Handler,
+        *,
+        max_frame_size: int,
+        limits: ConnectionLimits,
+        log_to: str,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """``tls``: every connection is TLS (its handshake run in the connection's own
+        task, within ``limits.frame_timeout``; a plaintext client is answered with one
+        error frame naming TLS and closed)."""
         self.handler = handler
+        self.tls = tls
         self.max_frame_size = max_frame_size
         self.limits = limits
         self.frame_budget = FrameBudget(limits.frame_memory)
@@ -136,8 +196,21 @@ class Acceptor:
             name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         except Exception:
             name = "?"
+        carrier: anyio.abc.ByteStream = stream
+        if self.tls is not None:
+            stop_eager_reading(stream)
+            secured = await accept_tls(
+                stream,
+                self.tls,
+                peer=name,
+                timeout=self.limits.frame_timeout or HANDSHAKE_TIMEOUT_S,
+                logger=self._log,
+            )
+            if secured is None:
+                return
+            carrier = secured
         conn = Connection(
-            stream,
+            carrier,
             self.handler,
             max_frame_size=self.max_frame_size,
             name=name,
@@ -149,6 +222,32 @@ class Acceptor:
             await conn.run()
         finally:
             self.connections.discard(conn)
+
+
+def _is_loopback(host: str) -> bool:
+    bare = host.strip("[]").lower()
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(what: str, host: str, *, tls: bool, acl: bool) -> None:
+    """One warning line when ``what`` (a server) listens beyond this machine (``host`` is
+    not a loopback address) without access control, or in plaintext."""
+    if _is_loopback(host) or (tls and acl):
+        return
+    missing = []
+    if not acl:
+        missing.append(
+            "without access control: anyone who reaches the port may send, consume and "
+            "administer (--acl FILE turns it on)"
+        )
+    if not tls:
+        missing.append("without TLS: its traffic is plaintext (--tls-cert/--tls-key)")
+    log.warning("%s listens on %s %s", what, host or "every address", "; and ".join(missing))
 
 
 class Stoppable:

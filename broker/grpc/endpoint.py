@@ -36,6 +36,7 @@ class GrpcEndpoint:
             namesrv=core.namesrv,
             own_address=self.address,
             queue_count=core.queue_count,
+            security=core.peer_security,
         )
         self.port = 0
         self._server: Any = None
@@ -88,8 +89,12 @@ class GrpcEndpoint:
             ]
         )
         service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingService(self), server)
+        where = f"{core.host}:{chosen}"
         try:
-            port = server.add_insecure_port(f"{core.host}:{chosen}")
+            if core.tls is not None:  # the broker's certificate (and client CA)
+                port = server.add_secure_port(where, core.tls.grpc_credentials())
+            else:
+                port = server.add_insecure_port(where)
         except RuntimeError:
             port = 0
         if not port:
@@ -101,7 +106,11 @@ class GrpcEndpoint:
         await server.start()
         self.port = port
         self._server = server
-        log.info("gRPC endpoint (RocketMQ 5 protocol) listening on %s", self.address())
+        log.info(
+            "gRPC endpoint (RocketMQ 5 protocol) listening on %s%s",
+            self.address(),
+            " (TLS)" if core.tls is not None else "",
+        )
 
     async def stop(self) -> None:
         server, self._server = self._server, None

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txmq.message import MessageExt
+from txmq.security import ClientSecurity
+from txmq.tls import ServerTls
 from txmq.wire import Ended, EndTransaction, SendMessage, Sent
+
+if TYPE_CHECKING:
+    from txmq.acl.guard import Guard
+    from txmq.rpc import Call
 
 __all__ = ["BrokerCore", "PopPort", "Popped", "ProducerRegistry"]
 
@@ -81,12 +87,21 @@ class BrokerCore:
     #: a topic's queue count; ``create``: auto-create it if the broker does; else
     #: TopicNotFound
     queue_count: Callable[[str, bool], int]
-    #: store one message (SendService.put): its Sent, or a future of it
-    put: Callable[[SendMessage, bytes], Sent | Awaitable[Sent]]
+    #: store one message (SendService.put; the user who sent it under access control,
+    #: else None): its Sent, or a future of it
+    put: Callable[[SendMessage, bytes, str | None], Sent | Awaitable[Sent]]
     #: the half message at a commit-log offset, or TransactionNotFound
     half_at: Callable[[int], MessageExt]
-    end_transaction: Callable[[EndTransaction], Ended | Awaitable[Ended]]
+    #: end a half (TransactionService.end_transaction; the Call: who asks, under access
+    #: control: the same check as txmq's protocol)
+    end_transaction: Callable[[EndTransaction, Call | None], Ended | Awaitable[Ended]]
     pop: PopPort
     #: a consumer group's (FIFO?, retry max times)
     group_policy: Callable[[str], tuple[bool, int]]
     producers: ProducerRegistry
+    #: TLS on the endpoint (the broker's tls_cert, tls_key, tls_ca; None: plaintext)
+    tls: ServerTls | None = None
+    #: how the endpoint reaches the name servers (the broker's peer_security())
+    peer_security: ClientSecurity | None = None
+    #: access control (the broker's guard; None: off): every RPC is signed and checked
+    guard: Guard | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from txmq.errors import BrokerUnavailable, TopicNotFound, TxmqError
 from txmq.remoting import RemotingClient
+from txmq.security import ClientSecurity
 from txmq.wire import MASTER_ID, GetTopicRoute, TopicRoute
 from txmq.wire.route import PERM_READ, PERM_WRITE
 
@@ -44,8 +45,11 @@ class Routes:
         namesrv: tuple[str, ...],
         own_address: Callable[[], str],
         queue_count: Callable[[str, bool], int],
+        security: ClientSecurity | None = None,
     ) -> None:
+        """``security``: how to reach the name servers (the broker's peer_security())."""
         self.broker_name = broker_name
+        self.security = security
         self.namesrv = namesrv
         self._own_address = own_address
         self._queue_count = queue_count
@@ -80,7 +84,9 @@ class Routes:
         for address in self.namesrv:
             try:
                 ask = GetTopicRoute(topic=topic)
-                async with RemotingClient(address, connect_timeout=CONNECT_TIMEOUT_S) as client:
+                async with RemotingClient(
+                    address, connect_timeout=CONNECT_TIMEOUT_S, security=self.security
+                ) as client:
                     return (await client.call(ask, timeout=REQUEST_TIMEOUT_S)).header
             except TopicNotFound:
                 return None

@@ -4,6 +4,8 @@ Every RPC calls the same typed services txmq's own protocol does (sending, trans
 the pop consumption of :mod:`txmq.broker.pop`); this module only translates.  A failed
 request answers a RocketMQ status code (:func:`txmq.broker.grpc.convert.status_of`), never
 a gRPC error; the RPCs txmq does not serve answer ``NOT_IMPLEMENTED`` saying so.
+
+Under access control every RPC is signed and checked (:mod:`txmq.broker.grpc.access`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
+from txmq.acl.grpc_auth import GrpcPeer
+from txmq.broker.grpc.access import Access, pull
 from txmq.broker.grpc.convert import (
     BORN_HOST,
     GrpcError,
@@ -33,12 +37,14 @@ from txmq.broker.grpc.convert import (
 )
 from txmq.broker.grpc.routes import QueueSet
 from txmq.broker.grpc.telemetry import Session, transaction_id
-from txmq.errors import BadRequest, TxmqError
+from txmq.errors import AuthenticationFailed, BadRequest, NoPermission, TxmqError
 from txmq.grpc_convert import DLQ_REASON_METADATA
 from txmq.message import Prop, clip_reason, parse_subscription, stable_hash
-from txmq.wire import EndTransaction, SendMessage
+from txmq.rpc import Call
+from txmq.wire import ConsumerSendMsgBack, EndTransaction, GetTopicRoute, SendMessage
 
 if TYPE_CHECKING:
+    from txmq.acl.policy import User
     from txmq.broker.grpc.endpoint import GrpcEndpoint
 
 __all__ = ["MessagingService"]
@@ -96,7 +102,11 @@ def client_id(context: Any) -> str:
 def _not_served_unary(rpc: str, response: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     """A unary RPC txmq does not serve: NOT_IMPLEMENTED, saying which."""
 
-    async def handler(self: Any, request: Any, context: Any) -> Any:
+    async def handler(self: MessagingService, request: Any, context: Any) -> Any:
+        try:
+            self.access.caller(context, rpc)
+        except AuthenticationFailed as exc:
+            return response(status=status_of(exc))
         return response(status=_not_served(rpc))
 
     handler.__name__ = rpc
@@ -107,6 +117,8 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, endpoint: GrpcEndpoint) -> None:
         self.ep = endpoint
         self.core = endpoint.core
+        #: access control (checks that all pass when it is off)
+        self.access = Access(endpoint.core.guard, endpoint.sessions)
         self._round_robin: dict[str, int] = {}
 
     # -- routes ---------------------------------------------------------------------------
@@ -131,7 +143,9 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @answers(spb.QueryRouteResponse)
     async def QueryRoute(self, request: Any, context: Any) -> Any:
+        user, peer = self.access.caller(context, "QueryRoute")
         topic = resource_name(request.topic, "topic")
+        self.access.authorize(user, GetTopicRoute(topic=topic), peer, "QueryRoute")
         sets = await self.ep.routes.route(topic, True)
         mqs = [self._queue(request.topic, i, qs) for qs in sets for i in range(qs.queue_nums)]
         return spb.QueryRouteResponse(status=status(), message_queues=mqs)
@@ -139,8 +153,10 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     @answers(spb.QueryAssignmentResponse)
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         # a pop reads every queue of the topic on one broker: one assignment per broker set
+        user, peer = self.access.caller(context, "QueryAssignment")
         topic = resource_name(request.topic, "topic")
-        resource_name(request.group, "group")
+        group = resource_name(request.group, "group")
+        self.access.authorize(user, pull(group, topic), peer, "QueryAssignment")
         sets = await self.ep.routes.route(topic, False)
         assignments = [
             pb.Assignment(message_queue=self._queue(request.topic, -1, qs))
@@ -153,14 +169,18 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @answers(spb.HeartbeatResponse)
     async def Heartbeat(self, request: Any, context: Any) -> Any:
-        session = self.ep.sessions.get(client_id(context))
+        user, peer = self.access.caller(context, "Heartbeat")
+        session = self.access.session(user, peer, client_id(context), "Heartbeat")
         if session is not None:
             self.ep.sessions.heartbeat(session)
         return spb.HeartbeatResponse(status=status())
 
     @answers(spb.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
-        self.ep.sessions.terminated(client_id(context))
+        user, peer = self.access.caller(context, "NotifyClientTermination")
+        cid = client_id(context)
+        self.access.session(user, peer, cid, "NotifyClientTermination")
+        self.ep.sessions.terminated(cid)
         return spb.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> None:
@@ -172,8 +192,16 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 )
             )
             return
+        try:  # the stream is authenticated once, when it opens
+            user, peer = self.access.caller(context, "Telemetry")
+            self.access.session(user, peer, cid, "Telemetry")
+        except TxmqError as exc:
+            await context.write(spb.TelemetryCommand(status=status_of(exc)))
+            return
         session = self.ep.sessions.open(cid, str(context.peer()))
-        reader = asyncio.ensure_future(self._read_telemetry(session, context))
+        if user is not None:
+            session.attributes["acl_user"] = user.name
+        reader = asyncio.ensure_future(self._read_telemetry(session, context, user, peer))
         try:
             while True:
                 command = await session.queue.get()
@@ -184,7 +212,9 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
             reader.cancel()
             self.ep.sessions.close(session)
 
-    async def _read_telemetry(self, session: Session, context: Any) -> None:
+    async def _read_telemetry(
+        self, session: Session, context: Any, user: User | None, peer: GrpcPeer
+    ) -> None:
         import grpc.aio
 
         try:
@@ -193,15 +223,27 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 if command is grpc.aio.EOF:
                     break
                 if command.HasField("settings"):
-                    session.push(self._settings(session, command.settings))
+                    session.push(self._settings(session, command.settings, user, peer))
                 # thread stack traces and verify results: nothing asked for them
         except Exception as exc:  # the stream broke: the session ends with it
             log.debug("telemetry stream of %s ended: %s", session.name, exc)
         finally:
             session.close()
 
-    def _settings(self, session: Session, settings: Any) -> Any:
-        """Take a client's settings, answer with the broker's."""
+    def _settings(
+        self,
+        session: Session,
+        settings: Any,
+        user: User | None = None,
+        peer: GrpcPeer | None = None,
+    ) -> Any:
+        """Take a client's settings, answer with the broker's (a consumer of a group its
+        user may not consume as: FORBIDDEN, its own settings echoed, nothing taken)."""
+        if settings.HasField("subscription") and user is not None and peer is not None:
+            try:
+                self.access.may_subscribe(user, peer, settings.subscription)
+            except NoPermission as exc:
+                return spb.TelemetryCommand(status=status_of(exc), settings=settings)
         answer = pb.Settings()
         answer.CopyFrom(settings)
         session.client_type = settings.client_type
@@ -234,13 +276,17 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def SendMessage(self, request: Any, context: Any) -> Any:
         if not request.messages:
             raise GrpcError(pb.BAD_REQUEST, "SendMessage carries no message")
-        entries = [await self._send_one(m) for m in request.messages]
+        user, peer = self.access.caller(context, "SendMessage")
+        entries = [await self._send_one(m, user, peer) for m in request.messages]
         first_failed = next((e.status for e in entries if e.status.code != pb.OK), None)
         return spb.SendMessageResponse(status=first_failed or status(), entries=entries)
 
-    async def _send_one(self, m: Any) -> Any:
+    async def _send_one(self, m: Any, user: User | None, peer: GrpcPeer) -> Any:
         sp = m.system_properties
         try:
+            # allowed before anything else (the topic may be auto-created)
+            name = resource_name(m.topic, "topic")
+            self.access.authorize(user, SendMessage(topic=name, queue_id=0), peer, "SendMessage")
             topic, queues = self._topic(m.topic)
             if not m.body:
                 raise GrpcError(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
@@ -286,7 +332,8 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
             req = SendMessage(
                 topic=topic, queue_id=queue_id, properties=props, born_timestamp=born, group=group
             )
-            sent = await settled(self.core.put(req, bytes(m.body)))
+            who = user.name if user is not None else None
+            sent = await settled(self.core.put(req, bytes(m.body), who))
         except (TxmqError, GrpcError) as exc:
             return spb.SendResultEntry(status=status_of(exc))
         code = _SLAVE_CODES.get(sent.status, pb.OK)
@@ -301,6 +348,7 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @answers(spb.EndTransactionResponse)
     async def EndTransaction(self, request: Any, context: Any) -> Any:
+        user, peer = self.access.caller(context, "EndTransaction")
         try:
             offset = int(request.transaction_id, 16)
         except ValueError:
@@ -317,14 +365,18 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
             msg_id=request.message_id,
             from_check=request.source == pb.SOURCE_SERVER_CHECK,
         )
-        await settled(self.core.end_transaction(req))
+        self.access.authorize(user, req, peer, "EndTransaction")
+        # the transaction service checks the user against the half's sender (reading only
+        # the Peer side of the call's connection: its name and attributes)
+        call = None if user is None else Call(cast(Any, peer), b"", user)
+        await settled(self.core.end_transaction(req, call))
         return spb.EndTransactionResponse(status=status())
 
     # -- receiving (pop) ------------------------------------------------------------------
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            popped, topic = await self._pop(request)
+            popped, topic = await self._pop(request, context)
         except (TxmqError, GrpcError) as exc:
             yield spb.ReceiveMessageResponse(status=status_of(exc))
             return
@@ -347,8 +399,11 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
             )
         yield spb.ReceiveMessageResponse(status=status())
 
-    async def _pop(self, request: Any) -> tuple[list[Any], Any]:
+    async def _pop(self, request: Any, context: Any) -> tuple[list[Any], Any]:
+        user, peer = self.access.caller(context, "ReceiveMessage")
         group = resource_name(request.group, "group")
+        name = resource_name(request.message_queue.topic, "topic")
+        self.access.authorize(user, pull(group, name), peer, "ReceiveMessage")
         topic, _ = self._topic(request.message_queue.topic, create=False)
         expr = request.filter_expression
         if expr.type == pb.SQL:
@@ -389,8 +444,10 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @answers(spb.AckMessageResponse)
     async def AckMessage(self, request: Any, context: Any) -> Any:
+        user, peer = self.access.caller(context, "AckMessage")
         group = resource_name(request.group, "group")
         topic = resource_name(request.topic, "topic")
+        self.access.authorize(user, pull(group, topic), peer, "AckMessage")
         results = []
         for entry in request.entries:
             try:
@@ -412,8 +469,10 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @answers(spb.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        user, peer = self.access.caller(context, "ChangeInvisibleDuration")
         group = resource_name(request.group, "group")
         topic = resource_name(request.topic, "topic")
+        self.access.authorize(user, pull(group, topic), peer, "ChangeInvisibleDuration")
         invisible = duration_ms(request.invisible_duration)
         if invisible <= 0:
             raise GrpcError(pb.ILLEGAL_INVISIBLE_TIME, "invisible_duration must be positive")
@@ -424,8 +483,11 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @answers(spb.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        user, peer = self.access.caller(context, "ForwardMessageToDeadLetterQueue")
         group = resource_name(request.group, "group")
         topic = resource_name(request.topic, "topic")
+        back = ConsumerSendMsgBack(group=group, commit_log_offset=0)
+        self.access.authorize(user, back, peer, "ForwardMessageToDeadLetterQueue")
         reason = ""
         for key, value in context.invocation_metadata() or ():
             if key == DLQ_REASON_METADATA and isinstance(value, bytes):
@@ -438,6 +500,11 @@ class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # -- what txmq does not serve ---------------------------------------------------------
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            self.access.caller(context, "PullMessage")
+        except AuthenticationFailed as exc:
+            yield spb.PullMessageResponse(status=status_of(exc))
+            return
         yield spb.PullMessageResponse(status=_not_served("PullMessage"))
 
     UpdateOffset = _not_served_unary("UpdateOffset", spb.UpdateOffsetResponse)

@@ -55,6 +55,9 @@ class Session:
         self.settings: Any = None
         self.queue: asyncio.Queue[Any] = asyncio.Queue(MAX_PENDING_COMMANDS)
         self.closed = False
+        #: like a connection's (``acl_user``: the user who opened the stream, under access
+        #: control: a check-back goes only to producers of the half's sender)
+        self.attributes: dict[str, Any] = {}
 
     def push(self, command: Any) -> bool:
         if self.closed:

@@ -20,6 +20,7 @@ import anyio
 
 from txmq.errors import TxmqError
 from txmq.remoting import RemotingClient
+from txmq.security import ClientSecurity
 from txmq.wire import ControllerAnswer, ControllerHeartbeat
 
 __all__ = ["ControllerLink"]
@@ -37,8 +38,11 @@ class ControllerLink:
         interval_s: float,
         heartbeat: Callable[[], ControllerHeartbeat],
         apply: Callable[[ControllerAnswer, float], Awaitable[None]],
+        security: ClientSecurity | None = None,
     ) -> None:
+        """``security``: how to reach the controllers (the broker's peer_security())."""
         self.addresses = addresses
+        self.security = security
         self.interval_s = interval_s
         self._heartbeat = heartbeat
         self._apply = apply
@@ -54,7 +58,9 @@ class ControllerLink:
     async def run(self) -> None:
         async with AsyncExitStack() as stack:
             clients = [
-                await stack.enter_async_context(RemotingClient(a, connect_timeout=1.0))
+                await stack.enter_async_context(
+                    RemotingClient(a, connect_timeout=1.0, security=self.security)
+                )
                 for a in self.addresses
             ]
             while True:

@@ -21,6 +21,7 @@ from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store import MessageStore, ReplicaError
 from txmq.errors import NotMaster, TxmqError
 from txmq.remoting import RemotingClient
+from txmq.security import ClientSecurity
 from txmq.wire import (
     EpochEntry,
     HaGetMetadata,
@@ -59,10 +60,13 @@ class HaClient:
         apply_metadata: Callable[[HaMetadata], object],
         address: Callable[[], str],
         pending_offsets: Callable[[], dict[str, dict[str, dict[int, int]]]] = dict,
+        security: ClientSecurity | None = None,
     ) -> None:
         """``notify(topic, queue_id)``: a queue got messages (wakes long polls);
-        ``apply_metadata``: take the master's metadata."""
+        ``apply_metadata``: take the master's metadata; ``security``: how to reach the
+        master's HA port (the broker's peer_security())."""
         self.store = store
+        self.security = security
         self.epochs = epochs
         self.broker_name = broker_name
         self.broker_id = broker_id
@@ -156,7 +160,7 @@ class HaClient:
 
     async def _follow(self, address: str) -> None:
         store = self.store
-        async with RemotingClient(address, connect_timeout=3.0) as client:
+        async with RemotingClient(address, connect_timeout=3.0, security=self.security) as client:
             hello = HaHello(
                 broker_name=self.broker_name,
                 broker_id=self.broker_id,

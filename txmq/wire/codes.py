@@ -46,6 +46,13 @@ class RequestCode(enum.IntEnum):
     DLQ_RESEND = 352
     GET_TRANSACTIONS = 353
     DECIDE_TRANSACTION = 354
+    # users and rules (RocketMQ 5's ACL 2.0 AUTH_* requests)
+    AUTH_CREATE_USER = 3001
+    AUTH_DELETE_USER = 3003
+    AUTH_GET_USER = 3004
+    AUTH_LIST_USER = 3005
+    AUTH_CREATE_ACL = 3006
+    AUTH_DELETE_ACL = 3008
     # controller (RocketMQ 5's controller mode)
     CONTROLLER_HEARTBEAT = 1001
     CONTROLLER_ELECT_MASTER = 1002

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "AuthenticationFailed",
     "BadRequest",
     "BrokerBusy",
     "BrokerUnavailable",
@@ -62,6 +63,8 @@ class ResponseCode(enum.IntEnum):
     NOT_MASTER = 24
     INVALID_RECEIPT_HANDLE = 25
     SUBSCRIPTION_GROUP_NOT_EXIST = 26
+    #: the request is not signed, or not by a known user with a valid signature and time
+    AUTHENTICATION_FAILED = 27
 
 
 class TxmqError(Exception):
@@ -172,9 +175,18 @@ class MessageTooLarge(TxmqError):
 
 
 class NoPermission(TxmqError):
-    """The request is not allowed (for example, sending to a reserved system topic)."""
+    """The request is not allowed (for example, sending to a reserved system topic, or to
+    a topic the user has no ``pub`` right on)."""
 
     code = ResponseCode.NO_PERMISSION
+
+
+class AuthenticationFailed(TxmqError):
+    """The server does not know who is asking: the request is not signed, its access key
+    is unknown, its signature does not match, its time is outside the allowed window, or
+    it was seen before (a replay)."""
+
+    code = ResponseCode.AUTHENTICATION_FAILED
 
 
 class TopicNotFound(TxmqError):
@@ -247,6 +259,7 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         DiskFull,
         MessageTooLarge,
         NoPermission,
+        AuthenticationFailed,
         TopicNotFound,
         GroupNotFound,
         InvalidTopic,

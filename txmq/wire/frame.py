@@ -10,6 +10,11 @@
     16      H     header: a msgpack map (the typed request or response, :mod:`txmq.wire.base`)
     16+H    ...   body: raw bytes (message bodies, stored records)
 
+A *signed* request (the kind byte's bit 0x80, :data:`SIGNED`) ends with an auth trailer
+(who signed it, when, a nonce and the signature: :mod:`txmq.signing`) followed by the
+trailer's length (2 bytes, little-endian); the body is what lies between the header and the
+trailer.
+
 Framing is the same for every version and code, so the decoder checks only the frame
 itself; the header is decoded by whoever knows its type (the request's code and version).
 An error answer has a non-zero response code and the header field ``error``.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import enum
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -29,13 +35,20 @@ from txmq.wire.errors import FrameTooLarge, MalformedFrame
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "PREFIX",
+    "SIGNED",
     "Frame",
     "FrameDecoder",
     "FrameKind",
     "encode_frame",
+    "encode_signed_frame",
+    "signed_fields",
 ]
 
 PREFIX = struct.Struct("<IBBHII")
+#: the kind byte's flag of a signed request (an auth trailer ends the frame)
+SIGNED = 0x80
+_TRAILER_LEN = struct.Struct("<H")
+_SIGNED_FIELDS = struct.Struct("<BBHI")
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 _EMPTY_MAP = b"\x80"
 #: a decoder keeps a buffer up to this size for the next partial frame; a bigger one goes
@@ -58,6 +71,8 @@ class Frame:
     header: bytes = b""
     body: bytes = b""
     version: int = 1
+    #: a signed request's auth trailer (empty: the request is not signed)
+    auth: bytes = b""
 
 
 def encode_frame(
@@ -131,24 +146,32 @@ class FrameDecoder:
                     )
                     err.request_id = request_id
                     raise err
-                if kind > FrameKind.ONEWAY or not 0 <= hlen <= length - (PREFIX.size - 4):
-                    merr = MalformedFrame(
-                        f"malformed frame (kind={kind}, length={length}, header length={hlen})"
-                    )
-                    merr.request_id = request_id
-                    raise merr
+                signed = kind & SIGNED
+                kind &= ~SIGNED
+                room = length - (PREFIX.size - 4) - (_TRAILER_LEN.size if signed else 0)
+                if kind > FrameKind.ONEWAY or not 0 <= hlen <= room:
+                    raise _malformed(request_id, kind, length, hlen)
                 end = pos + 4 + length
                 if end > n:
                     break
                 hstart = pos + PREFIX.size
+                bend = end
+                auth = b""
+                if signed:
+                    (alen,) = _TRAILER_LEN.unpack_from(src, end - _TRAILER_LEN.size)
+                    if alen > room - hlen:
+                        raise _malformed(request_id, kind, length, hlen, alen)
+                    bend = end - _TRAILER_LEN.size - alen
+                    auth = bytes(src[bend : end - _TRAILER_LEN.size])
                 frames.append(
                     Frame(
                         FrameKind(kind),
                         code,
                         request_id,
                         bytes(src[hstart : hstart + hlen]),
-                        bytes(src[hstart + hlen : end]),
+                        bytes(src[hstart + hlen : bend]),
                         version,
+                        auth,
                     )
                 )
                 pos = end
@@ -163,3 +186,35 @@ class FrameDecoder:
                 elif pos:
                     del buf[:pos]
         return frames
+
+
+def _malformed(
+    request_id: int, kind: int, length: int, hlen: int, alen: int | None = None
+) -> MalformedFrame:
+    what = f"kind={kind}, length={length}, header length={hlen}"
+    if alen is not None:
+        what += f", auth trailer length={alen}"
+    err = MalformedFrame(f"malformed frame ({what})")
+    err.request_id = request_id
+    return err
+
+
+def signed_fields(kind: int, code: int, version: int, header_length: int) -> bytes:
+    """The prefix fields a signature covers (the kind with its signed flag)."""
+    return _SIGNED_FIELDS.pack(version, kind | SIGNED, code, header_length)
+
+
+def encode_signed_frame(
+    kind: FrameKind | int,
+    code: int,
+    request_id: int,
+    header: bytes,
+    body: bytes | memoryview,
+    version: int,
+    sign: Callable[[bytes, bytes, bytes | memoryview], bytes],
+) -> bytes:
+    """A signed request: ``sign(signed_fields, header, body)`` gives its auth trailer."""
+    trailer = sign(signed_fields(kind, code, version, len(header)), header, body)
+    length = PREFIX.size - 4 + len(header) + len(body) + len(trailer) + _TRAILER_LEN.size
+    prefix = PREFIX.pack(length, version, int(kind) | SIGNED, int(code), request_id, len(header))
+    return b"".join((prefix, header, body, trailer, _TRAILER_LEN.pack(len(trailer))))

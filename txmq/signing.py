@@ -1,0 +1,234 @@
+"""Signed requests: who sent a request, and that it is fresh and unaltered.
+
+A client with credentials signs every request it sends.  The frame gets an auth trailer
+(:mod:`txmq.wire.frame`)::
+
+    offset  size  field
+    0       1     scheme (1: HMAC-SHA256)
+    1       8     the client's clock when it signed, in ms since the epoch (signed, LE)
+    9       8     the connection's nonce prefix (random per connection)
+    17      8     the request's number on that connection (LE, from 1)
+    25      A     the access key (UTF-8)
+    25+A    32    HMAC-SHA256(secret key, the prefix's version, kind, code and header
+                  length, bytes 0..25+A of the trailer, the header, the body)
+
+The server (:class:`Authenticator`) refuses a request that is unsigned, of an unknown
+access key, with a signature that does not match, signed further than the time window from
+its clock, or whose (access key, prefix, number) it has seen before: a replay.  It keeps,
+per prefix, the highest number seen and which of the 1024 before it came, for as long as
+a replay would still be in the time window.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hashlib import sha1
+
+from txmq.errors import AuthenticationFailed
+from txmq.security import Credentials
+from txmq.wire.frame import Frame, FrameKind, encode_signed_frame, signed_fields
+
+__all__ = [
+    "ALGORITHM",
+    "AUTHORIZATION",
+    "DATE_TIME",
+    "DATE_TIME_FORMAT",
+    "DEFAULT_TIME_WINDOW_S",
+    "Authenticator",
+    "Signed",
+    "Signer",
+    "authorization",
+    "grpc_signature",
+    "signed_metadata",
+]
+
+SCHEME = 1
+_META = struct.Struct("<Bq8sQ")
+_SIG = 32
+#: how far a request's time may be from the server's clock (either way)
+DEFAULT_TIME_WINDOW_S = 60.0
+#: how many numbers behind the highest a request may come (reordered) and still be taken
+_REPLAY_SPAN = 1024
+_SPAN_MASK = (1 << _REPLAY_SPAN) - 1
+
+
+def _mac(
+    secret: bytes, fields: bytes, meta: bytes, header: bytes, body: bytes | memoryview
+) -> bytes:
+    return hmac.digest(secret, b"".join((fields, meta, header, body)), "sha256")
+
+
+class Signer:
+    """Signs the requests of one connection (each connection has its own prefix)."""
+
+    __slots__ = ("_ak", "_count", "_prefix", "_secret", "clock")
+
+    def __init__(self, credentials: Credentials, clock: Callable[[], float] = time.time) -> None:
+        self._ak = credentials.access_key.encode()
+        self._secret = credentials.secret
+        self._prefix = os.urandom(8)
+        self._count = 0
+        self.clock = clock
+
+    def trailer(self, fields: bytes, header: bytes, body: bytes | memoryview) -> bytes:
+        self._count += 1
+        meta = _META.pack(SCHEME, int(self.clock() * 1000), self._prefix, self._count) + self._ak
+        return meta + _mac(self._secret, fields, meta, header, body)
+
+    def frame(
+        self,
+        kind: FrameKind,
+        code: int,
+        request_id: int,
+        header: bytes,
+        body: bytes | memoryview,
+        version: int,
+    ) -> bytes:
+        """A signed request frame."""
+        return encode_signed_frame(kind, code, request_id, header, body, version, self.trailer)
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """What a valid trailer said."""
+
+    access_key: str
+    timestamp_ms: int
+
+
+class _Seen:
+    __slots__ = ("bits", "high", "last")
+
+    def __init__(self) -> None:
+        self.high = 0
+        self.bits = 0  # bit i: number high - i was seen
+        self.last = 0.0
+
+
+class Authenticator:
+    """Checks signed requests: ``secret_of(access_key)`` is the user's secret (None: no
+    such user)."""
+
+    def __init__(
+        self,
+        secret_of: Callable[[str], bytes | None],
+        *,
+        window_s: float = DEFAULT_TIME_WINDOW_S,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.secret_of = secret_of
+        self.window_ms = int(window_s * 1000)
+        self.clock = clock
+        self.monotonic = monotonic
+        self._seen: dict[bytes, _Seen] = {}
+        self._lock = threading.Lock()  # the gRPC endpoint checks from its own threads
+        self._next_sweep = 0.0
+
+    def check(self, frame: Frame, what: str) -> Signed:
+        """Who signed ``frame`` (a request, described by ``what`` in errors), or
+        :class:`AuthenticationFailed` saying why not."""
+        auth = frame.auth
+        if not auth:
+            raise AuthenticationFailed(
+                f"{what} is not signed: this server requires credentials (set TXMQ_ACCESS_KEY "
+                "and TXMQ_SECRET_KEY, or pass access_key/secret_key to the client)"
+            )
+        if len(auth) < _META.size + 1 + _SIG:
+            raise AuthenticationFailed(f"{what}: the signature trailer is too short")
+        scheme, ts, prefix, number = _META.unpack_from(auth)
+        if scheme != SCHEME:
+            raise AuthenticationFailed(f"{what}: unknown signature scheme {scheme}")
+        try:
+            access_key = auth[_META.size : -_SIG].decode()
+        except UnicodeDecodeError:
+            raise AuthenticationFailed(f"{what}: the access key is not UTF-8") from None
+        secret = self.secret_of(access_key)
+        if secret is None:
+            raise AuthenticationFailed(f"{what}: unknown access key {access_key!r}")
+        fields = signed_fields(frame.kind, frame.code, frame.version, len(frame.header))
+        expected = _mac(secret, fields, auth[:-_SIG], frame.header, frame.body)
+        if not hmac.compare_digest(expected, auth[-_SIG:]):
+            raise AuthenticationFailed(
+                f"{what}: the signature of {access_key!r} does not match (a wrong secret key, "
+                "or the request was altered)"
+            )
+        now_ms = int(self.clock() * 1000)
+        if abs(now_ms - ts) > self.window_ms:
+            raise AuthenticationFailed(
+                f"{what}: signed at {ts} ms, {abs(now_ms - ts) / 1000:.1f} s "
+                f"{'before' if ts < now_ms else 'after'} this server's clock (allowed: "
+                f"{self.window_ms / 1000:g} s): check the clocks, or it is a replay"
+            )
+        self._fresh(access_key.encode() + b"\0" + prefix, number, what)
+        return Signed(access_key, ts)
+
+    def _fresh(self, key: bytes, number: int, what: str) -> None:
+        now = self.monotonic()
+        with self._lock:
+            if now >= self._next_sweep:
+                self._sweep(now)
+            seen = self._seen.get(key)
+            if seen is None:
+                seen = self._seen[key] = _Seen()
+            if number > seen.high:
+                shift = number - seen.high
+                seen.bits = ((seen.bits << shift) | 1) & _SPAN_MASK if shift < _REPLAY_SPAN else 1
+                seen.high = number
+            else:
+                back = seen.high - number
+                if back >= _REPLAY_SPAN or number <= 0 or seen.bits >> back & 1:
+                    raise AuthenticationFailed(f"{what}: replayed (this request was seen before)")
+                seen.bits |= 1 << back
+            seen.last = now
+
+    def _sweep(self, now: float) -> None:
+        """Forget prefixes unused for longer than a replay of them could still be on time."""
+        horizon = now - 2 * self.window_ms / 1000 - 1
+        for key in [k for k, s in self._seen.items() if s.last < horizon]:
+            del self._seen[key]
+        self._next_sweep = now + max(1.0, self.window_ms / 1000)
+
+    @property
+    def tracked(self) -> int:
+        """How many connections' numbers it remembers."""
+        return len(self._seen)
+
+
+# -- RocketMQ 5's gRPC signature (the clients' side; the server checks it in
+# txmq.acl.grpc_auth) --------------------------------------------------------------------
+
+#: the metadata keys and the one algorithm RocketMQ 5 clients use
+AUTHORIZATION = "authorization"
+DATE_TIME = "x-mq-date-time"
+ALGORITHM = "MQv2-HMAC-SHA1"
+DATE_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+def grpc_signature(secret: bytes, date_time: str) -> str:
+    """The hex HMAC-SHA1 of ``date_time`` with ``secret`` (RocketMQ 5's signature)."""
+    return hmac.new(secret, date_time.encode(), sha1).hexdigest()
+
+
+def authorization(credentials: Credentials, date_time: str) -> str:
+    """The ``authorization`` value signing ``date_time`` (the ``x-mq-date-time`` value)."""
+    signature = grpc_signature(credentials.secret, date_time)
+    return (
+        f"{ALGORITHM} Credential={credentials.access_key}, SignedHeaders={DATE_TIME}, "
+        f"Signature={signature}"
+    )
+
+
+def signed_metadata(
+    credentials: Credentials, now: datetime | None = None
+) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The two metadata entries signing a call made ``now`` (default: this moment, UTC)."""
+    date_time = (now or datetime.now(UTC)).strftime(DATE_TIME_FORMAT)
+    return ((DATE_TIME, date_time), (AUTHORIZATION, authorization(credentials, date_time)))
