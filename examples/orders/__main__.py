@@ -1,6 +1,6 @@
 """``python -m examples.orders``: the services, their front, the checker and the demo.
 
-python -m examples.orders demo [--single-broker]    # the README's demo
+python -m examples.orders demo [--single-broker] [--secure]    # the README's demo
 python -m examples.orders order-service --db URL --broker HOST:PORT [--port N]
 python -m examples.orders inventory-service --db URL --namesrv 'H:P;H:P' [--port N]
     (each service: --broker, one broker's address, or --namesrv, a cluster's name servers)
@@ -133,6 +133,7 @@ def _demo(args: argparse.Namespace) -> int:
         faults=faults,
         seed=args.seed,
         single_broker=args.single_broker,
+        secure=args.secure,
     )
     try:
         result = run_demo(config, progress=print)
@@ -165,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--single-broker",
         action="store_true",
         help="one broker alone, no name server (default: a name server and two broker sets)",
+    )
+    d.add_argument(
+        "--secure",
+        action="store_true",
+        help="access control (a user per service) and mutual TLS on every port",
     )
     d.set_defaults(func=_demo)
 

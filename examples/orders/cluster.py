@@ -19,6 +19,7 @@ import anyio
 from examples.orders.procs import Proc
 from txmq.errors import TopicNotFound
 from txmq.remoting import RemotingClient
+from txmq.security import client_security
 from txmq.wire import (
     MASTER_ID,
     BrokerSetState,
@@ -94,7 +95,9 @@ def ask(address: str, request: Request[R], timeout: float = 5.0) -> R:
     """One request to a name server (or a broker), on a connection of its own."""
 
     async def go() -> R:
-        async with RemotingClient(address, connect_timeout=timeout) as client:
+        # the demo's credentials and TLS (--secure) come from the environment
+        security = client_security()
+        async with RemotingClient(address, connect_timeout=timeout, security=security) as client:
             return (await client.call(request, timeout=timeout)).header
 
     return anyio.run(go)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import tempfile
 import threading
@@ -70,6 +71,7 @@ from examples.orders.models import (
     Order,
 )
 from examples.orders.procs import Proc, free_port
+from examples.orders.secure import OPERATOR, make_secure
 from examples.orders.web import request
 from txmq.db import with_connection
 from txmq.sqla.tables import ROLLED_BACK, transaction_log
@@ -133,6 +135,9 @@ class DemoConfig:
     single_broker: bool = False
     """One broker alone (the services given its address); default: a name server and two
     broker sets (the services given the name server)."""
+    secure: bool = False
+    """Access control and mutual TLS on every port, a user per service
+    (:mod:`examples.orders.secure`)."""
 
 
 @dataclass
@@ -168,6 +173,13 @@ class Demo:
         self.orders_db = config.orders_db or f"sqlite:///{folder / 'orders.db'}"
         self.inventory_db = config.inventory_db or f"sqlite:///{folder / 'inventory.db'}"
         self.single = config.single_broker
+        #: --secure: the CA, the ACL file and the users (None: plaintext, no ACL)
+        self.secure = make_secure(folder) if config.secure else None
+        self._saved_env: dict[str, str | None] = {}
+        if self.secure is not None:  # the demo's own clients: the operator, over TLS
+            for key, value in self.secure.client_env(OPERATOR).items():
+                self._saved_env[key] = os.environ.get(key)
+                os.environ[key] = value
         taken: set[int] = set()  # (ports are picked before anyone binds them)
         self.namesrv = "" if self.single else f"127.0.0.1:{_port(taken)}"
         self.namesrv_proc: Proc | None = None
@@ -204,6 +216,11 @@ class Demo:
 
     @property
     def layout(self) -> str:
+        plain = self._layout
+        return f"{plain}; {self.secure.summary}" if self.secure is not None else plain
+
+    @property
+    def _layout(self) -> str:
         if self.single:
             return f"one broker on {self.broker_address} (--single-broker), no name server"
         sets = []
@@ -229,6 +246,7 @@ class Demo:
         port = self.namesrv.rpartition(":")[2]
         args = ["txmq.cli", "namesrv", "start", "--port", port]
         args += ["--controller-store", str(self.folder / "controller")]
+        args += self.secure.server_args() if self.secure else []
         self.namesrv_proc = Proc("namesrv", args, self.folder / "namesrv.log")
         self.namesrv_proc.wait_line("txmq namesrv listening on ")
 
@@ -246,7 +264,11 @@ class Demo:
         if node.broker_id is not None:  # a replica: the controller gives it its role
             args += ["--broker-id", str(node.broker_id), "--replication", "sync"]
             args += ["--controller", self.namesrv]
-        node.proc = Proc(node.name, args, self.folder / f"{node.name}.log")
+        env = None
+        if self.secure is not None:
+            args += self.secure.server_args()
+            env = self.secure.broker_env()
+        node.proc = Proc(node.name, args, self.folder / f"{node.name}.log", env)
         if self.single:
             self.broker = node.proc
         return node
@@ -305,14 +327,17 @@ class Demo:
     def start_orders(self) -> None:
         args = ["examples.orders", "order-service", "--db", self.orders_db, *self.service_args()]
         args += ["--heartbeat-interval", str(PRODUCER_HEARTBEAT_S)]
-        self.orders = Proc("order-service", args, self.folder / "order-service.log")
+        env = self.secure.client_env("order-service") if self.secure else None
+        self.orders = Proc("order-service", args, self.folder / "order-service.log", env)
         self.orders_url = self.orders.wait_line("READY ").split()[1]
 
     def start_inventory(self) -> None:
         args = ["examples.orders", "inventory-service", "--db", self.inventory_db]
         args += [*self.service_args(), "--claim-lease", "5"]
         args += ["--max-reconsume-times", str(INVENTORY_MAX_RECONSUME)]
-        self.inventory = Proc("inventory-service", args, self.folder / "inventory-service.log")
+        env = self.secure.client_env("inventory-service") if self.secure else None
+        log = self.folder / "inventory-service.log"
+        self.inventory = Proc("inventory-service", args, log, env)
         self.inventory_url = self.inventory.wait_line("READY ").split()[1]
 
     def close(self) -> None:
@@ -322,6 +347,12 @@ class Demo:
         for proc in [*procs, self.namesrv_proc]:
             if proc is not None:
                 proc.stop()
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env = {}
 
     # -- load ------------------------------------------------------------------------------
 
@@ -450,6 +481,16 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         sets = () if demo.single else BROKER_SETS  # one broker alone: named as it says
         result.by_broker = {name: by_broker.get(name, 0) for name in sets} | by_broker
         result.elapsed = time.monotonic() - began
+        if demo.secure is not None:
+            refused = [
+                line
+                for log in sorted(folder.glob("*.log"))
+                for line in log.read_text(errors="replace").splitlines()
+                if "refused a request" in line
+            ]
+            progress(f"access control: {len(refused)} requests refused by the servers")
+            for line in refused[:5]:
+                progress(f"  {line.strip()[:300]}")
         return result
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -52,7 +52,9 @@ class Proc:
     """``python -m <args>`` from the repository root; stdout lines are collected (wait for
     one with :meth:`wait_line`), stderr goes to ``log``."""
 
-    def __init__(self, name: str, args: list[str], log: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.args = args
         self.log = log
@@ -68,7 +70,12 @@ class Proc:
                 stderr=err,
                 text=True,
                 cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                env={
+                    **os.environ,
+                    "PYTHONPATH": str(ROOT),
+                    "PYTHONUNBUFFERED": "1",
+                    **(env or {}),
+                },
             )
         self._reader = threading.Thread(target=self._read, name=f"{name}-stdout", daemon=True)
         self._reader.start()

@@ -221,9 +221,11 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("layout", ["cluster", "single"])
+@pytest.mark.parametrize("layout", ["cluster", "single", "secure"])
 def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
-    args = [] if layout == "cluster" else ["--single-broker"]
+    """``secure``: the cluster with access control (a user per service) and mutual TLS on
+    every port, and no request of the demo refused by them."""
+    args = {"cluster": [], "single": ["--single-broker"], "secure": ["--secure"]}[layout]
     r = subprocess.run(
         ["bash", "scripts/demo.sh", *args], capture_output=True, text=True, cwd=ROOT, timeout=280
     )
@@ -233,7 +235,11 @@ def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
     assert "books:     BALANCED" in out and "result:    OK" in out
     assert out.count("  [ok] ") == len(default_faults(layout == "single")), out
     assert "[FAILED]" not in out
-    if layout == "cluster":
+    if layout == "secure":
+        assert "ACL on every port" in out and "users demo-operator, inventory-service" in out
+        assert "mutual TLS (CA " in out
+        assert "access control: 0 requests refused by the servers" in out, out
+    if layout != "single":
         assert "layout:    a cluster: name server 127.0.0.1:" in out, out
         assert re.search(r"carried: .* broker-a [1-9]\d*, broker-b [1-9]\d*$", out, re.M), out
         assert "[ok] broker-b SIGKILLed while orders flow" in out
