@@ -27,6 +27,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +36,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, BrokerProcess, ask, free_port, read_line, wait_for
+from txmq.errors import NoPermission
 from txmq.message import Message
-from txmq.sync import Producer
+from txmq.sync import Producer, PullConsumer
 from txmq.wire import GetClusterInfo, GetReplicaInfo
 
 README = ROOT / "README.md"
@@ -446,6 +448,7 @@ def run_replicated_set_by_hand(folder: Folder, block: Block) -> None:
 
 Runner = Callable[[Folder, Block], None]
 
+
 #: text only one block contains -> how the test runs it, or why it does not
 def run_official_client(folder: Folder, block: Block) -> None:
     """The official RocketMQ 5 client's snippet, against a broker serving gRPC on a free
@@ -461,6 +464,60 @@ def run_official_client(folder: Folder, block: Block) -> None:
         bp.kill()
     lines = out.splitlines()
     assert lines[0].startswith("sent ") and lines[1:] == ["got b'{\"id\": 7}'"], out
+
+
+def run_acl_file(folder: Folder, block: Block) -> None:
+    """The ACL file parses, and its rules decide as the README's prose says."""
+    from txmq.acl import Acl, Resource
+
+    acl = Acl.parse(tomllib.loads(block.text), "README.md")
+    orders = acl.users["orders-service"]
+    assert acl.users["ops"].super_user and not orders.super_user
+    assert orders.may("pub", Resource("topic", "orders"), "192.168.1.1")
+    assert not orders.may("sub", Resource("topic", "orders"), "192.168.1.1")
+    assert orders.may("sub", Resource("topic", "stock-replies"), "10.2.3.4")
+    assert not orders.may("sub", Resource("topic", "stock-replies"), "192.168.1.1")
+    assert not orders.may("sub", Resource("topic", "stock-audit"), "10.2.3.4")  # the deny
+    assert orders.may("sub", Resource("group", "orders-service"), "127.0.0.1")
+
+
+def run_acl_by_hand(folder: Folder, block: Block) -> None:
+    """The broker with the README's ACL file (on a free port); the ``export`` and the admin
+    commands as ``ops`` against it; then billing, with the secret key ``user create``
+    printed, may consume orders and may not send."""
+    (folder.path / "acl.toml").write_text(folder.block("# acl.toml").text)
+    broker_cmd, export, *admin_cmds = commands(block.text)
+    assert broker_cmd[:3] == ["txmq", "broker", "start"] and "--acl" in broker_cmd, broker_cmd
+    extra = ["--port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    said = read_line(folder.start_txmq([*broker_cmd, *extra]), "txmq broker listening on ")
+    address = said.rsplit(" ", 1)[1]
+    assert export[0] == "export", export
+    env = dict(a.split("=", 1) for a in export[1:])
+    out = ""
+    for argv in admin_cmds:
+        done = subprocess.run(
+            [sys.executable, "-m", "txmq.cli", *argv[1:], "--broker", address],
+            capture_output=True,
+            text=True,
+            cwd=folder.path,
+            env={**folder.env(), **env},
+            timeout=60,
+        )
+        assert done.returncode == 0, f"{shlex.join(argv)}:\n{done.stdout}{done.stderr}"
+        out += done.stdout
+    secret = re.search(r"secret key: (\S+)", out)
+    assert secret, out
+    assert "allow sub topic:orders" in out and "allow sub group:billing" in out, out
+    ops = {"access_key": env["TXMQ_ACCESS_KEY"], "secret_key": env["TXMQ_SECRET_KEY"]}
+    billing = {"access_key": "billing", "secret_key": secret[1]}
+    with Producer(address, **ops) as p:
+        sent = p.send(Message("orders", b"for billing"))
+    with PullConsumer(address, "billing", **billing) as c:
+        got = c.pull("orders", sent.queue_id, sent.queue_offset, long_poll=0)
+        assert [m.body for m in got.messages] == [b"for billing"]
+    with Producer(address, **billing) as p, pytest.raises(NoPermission, match="'billing'"):
+        p.send(Message("orders", b"not allowed"))
+    folder.stop(folder.procs[0])
 
 
 PLAN: dict[str, Runner | str] = {
@@ -483,6 +540,8 @@ PLAN: dict[str, Runner | str] = {
     "txmq namesrv start --port 9876": run_cluster_by_hand,
     "txmq namesrv start --controller-store ./controller": run_replicated_set_by_hand,
     "pip install rocketmq-python-client": run_official_client,
+    "# acl.toml": run_acl_file,
+    "txmq broker start --store ./store --acl acl.toml": run_acl_by_hand,
     CLUSTER_CLIENT: "run by run_cluster_by_hand, against the cluster of the three commands "
     "before it",
     "txmq reconcile --store": "placeholders throughout (/var/lib/txmq, [--since -1h], "
