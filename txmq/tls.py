@@ -191,18 +191,13 @@ def _reason(exc: BaseException) -> str:
 # -- servers: accepting a connection ------------------------------------------------------
 
 
-class _Replay(anyio.abc.ByteStream):
-    """A stream that gives back the bytes already read from it before reading on (the
-    server peeks at a connection's first byte before the TLS handshake reads it)."""
+class _Wrapped(anyio.abc.ByteStream):
+    """A stream over ``stream`` that changes only how it receives."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, first: bytes) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
-        self._first = first
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        if self._first:
-            data, self._first = self._first[:max_bytes], self._first[max_bytes:]
-            return data
         return await self.stream.receive(max_bytes)
 
     async def send(self, item: bytes) -> None:
@@ -217,6 +212,21 @@ class _Replay(anyio.abc.ByteStream):
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
         return self.stream.extra_attributes
+
+
+class _Replay(_Wrapped):
+    """A stream that gives back the bytes already read from it before reading on (the
+    server peeks at a connection's first byte before the TLS handshake reads it)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, first: bytes) -> None:
+        super().__init__(stream)
+        self._first = first
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._first:
+            data, self._first = self._first[:max_bytes], self._first[max_bytes:]
+            return data
+        return await self.stream.receive(max_bytes)
 
 
 def _first_request(data: bytes) -> tuple[int, int]:
@@ -319,31 +329,18 @@ _REFUSED_CLIENT = (
 )
 
 
-class _Transport(anyio.abc.ByteStream):
+class _Transport(_Wrapped):
     """The TCP stream under a client's TLS stream; :attr:`waiting` (when set) is called
     each time TLS has taken in everything received and asks for more."""
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stream = stream
+        super().__init__(stream)
         self.waiting: Callable[[], None] | None = None
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if self.waiting is not None:
             self.waiting()
         return await self.stream.receive(max_bytes)
-
-    async def send(self, item: bytes) -> None:
-        await self.stream.send(item)
-
-    async def send_eof(self) -> None:
-        await self.stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-    @property
-    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        return self.stream.extra_attributes
 
 
 async def _verdict(tls: TLSStream, transport: _Transport) -> bytes:
@@ -368,39 +365,22 @@ async def _verdict(tls: TLSStream, transport: _Transport) -> bytes:
     return received
 
 
-class _ClientTls(anyio.abc.ByteStream):
+class _ClientTls(_Replay):
     """A client's TLS stream: what the server sent before the client asked anything is
     read first, and an SSL error later on is said in one warning line."""
 
     def __init__(self, stream: TLSStream, address: str, first: bytes = b"") -> None:
-        self.stream = stream
+        super().__init__(stream, first)
         self.address = address
-        self._first = first
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        if self._first:
-            data, self._first = self._first[:max_bytes], self._first[max_bytes:]
-            return data
         try:
-            return await self.stream.receive(max_bytes)
+            return await super().receive(max_bytes)
         except ssl.SSLError as exc:
             log.warning(
                 "TLS connection to %s failed: %s (%s)", self.address, _reason(exc), _hint(exc)
             )
             raise anyio.BrokenResourceError from exc
-
-    async def send(self, item: bytes) -> None:
-        await self.stream.send(item)
-
-    async def send_eof(self) -> None:
-        await self.stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-    @property
-    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        return self.stream.extra_attributes
 
 
 async def client_handshake(

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.acl_support import SECRETS, as_user, policy
 from tests.conftest import BrokerProcess, wait_for
 from txmq import (
     AdminClient,
@@ -32,41 +33,14 @@ from txmq.wire import ErrorAnswer, FrameDecoder, FrameKind, GetMaxOffset, decode
 pytestmark = pytest.mark.anyio
 
 S = LocalTransactionState
-SECRETS = {
-    "alice": "alice-secret",  # publishes orders, nothing else
-    "bob": "bob-secret-1",  # consumes orders as group billing
-    "carol": "carol-secret",  # transactional producer of orders
-    "mallory": "mallory-secret",  # publishes orders too, but is not carol
-    "ops": "ops-secret-1",  # super user
-}
-POLICY = """
-[users.alice]
-secret_key = "alice-secret"
-rules = [{ resource = "topic:orders*", actions = ["pub"] }]
-
-[users.bob]
-secret_key = "bob-secret-1"
-rules = [
-  { resource = "topic:orders", actions = ["sub"] },
-  { resource = "group:billing", actions = ["sub"] },
-]
-
-[users.carol]
-secret_key = "carol-secret"
-rules = [{ resource = "topic:orders*", actions = ["pub"] }]
-
-[users.mallory]
-secret_key = "mallory-secret"
-rules = [{ resource = "topic:orders*", actions = ["pub"] }]
-
-[users.ops]
-secret_key = "ops-secret-1"
-super = true
-"""
-
-
-def as_user(name: str) -> dict[str, str]:
-    return {"access_key": name, "secret_key": SECRETS[name]}
+POLICY = policy(
+    {
+        "alice": [("topic:orders*", "pub")],
+        "bob": [("topic:orders", "sub"), ("group:billing", "sub")],
+        "carol": [("topic:orders*", "pub")],
+        "mallory": [("topic:orders*", "pub")],
+    }
+)
 
 
 @pytest.fixture

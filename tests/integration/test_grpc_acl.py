@@ -20,6 +20,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 from rocketmq.v5.exception import ClientException
 
+from tests.acl_support import SECRETS, as_user, policy
 from tests.conftest import wait_for
 from tests.grpc_support import (
     ClientConfiguration,
@@ -45,37 +46,14 @@ __all__ = ["grpc_broker"]  # the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
-SECRETS = {
-    "alice": "alice-secret",  # publishes orders
-    "bob": "bob-secret-1",  # consumes orders as group billing
-    "carol": "carol-secret",  # transactional producer of payments
-    "mallory": "mallory-secret",  # publishes payments too, but is not carol
-    "ops": "ops-secret-1",  # super user
-}
-POLICY = """
-[users.alice]
-secret_key = "alice-secret"
-rules = [{ resource = "topic:orders", actions = ["pub"] }]
-
-[users.bob]
-secret_key = "bob-secret-1"
-rules = [
-  { resource = "topic:orders", actions = ["sub"] },
-  { resource = "group:billing", actions = ["sub"] },
-]
-
-[users.carol]
-secret_key = "carol-secret"
-rules = [{ resource = "topic:payments", actions = ["pub"] }]
-
-[users.mallory]
-secret_key = "mallory-secret"
-rules = [{ resource = "topic:payments", actions = ["pub"] }]
-
-[users.ops]
-secret_key = "ops-secret-1"
-super = true
-"""
+POLICY = policy(
+    {
+        "alice": [("topic:orders", "pub")],
+        "bob": [("topic:orders", "sub"), ("group:billing", "sub")],
+        "carol": [("topic:payments", "pub")],
+        "mallory": [("topic:payments", "pub")],
+    }
+)
 
 
 @pytest.fixture
@@ -92,10 +70,6 @@ def config(gb: GrpcBroker, user: str | None, secret: str | None = None) -> Any:
     return ClientConfiguration(
         gb.endpoint, Credentials(user, secret or SECRETS[user]), request_timeout=5
     )
-
-
-def as_user(name: str) -> dict[str, str]:
-    return {"access_key": name, "secret_key": SECRETS[name]}
 
 
 def client_log(caplog: pytest.LogCaptureFixture) -> str:

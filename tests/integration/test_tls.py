@@ -23,8 +23,9 @@ import pytest
 import tests.replicaset as replicaset
 from tests.conftest import ROOT, BrokerProcess, NamesrvProcess, ask, free_port, wait_for
 from tests.replicaset import ReplicaSet
+from tests.tls_support import certs, other
 from txmq import Message
-from txmq.certs import CertFiles, make_test_ca
+from txmq.certs import CertFiles
 from txmq.errors import BadRequest, BrokerUnavailable, TxmqError
 from txmq.message import MessageExt
 from txmq.remoting import RemotingClient
@@ -33,20 +34,12 @@ from txmq.sync import Producer, PullConsumer, PushConsumer
 from txmq.wire import GetBrokerRuntimeInfo, GetClusterInfo, Request
 from txmq.wire.base import R
 
+__all__ = ["certs", "other"]  # the fixtures, used by name
+
 pytestmark = pytest.mark.timeout(180)
 
 BrokerFactory = Callable[..., BrokerProcess]
 NamesrvFactory = Callable[..., NamesrvProcess]
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
-    return make_test_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
-    return make_test_ca(tmp_path_factory.mktemp("other-ca"), name="another CA")
 
 
 def server_flags(certs: CertFiles, *, client_ca: bool = False) -> list[str]:

@@ -17,9 +17,10 @@ import pytest
 from anyio.abc import SocketAttribute
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from tests.tls_support import certs, other
 from txmq.admin import AdminClient
 from txmq.broker.config import BrokerConfig
-from txmq.certs import CertFiles, make_test_ca
+from txmq.certs import CertFiles
 from txmq.cli.main import build_parser, main
 from txmq.cli.options import tls_overrides
 from txmq.client import BrokerClient
@@ -40,18 +41,9 @@ from txmq.wire.base import ErrorAnswer, decode
 from txmq.wire.errors import ResponseCode
 from txmq.wire.frame import Frame, FrameDecoder, FrameKind, encode_frame
 
+__all__ = ["certs", "other"]  # the fixtures, used by name
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
-    return make_test_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def other(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
-    """A second authority, which signed nothing the first trusts."""
-    return make_test_ca(tmp_path_factory.mktemp("other-ca"), name="another CA")
 
 
 # -- contexts and files -----------------------------------------------------------------------
