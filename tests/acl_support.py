@@ -3,11 +3,13 @@ with their secret keys, and an ACL file of them with the rules a test gives."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
+from tests.conftest import BrokerProcess
 from txmq.acl import Acl, Rule
 
-__all__ = ["SECRETS", "as_user", "policy"]
+__all__ = ["SECRETS", "as_user", "policy", "secured_broker"]
 
 SECRETS = {
     "alice": "alice-secret",  # publishes
@@ -33,3 +35,17 @@ def policy(rules: Mapping[str, Sequence[tuple[str, str]]]) -> str:
             rule = Rule.parse({"resource": resource, "actions": actions.split()}, "test")
             acl = acl.with_rule(name, rule)
     return acl.dumps()
+
+
+def secured_broker(
+    broker_process: Callable[..., BrokerProcess],
+    folder: Path,
+    acl: str,
+    env: Mapping[str, str] | None = None,
+) -> BrokerProcess:
+    """A broker process (started) whose ACL file, ``folder/acl.toml``, is ``acl``."""
+    path = folder / "acl.toml"
+    path.write_text(acl)
+    bp = broker_process()
+    bp.env.update({"TXMQ_BROKER_ACL_FILE": str(path), **(env or {})})
+    return bp.start()

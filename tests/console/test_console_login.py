@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import pytest
 
+from tests.acl_support import secured_broker
 from tests.conftest import BrokerProcess, NamesrvProcess, wait_for
 from tests.console.conftest import NO_EXTRA, ConsoleProcess
 
@@ -55,11 +56,7 @@ WRONG = "access key or secret key is wrong"
 
 @pytest.fixture
 def secured(tmp_path: Path, broker_process: Callable[..., BrokerProcess]) -> BrokerProcess:
-    acl = tmp_path / "acl.toml"
-    acl.write_text(POLICY)
-    bp = broker_process()
-    bp.env["TXMQ_BROKER_ACL_FILE"] = str(acl)
-    return bp.start()
+    return secured_broker(broker_process, tmp_path, POLICY)
 
 
 def _app(address: str, **config: Any) -> Starlette:

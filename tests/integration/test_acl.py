@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.acl_support import SECRETS, as_user, policy
+from tests.acl_support import SECRETS, as_user, policy, secured_broker
 from tests.conftest import BrokerProcess, wait_for
 from txmq import (
     AdminClient,
@@ -45,17 +45,11 @@ POLICY = policy(
 
 @pytest.fixture
 def secured(tmp_path: Path, broker_process: Callable[..., BrokerProcess]) -> BrokerProcess:
-    acl = tmp_path / "acl.toml"
-    acl.write_text(POLICY)
-    bp = broker_process()
-    bp.env.update(
-        {
-            "TXMQ_BROKER_ACL_FILE": str(acl),
-            "TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "0.2",
-            "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "0.3",
-        }
-    )
-    return bp.start()
+    fast_checks = {
+        "TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "0.2",
+        "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "0.3",
+    }
+    return secured_broker(broker_process, tmp_path, POLICY, fast_checks)
 
 
 async def test_who_is_asking_is_checked_and_the_broker_keeps_serving(

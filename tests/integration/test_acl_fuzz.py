@@ -37,6 +37,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from tests.acl_support import secured_broker
 from tests.conftest import BrokerProcess
 from tests.fuzzing import Gen, Known, pack
 from txmq import Message
@@ -225,11 +226,7 @@ def read_all(address: str, topic: str) -> list[MessageExt]:
 
 @pytest.fixture
 def secured(tmp_path: Path, broker_process: Callable[..., BrokerProcess]) -> BrokerProcess:
-    acl = tmp_path / "acl.toml"
-    acl.write_text(POLICY)
-    bp = broker_process()
-    bp.env["TXMQ_BROKER_ACL_FILE"] = str(acl)
-    return bp.start()
+    return secured_broker(broker_process, tmp_path, POLICY)
 
 
 def test_altered_and_replayed_signed_requests_never_authenticate(secured: BrokerProcess) -> None:
