@@ -40,11 +40,17 @@ if importlib.util.find_spec("xdist") is not None:  # scripts/test.sh runs the su
     class SparkTogether(LoadScopeScheduling):
         """pytest-xdist's work units: every test alone, except the Spark tests, which make
         one unit on one worker (they share one session-scoped Spark session, one JVM; two
-        JVMs do not fit 2 cores), sent first as the largest unit.  (xdist_group marks do
-        the same in principle, but pytest 9.2's node ids no longer take their suffix.)"""
+        JVMs do not fit 2 cores), sent first as the largest unit; and the orders example's
+        tests, one after another on one worker (each runs a whole cluster with its faults
+        on deadlines: four at once on 2 cores miss them).  (xdist_group marks do the same
+        in principle, but pytest 9.2's node ids no longer take their suffix.)"""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "spark" if nodeid.startswith("tests/spark/") else nodeid
+            if nodeid.startswith("tests/spark/"):
+                return "spark"
+            if nodeid.startswith("tests/acceptance/test_orders.py"):
+                return "orders"
+            return nodeid
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SparkTogether:
         return SparkTogether(config, log)
