@@ -37,12 +37,21 @@ ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("xdist") is not None:  # scripts/test.sh runs the suite with -n
     from xdist.scheduler import LoadScopeScheduling
 
+    _SECURED = (
+        "tests/integration/test_tls.py",
+        "tests/integration/test_acl_admin.py",
+        "tests/integration/test_grpc_acl.py",
+        "tests/console/test_console_login.py",
+    )
+
     class SparkTogether(LoadScopeScheduling):
         """pytest-xdist's work units: every test alone, except the Spark tests, which make
         one unit on one worker (they share one session-scoped Spark session, one JVM; two
         JVMs do not fit 2 cores), sent first as the largest unit; and the orders example's
         tests, one after another on one worker (each runs a whole cluster with its faults
-        on deadlines: four at once on 2 cores miss them).  (xdist_group marks do the same
+        on deadlines: four at once on 2 cores miss them); and the access-control and TLS
+        tests that start clusters and browsers, likewise, so that they do not crowd the
+        fault tests' deadlines.  (xdist_group marks do the same
         in principle, but pytest 9.2's node ids no longer take their suffix.)"""
 
         def _split_scope(self, nodeid: str) -> str:
@@ -50,6 +59,8 @@ if importlib.util.find_spec("xdist") is not None:  # scripts/test.sh runs the su
                 return "spark"
             if nodeid.startswith("tests/acceptance/test_orders.py"):
                 return "orders"
+            if nodeid.startswith(_SECURED):
+                return "secured"
             return nodeid
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SparkTogether:
