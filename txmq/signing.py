@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -51,6 +50,10 @@ __all__ = [
 
 SCHEME = 1
 _META = struct.Struct("<Bq8sQ")
+#: the time and the number, in the trailer after its scheme byte
+_TIME_NUMBER = struct.Struct("<q8xQ")
+#: where the trailer's prefix, number and access key start
+_PREFIX_AT, _NUMBER_AT, _KEY_AT = 9, 17, _META.size
 _SIG = 32
 #: the prefix fields a signature covers (:func:`txmq.wire.frame.signed_fields`)
 _SIGNED_FIELDS = struct.Struct("<BBHI")
@@ -101,7 +104,7 @@ class Signer:
     def trailer(self, fields: bytes, header: bytes, body: bytes | memoryview) -> bytes:
         self._count += 1
         meta = _META.pack(SCHEME, int(self.clock() * 1000), self._prefix, self._count) + self._ak
-        return meta + self._mac(fields, meta, header, body)
+        return meta + self._mac(fields + meta, header, body)
 
     def frame(
         self,
@@ -129,9 +132,40 @@ class _Seen:
         self.last = 0.0
 
 
+def _fresh(seen: _Seen, number: int, now: float) -> bool:
+    """Whether ``number`` was not seen before (now it was)."""
+    seen.last = now
+    if number > seen.high:
+        shift = number - seen.high
+        seen.bits = ((seen.bits << shift) | 1) & _SPAN_MASK if shift < _REPLAY_SPAN else 1
+        seen.high = number
+        return True
+    back = seen.high - number
+    if back >= _REPLAY_SPAN or number <= 0 or seen.bits >> back & 1:
+        return False
+    seen.bits |= 1 << back
+    return True
+
+
+class Session:
+    """What one connection's requests are signed with (its prefix and access key), checked
+    in full on its first request: later ones that name the same need only their signature,
+    time and number checked (:meth:`Authenticator.check` with ``known``)."""
+
+    __slots__ = ("access_key", "epoch", "ident", "mac", "seen")
+
+    def __init__(self, access_key: str, ident: bytes, mac: Mac, seen: _Seen, epoch: int) -> None:
+        self.access_key = access_key
+        #: the trailer's prefix and access key bytes
+        self.ident = ident
+        self.mac = mac
+        self.seen = seen
+        self.epoch = epoch
+
+
 class Authenticator:
     """Checks signed requests: ``secret_of(access_key)`` is the user's secret (None: no
-    such user)."""
+    such user).  Used from one thread: the server's event loop."""
 
     def __init__(
         self,
@@ -148,12 +182,60 @@ class Authenticator:
         self._seen: dict[bytes, _Seen] = {}
         #: each secret key's MAC (by the secret: a changed key gets its own)
         self._macs: dict[bytes, Mac] = {}
-        self._lock = threading.Lock()  # the gRPC endpoint checks from its own threads
         self._next_sweep = 0.0
+        #: sessions made before the latest change (of users, or of the numbers remembered)
+        #: are checked in full again
+        self.epoch = 0
 
-    def check(self, frame: Frame, kind: str) -> str:
-        """The access key that signed ``frame`` (a request of class ``kind``, as errors
-        name it), or :class:`AuthenticationFailed` saying why not."""
+    def forget(self) -> None:
+        """The users changed: check every connection's next request in full."""
+        self.epoch += 1
+
+    def check(self, frame: Frame, kind: str, known: Session | None = None) -> Session:
+        """The session (access key) that signed ``frame`` (a request of class ``kind``, as
+        errors name it), or :class:`AuthenticationFailed` saying why not.  ``known``: the
+        session of the connection's previous request."""
+        now = self.monotonic()
+        if now >= self._next_sweep:
+            self._sweep(now)  # (first: a session's numbers may be forgotten)
+        auth = frame.auth
+        if (
+            known is not None
+            and known.epoch == self.epoch
+            and auth[_PREFIX_AT:_NUMBER_AT] + auth[_KEY_AT:-_SIG] == known.ident
+            and auth[0] == SCHEME
+        ):
+            session = known
+        else:
+            session = self._session(frame, kind)
+        ts, number = _TIME_NUMBER.unpack_from(auth, 1)
+        fields = _SIGNED_FIELDS.pack(
+            frame.version, frame.kind | SIGNED, frame.code, len(frame.header)
+        )
+        if not hmac.compare_digest(
+            session.mac(fields + auth[:-_SIG], frame.header, frame.body), auth[-_SIG:]
+        ):
+            raise _failed(
+                kind,
+                frame,
+                f"the signature of {session.access_key!r} does not match (a wrong secret key, "
+                "or the request was altered)",
+            )
+        now_ms = int(self.clock() * 1000)
+        if abs(now_ms - ts) > self.window_ms:
+            raise _failed(
+                kind,
+                frame,
+                f"signed at {ts} ms, {abs(now_ms - ts) / 1000:.1f} s "
+                f"{'before' if ts < now_ms else 'after'} this server's clock (allowed: "
+                f"{self.window_ms / 1000:g} s): check the clocks, or it is a replay",
+            )
+        if not _fresh(session.seen, number, now):
+            raise _failed(kind, frame, "replayed (this request was seen before)")
+        return session
+
+    def _session(self, frame: Frame, kind: str) -> Session:
+        """Who signed ``frame``, looked up in full (its signature is checked after)."""
         auth = frame.auth
         if len(auth) < _META.size + 1 + _SIG:
             if not auth:
@@ -165,11 +247,11 @@ class Authenticator:
                     sep=" ",
                 )
             raise _failed(kind, frame, "the signature trailer is too short")
-        scheme, ts, prefix, number = _META.unpack_from(auth)
+        scheme, _, prefix, _ = _META.unpack_from(auth)
         if scheme != SCHEME:
             raise _failed(kind, frame, f"unknown signature scheme {scheme}")
         try:
-            access_key = auth[_META.size : -_SIG].decode()
+            access_key = auth[_KEY_AT:-_SIG].decode()
         except UnicodeDecodeError:
             raise _failed(kind, frame, "the access key is not UTF-8") from None
         secret = self.secret_of(access_key)
@@ -180,57 +262,20 @@ class Authenticator:
             if len(self._macs) >= 4096:  # keys changed many times: start afresh
                 self._macs.clear()
             mac = self._macs[secret] = Mac(secret)
-        fields = _SIGNED_FIELDS.pack(
-            frame.version, frame.kind | SIGNED, frame.code, len(frame.header)
-        )
-        if not hmac.compare_digest(
-            mac(fields, auth[:-_SIG], frame.header, frame.body), auth[-_SIG:]
-        ):
-            raise _failed(
-                kind,
-                frame,
-                f"the signature of {access_key!r} does not match (a wrong secret key, or the "
-                "request was altered)",
-            )
-        now_ms = int(self.clock() * 1000)
-        if abs(now_ms - ts) > self.window_ms:
-            raise _failed(
-                kind,
-                frame,
-                f"signed at {ts} ms, {abs(now_ms - ts) / 1000:.1f} s "
-                f"{'before' if ts < now_ms else 'after'} this server's clock (allowed: "
-                f"{self.window_ms / 1000:g} s): check the clocks, or it is a replay",
-            )
-        if not self._fresh(access_key.encode() + prefix, number):
-            raise _failed(kind, frame, "replayed (this request was seen before)")
-        return access_key
-
-    def _fresh(self, key: bytes, number: int) -> bool:
-        """Whether ``number`` of connection ``key`` was not seen before (now it was)."""
-        now = self.monotonic()
-        with self._lock:
-            if now >= self._next_sweep:
-                self._sweep(now)
-            seen = self._seen.get(key)
-            if seen is None:
-                seen = self._seen[key] = _Seen()
-            seen.last = now
-            if number > seen.high:
-                shift = number - seen.high
-                seen.bits = ((seen.bits << shift) | 1) & _SPAN_MASK if shift < _REPLAY_SPAN else 1
-                seen.high = number
-                return True
-            back = seen.high - number
-            if back >= _REPLAY_SPAN or number <= 0 or seen.bits >> back & 1:
-                return False
-            seen.bits |= 1 << back
-            return True
+        ident = prefix + auth[_KEY_AT:-_SIG]
+        seen = self._seen.get(ident)
+        if seen is None:
+            seen = self._seen[ident] = _Seen()
+        return Session(access_key, ident, mac, seen, self.epoch)
 
     def _sweep(self, now: float) -> None:
         """Forget prefixes unused for longer than a replay of them could still be on time."""
         horizon = now - 2 * self.window_ms / 1000 - 1
-        for key in [k for k, s in self._seen.items() if s.last < horizon]:
+        gone = [k for k, s in self._seen.items() if s.last < horizon]
+        for key in gone:
             del self._seen[key]
+        if gone:  # (a session holding one must look it up again)
+            self.epoch += 1
         self._next_sweep = now + max(1.0, self.window_ms / 1000)
 
     @property

@@ -3,6 +3,7 @@ and the table of what each request needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from txmq.acl import Acl, Resource, Rule, topic_resource
 from txmq.acl.guard import Guard
 from txmq.acl.rights import needs, unlisted
-from txmq.errors import AuthenticationFailed
+from txmq.errors import AuthenticationFailed, NoPermission
 from txmq.security import ClientSecurity, Credentials, client_security
 from txmq.settings import SettingsError
 from txmq.signing import Authenticator, Signer
@@ -153,7 +154,7 @@ def test_a_signed_frame_authenticates_once() -> None:
         7,
         b"body",
     )
-    assert auth.check(frame, "SendMessage") == "orders"
+    assert auth.check(frame, "SendMessage").access_key == "orders"
     with pytest.raises(AuthenticationFailed, match="replayed"):
         auth.check(_decode(data), "SendMessage")
 
@@ -206,6 +207,68 @@ def test_unsigned_unknown_and_altered_requests_are_refused() -> None:
             continue  # the frame itself broke: refused before any check
         with pytest.raises(AuthenticationFailed):
             auth.check(frames[0], "x")
+
+
+class _Conn:
+    """A connection as the guard sees it."""
+
+    def __init__(self, name: str = "127.0.0.1:40000") -> None:
+        self.name = name
+        self.attributes: dict[str, object] = {}
+
+
+def _send(signer: Signer, topic: str = "orders") -> tuple[object, SendMessage]:
+    from txmq.wire.base import encode
+
+    req = SendMessage(topic=topic, queue_id=0)
+    return _decode(signer.frame(FrameKind.REQUEST, SendMessage.CODE, 1, encode(req), b"x", 1)), req
+
+
+def test_a_connections_later_requests_are_checked_as_fully_as_its_first(
+    tmp_path: Path, acl: Acl
+) -> None:
+    """The guard remembers who signed a connection's requests and which topics it may send
+    to; each request's signature, time and number are still checked, a replay on another
+    connection is refused, and a change of the file takes effect on the next request."""
+    path = tmp_path / "acl.toml"
+    acl.save(path)
+    guard = Guard(path)
+    conn, other = _Conn(), _Conn("127.0.0.1:40001")
+    signer = Signer(Credentials("orders", "orders-secret"))
+    for _ in range(3):
+        frame, req = _send(signer)
+        user = guard.authenticate(conn, frame, SendMessage)  # type: ignore[arg-type]
+        guard.authorize(user, req, conn)
+    assert user.name == "orders"
+    with pytest.raises(AuthenticationFailed, match="replayed"):  # the same frame again
+        guard.authenticate(other, frame, SendMessage)  # type: ignore[arg-type]
+    with pytest.raises(AuthenticationFailed, match="replayed"):
+        guard.authenticate(conn, frame, SendMessage)  # type: ignore[arg-type]
+    # altered after signing: refused on the connection that knows its signer
+    frame, req = _send(signer)
+    bad = dataclasses.replace(frame, body=b"y")  # type: ignore[type-var]
+    with pytest.raises(AuthenticationFailed, match="does not match"):
+        guard.authenticate(conn, bad, SendMessage)  # type: ignore[arg-type]
+    # another user's credentials on the same connection: that user, with its own rights
+    frame, req = _send(Signer(Credentials("ops", "ops-secret-1")), "payments")
+    assert guard.authenticate(conn, frame, SendMessage).name == "ops"  # type: ignore[arg-type]
+    frame, req = _send(signer, "payments")
+    user = guard.authenticate(conn, frame, SendMessage)  # type: ignore[arg-type]
+    with pytest.raises(NoPermission, match="'pub' right on topic:payments"):
+        guard.authorize(user, req, conn)
+    # the right to send to orders taken away: refused from the next request on
+    acl.without_rule("orders", "topic:orders").save(path)
+    assert guard.reload()
+    frame, req = _send(signer)
+    user = guard.authenticate(conn, frame, SendMessage)  # type: ignore[arg-type]
+    with pytest.raises(NoPermission, match="'pub' right on topic:orders"):
+        guard.authorize(user, req, conn)
+    # the user removed: its connection is refused at once
+    acl.without_user("orders").save(path)
+    assert guard.reload()
+    frame, _ = _send(signer)
+    with pytest.raises(AuthenticationFailed, match="unknown access key 'orders'"):
+        guard.authenticate(conn, frame, SendMessage)  # type: ignore[arg-type]
 
 
 def test_every_request_class_has_its_needs_named() -> None:

@@ -19,7 +19,8 @@ from txmq.acl.rights import needs
 from txmq.errors import AuthenticationFailed, NoPermission
 from txmq.serving import ConnectionSettings
 from txmq.settings import SettingsError
-from txmq.signing import DEFAULT_TIME_WINDOW_S, Authenticator
+from txmq.signing import DEFAULT_TIME_WINDOW_S, Authenticator, Session
+from txmq.wire import PullMessage, SendBatchMessage, SendMessage
 from txmq.wire.base import Request
 from txmq.wire.frame import Frame
 
@@ -48,6 +49,21 @@ def peer_host(conn: Peer) -> str:
     if host is None:
         host = conn.attributes["peer_host"] = conn.name.rpartition(":")[0].strip("[]")
     return str(host)
+
+
+#: a connection's attribute: who signed its requests, and what they were allowed
+_SIGNED = "acl_signed"
+#: sends' topics and pulls' queues a connection remembers it was allowed, at most
+_KNOWN_MAX = 1024
+
+
+class _Signed:
+    __slots__ = ("allowed", "session", "user")
+
+    def __init__(self, session: Session, user: User) -> None:
+        self.session = session
+        self.user = user
+        self.allowed: set[Any] = set()
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -84,15 +100,24 @@ class Guard:
 
     def authenticate(self, conn: Peer, frame: Frame, kind: type[Request[Any]]) -> User:
         """The user who signed ``frame``, or AuthenticationFailed."""
+        attributes = conn.attributes
+        known: _Signed | None = attributes.get(_SIGNED)
         try:
-            access_key = self.authenticator.check(frame, kind.__name__)
+            session = self.authenticator.check(
+                frame, kind.__name__, None if known is None else known.session
+            )
         except AuthenticationFailed as exc:
             self._refused("authentication", conn, str(exc))
             raise
-        user = self.acl.users.get(access_key)
+        if known is not None and known.session is session:
+            return known.user
+        user = self.acl.users.get(session.access_key)
         if user is None:  # removed between the two lookups
-            raise AuthenticationFailed(f"{kind.__name__}: unknown access key {access_key!r}")
-        conn.attributes["acl_user"] = user.name
+            raise AuthenticationFailed(
+                f"{kind.__name__}: unknown access key {session.access_key!r}"
+            )
+        attributes[_SIGNED] = _Signed(session, user)
+        attributes["acl_user"] = user.name
         return user
 
     def authorize(
@@ -102,6 +127,22 @@ class Guard:
         (``what``: how the error names the request; default its class's name)."""
         if user.super_user:
             return
+        # a connection's sends and pulls: what it was allowed before (the users and rules
+        # are the same while its session is: a change makes a new one)
+        kind = type(request)
+        known: _Signed | None = None
+        key: Any = None
+        if kind is SendMessage or kind is SendBatchMessage:
+            known = conn.attributes.get(_SIGNED)
+            key = request.topic  # type: ignore[attr-defined]
+        elif kind is PullMessage:
+            known = conn.attributes.get(_SIGNED)
+            key = (request.group, request.topic)  # type: ignore[attr-defined]
+        if known is not None:
+            if known.user is not user:
+                known = None
+            elif key in known.allowed:
+                return
         source = peer_host(conn)
         allowed = self._allowed
         name = user.name
@@ -114,7 +155,11 @@ class Guard:
                     break
             else:
                 res, action = need[0]
-                self.deny(user, action, res, what or type(request).__name__, conn)
+                self.deny(user, action, res, what or kind.__name__, conn)
+        if known is not None:
+            if len(known.allowed) >= _KNOWN_MAX:
+                known.allowed.clear()
+            known.allowed.add(key)
 
     def require(self, user: User | None, action: str, res: Resource, what: str, conn: Peer) -> None:
         """NoPermission unless ``user`` may do ``action`` on ``res`` (None: no ACL)."""
@@ -191,6 +236,7 @@ class Guard:
     def _use(self, acl: Acl) -> None:
         self.acl = acl
         self._allowed = {}
+        self.authenticator.forget()  # (each connection's user and rights are looked up again)
 
     async def watch(self, interval: float = WATCH_INTERVAL_S) -> None:
         """Read the file again whenever it changes (run it in the server's task group)."""
