@@ -25,6 +25,7 @@ from examples.orders.fault_base import (
     wait_until,
 )
 from examples.orders.web import request
+from txmq.route import LATENCY_MAX_MS, NOT_AVAILABLE_S
 from txmq.wire import MASTER_ID
 
 if TYPE_CHECKING:
@@ -221,9 +222,12 @@ class MasterFailover(Fault):
             # registered with the name server as a slave (not under the master's id 0)
             wait_until(lambda: registered(victim.address) not in (None, MASTER_ID), 30)
             slot = registered(victim.address)
-            if not wait_until(lambda: bool(on_new_master()), self.timeout):
+            # fault avoidance may leave the set out for a while after a slow send to the new
+            # master (one that took 3 to 15 s: 180 s, RocketMQ's levels, txmq.route)
+            back_within = self.timeout + NOT_AVAILABLE_S[LATENCY_MAX_MS.index(3000)]
+            if not wait_until(lambda: bool(on_new_master()), back_within):
                 raise RuntimeError(
-                    f"no order accepted on {REPLICATED} {self.timeout:.0f} s after its failover"
+                    f"no order accepted on {REPLICATED} {back_within:.0f} s after its failover"
                 )
             back = min(on_new_master())
             wait_until(lambda: flow.since(back) >= self.after, 30)

@@ -67,6 +67,8 @@ def _cluster(
     return names, brokers, ";".join(addrs)
 
 
+# its own waits allow up to 480 s (a slow machine takes ~3 min; a quiet one ~1)
+@pytest.mark.timeout(480)
 def test_a_broker_killed_while_10000_messages_flow_loses_nothing_applied_once(
     namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory, pg: Db
 ) -> None:
