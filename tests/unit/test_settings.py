@@ -114,3 +114,13 @@ def test_dedupe_settings_are_read_and_checked() -> None:
             BrokerConfig(dedupe_max_entries=bad_count)
     with pytest.raises(SettingsError, match="TXMQ_BROKER_DEDUPE_MAX_ENTRIES"):
         BrokerConfig.load(env={"TXMQ_BROKER_DEDUPE_MAX_ENTRIES": "many"})
+
+
+@pytest.mark.parametrize("bad", ["0", "0.5", "3601", "-60"])
+def test_the_acl_time_window_is_between_a_second_and_an_hour(bad: str) -> None:
+    """``acl_time_window_s`` (how far a signed request's time may be from the server's):
+    from the environment or the file, outside 1-3600 s is refused at start."""
+    with pytest.raises(SettingsError, match="acl_time_window_s must be between 1 and 3600"):
+        BrokerConfig.load(env={"TXMQ_BROKER_ACL_TIME_WINDOW_S": bad})
+    ok = BrokerConfig.load(env={"TXMQ_BROKER_ACL_TIME_WINDOW_S": "5"})
+    assert ok.acl_time_window_s == 5.0
