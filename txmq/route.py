@@ -166,8 +166,13 @@ class LatencyFaultTolerance:
             until = self._clock() + pause
             if until > self._until.get(broker_name, 0.0):
                 self._until[broker_name] = until
+                # a failure says so in the send's own warning; a send slow enough to leave
+                # the set out for a minute or more is worth an operator's look
+                severity = logging.INFO if failed else logging.DEBUG
+                if not failed and pause >= 60:
+                    severity = logging.WARNING
                 log.log(
-                    logging.INFO if failed else logging.DEBUG,
+                    severity,
                     "leaving broker %s out of sends for %.0f s (%s)",
                     broker_name,
                     pause,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,22 @@ def test_latency_decides_how_long_a_broker_is_left_out() -> None:
     off = LatencyFaultTolerance(enabled=False, clock=lambda: now[0])
     off.update("b", 20000, failed=True)
     assert off.available("b")
+
+
+def test_a_send_slow_enough_to_leave_a_set_out_a_minute_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    faults = LatencyFaultTolerance(clock=lambda: 1000.0)
+    with caplog.at_level(logging.DEBUG, logger="txmq.route"):
+        faults.update("a", 600)  # 30 s: a debug line
+        faults.update("b", 2500)  # 120 s: a warning, naming the send's time
+        faults.update("c", 5, failed=True)  # the failed send warned itself: info
+    got = {r.getMessage(): r.levelno for r in caplog.records}
+    assert got == {
+        "leaving broker a out of sends for 30 s (a send took 600 ms)": logging.DEBUG,
+        "leaving broker b out of sends for 120 s (a send took 2500 ms)": logging.WARNING,
+        "leaving broker c out of sends for 30 s (a send failed)": logging.INFO,
+    }
 
 
 def _table() -> RouteTable:
