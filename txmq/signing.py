@@ -55,7 +55,7 @@ _TIME_NUMBER = struct.Struct("<q8xQ")
 #: where the trailer's prefix, number and access key start
 _PREFIX_AT, _NUMBER_AT, _KEY_AT = 9, 17, _META.size
 _SIG = 32
-#: the prefix fields a signature covers (:func:`txmq.wire.frame.signed_fields`)
+#: the prefix fields a signature covers (:func:`txmq.wire.frame.encode_signed_frame`)
 _SIGNED_FIELDS = struct.Struct("<BBHI")
 #: how far a request's time may be from the server's clock (either way)
 DEFAULT_TIME_WINDOW_S = 60.0
@@ -76,10 +76,13 @@ class Mac:
         self._inner = hashlib.sha256(key.translate(_IPAD))
         self._outer = hashlib.sha256(key.translate(_OPAD))
 
-    def __call__(self, *parts: bytes | memoryview) -> bytes:
+    def __call__(self, head: bytes, header: bytes, body: bytes | memoryview) -> bytes:
+        """The MAC of ``head``, ``header`` and ``body`` one after another (three parts, not
+        any number: it runs for every request, on both sides)."""
         inner = self._inner.copy()
-        for part in parts:
-            inner.update(part)
+        inner.update(head)
+        inner.update(header)
+        inner.update(body)
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()

@@ -41,7 +41,6 @@ __all__ = [
     "FrameKind",
     "encode_frame",
     "encode_signed_frame",
-    "signed_fields",
 ]
 
 PREFIX = struct.Struct("<IBBHII")
@@ -199,11 +198,6 @@ def _malformed(
     return err
 
 
-def signed_fields(kind: int, code: int, version: int, header_length: int) -> bytes:
-    """The prefix fields a signature covers (the kind with its signed flag)."""
-    return _SIGNED_FIELDS.pack(version, kind | SIGNED, code, header_length)
-
-
 def encode_signed_frame(
     kind: FrameKind | int,
     code: int,
@@ -213,8 +207,12 @@ def encode_signed_frame(
     version: int,
     sign: Callable[[bytes, bytes, bytes | memoryview], bytes],
 ) -> bytes:
-    """A signed request: ``sign(signed_fields, header, body)`` gives its auth trailer."""
-    trailer = sign(signed_fields(kind, code, version, len(header)), header, body)
-    length = PREFIX.size - 4 + len(header) + len(body) + len(trailer) + _TRAILER_LEN.size
-    prefix = PREFIX.pack(length, version, int(kind) | SIGNED, int(code), request_id, len(header))
+    """A signed request: ``sign(fields, header, body)`` gives its auth trailer, ``fields``
+    being the prefix fields a signature covers (version, kind with its signed flag, code,
+    header length)."""
+    kind_byte = int(kind) | SIGNED
+    hlen = len(header)
+    trailer = sign(_SIGNED_FIELDS.pack(version, kind_byte, code, hlen), header, body)
+    length = PREFIX.size - 4 + hlen + len(body) + len(trailer) + _TRAILER_LEN.size
+    prefix = PREFIX.pack(length, version, kind_byte, int(code), request_id, hlen)
     return b"".join((prefix, header, body, trailer, _TRAILER_LEN.pack(len(trailer))))
