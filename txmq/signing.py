@@ -32,7 +32,7 @@ from hashlib import sha1
 
 from txmq.errors import AuthenticationFailed
 from txmq.security import Credentials
-from txmq.wire.frame import SIGNED, Frame, FrameKind, encode_signed_frame
+from txmq.wire.frame import SIGNED, SIGNED_FIELDS, Frame, FrameKind, encode_signed_frame
 
 __all__ = [
     "ALGORITHM",
@@ -55,8 +55,6 @@ _TIME_NUMBER = struct.Struct("<q8xQ")
 #: where the trailer's prefix, number and access key start
 _PREFIX_AT, _NUMBER_AT, _KEY_AT = 9, 17, _META.size
 _SIG = 32
-#: the prefix fields a signature covers (:func:`txmq.wire.frame.encode_signed_frame`)
-_SIGNED_FIELDS = struct.Struct("<BBHI")
 #: how far a request's time may be from the server's clock (either way)
 DEFAULT_TIME_WINDOW_S = 60.0
 #: how many numbers behind the highest a request may come (reordered) and still be taken
@@ -212,7 +210,7 @@ class Authenticator:
         else:
             session = self._session(frame, kind)
         ts, number = _TIME_NUMBER.unpack_from(auth, 1)
-        fields = _SIGNED_FIELDS.pack(
+        fields = SIGNED_FIELDS.pack(
             frame.version, frame.kind | SIGNED, frame.code, len(frame.header)
         )
         if not hmac.compare_digest(

@@ -144,14 +144,9 @@ class Guard:
             elif key in known.allowed:
                 return
         source = peer_host(conn)
-        allowed = self._allowed
-        name = user.name
         for need in needs(request):
             for res, action in need:
-                hit = allowed.get((name, res, action, source))
-                if hit is None:
-                    hit = self.allowed(user, res, action, source)
-                if hit:
+                if self.allowed(user, res, action, source):
                     break
             else:
                 res, action = need[0]

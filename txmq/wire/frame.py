@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "PREFIX",
     "SIGNED",
+    "SIGNED_FIELDS",
     "Frame",
     "FrameDecoder",
     "FrameKind",
@@ -47,7 +48,8 @@ PREFIX = struct.Struct("<IBBHII")
 #: the kind byte's flag of a signed request (an auth trailer ends the frame)
 SIGNED = 0x80
 _TRAILER_LEN = struct.Struct("<H")
-_SIGNED_FIELDS = struct.Struct("<BBHI")
+#: the prefix fields a signature covers: version, kind (with SIGNED), code, header length
+SIGNED_FIELDS = struct.Struct("<BBHI")
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 _EMPTY_MAP = b"\x80"
 #: a decoder keeps a buffer up to this size for the next partial frame; a bigger one goes
@@ -212,7 +214,7 @@ def encode_signed_frame(
     header length)."""
     kind_byte = int(kind) | SIGNED
     hlen = len(header)
-    trailer = sign(_SIGNED_FIELDS.pack(version, kind_byte, code, hlen), header, body)
+    trailer = sign(SIGNED_FIELDS.pack(version, kind_byte, code, hlen), header, body)
     length = PREFIX.size - 4 + hlen + len(body) + len(trailer) + _TRAILER_LEN.size
     prefix = PREFIX.pack(length, version, kind_byte, int(code), request_id, hlen)
     return b"".join((prefix, header, body, trailer, _TRAILER_LEN.pack(len(trailer))))
