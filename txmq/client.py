@@ -247,6 +247,13 @@ class BrokerClient:
                     for closing in self._closing:
                         await closing.aclose()
                     tg.cancel_scope.cancel()
+            except Exception:
+                # a background task failed: every request now says the client is stopped,
+                # so say once, loudly, why it stopped
+                log.exception(
+                    "%s %s stopped: a background task failed", type(self).__name__, self.client_id
+                )
+                raise
             finally:
                 self._tg = None
                 started.set()

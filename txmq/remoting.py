@@ -53,6 +53,9 @@ __all__ = [
 
 log = logging.getLogger("txmq.remoting")
 
+#: what reading or writing a connection whose peer is gone raises
+_GONE = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
 #: a successful answer: its header, or its header and a body
 Reply = Response | WithBody[Any]
 HandlerResult = Reply | None | Awaitable[Reply | None] | asyncio.Future[Reply | None]
@@ -157,6 +160,10 @@ class Connection:
                     with anyio.move_on_after(5):
                         await anyio.sleep_forever()
                 tg.cancel_scope.cancel()
+        except Exception:
+            # a connection's failure ends that connection, never its owner's task group (a
+            # client's: every request would fail; a server's: it would stop serving)
+            log.exception("connection %s failed; closing it", self.name)
         finally:
             self._mark_closed()
             # what it held goes now, not when the garbage collector finds the connection
@@ -197,10 +204,8 @@ class Connection:
         while True:
             try:
                 data = await self.stream.receive(256 * 1024)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
-            except OSError as exc:
-                log.debug("connection %s read error: %s", self.name, exc)
+            except _GONE as exc:
+                log.debug("connection %s read: %r", self.name, exc)
                 return
             try:
                 frames = self._decoder.feed(data)
@@ -318,7 +323,7 @@ class Connection:
                 self._writing_since = time.monotonic()
                 try:
                     await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                except _GONE:  # (over TLS a peer gone may be EndOfStream, from a send too)
                     self._mark_closed()
                     if self._tg is not None:
                         self._tg.cancel_scope.cancel()

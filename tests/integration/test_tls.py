@@ -6,11 +6,14 @@ admin CLI and the web console (https) reaching a TLS broker."""
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,6 +25,7 @@ import pytest
 
 import tests.replicaset as replicaset
 from tests.conftest import ROOT, BrokerProcess, NamesrvProcess, ask, free_port, wait_for
+from tests.integration.test_transactions import read_topic
 from tests.replicaset import ReplicaSet
 from tests.tls_support import certs, other
 from txmq import Message
@@ -171,6 +175,64 @@ def test_tls_ca_requires_client_certificates(
     assert "Traceback" not in refused.stderr
     log = bp.output()
     assert "TLS handshake with 127.0.0.1:" in log and "Traceback" not in log
+
+
+def test_a_tls_producer_lives_through_sigkills_of_its_broker(
+    broker_process: BrokerFactory, certs: CertFiles
+) -> None:
+    """A broker SIGKILLed while a TLS producer's connection writes to it ends that
+    connection, nothing more (anyio says EndOfStream from such a write: once it stopped the
+    whole client, and every later request failed "client is not started"): the producer
+    reconnects to the restarted broker, and every acknowledged message is there."""
+    rng = random.Random(11)
+    bp = broker_process(*server_flags(certs, client_ca=True), "--port", str(free_port())).start()
+    acked: dict[str, tuple[int, int]] = {}
+    errors: list[TxmqError] = []  # not retriable: the sender stopped
+    lock, stop = threading.Lock(), threading.Event()
+
+    def sender(producer: Producer, n: int) -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+            try:
+                r = producer.send(Message("killed", b"%d-%d " % (n, count) * 10))
+            except TxmqError as exc:
+                if not exc.retriable:
+                    errors.append(exc)
+                    return
+                stop.wait(0.01)
+                continue
+            with lock:
+                acked[r.msg_id] = (r.queue_id, r.queue_offset)
+
+    with Producer(bp.address, security=mutual(certs)) as producer:
+        threads = [threading.Thread(target=sender, args=(producer, n)) for n in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(8):
+                goal = len(acked) + 20
+                wait_for(lambda g=goal: len(acked) >= g, timeout=30)  # sends flow again
+                time.sleep(rng.uniform(0.0, 0.5))
+                bp.kill()  # SIGKILL, by PID
+                time.sleep(rng.uniform(0.0, 0.3))
+                bp.start()  # on its store and port
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        assert not errors
+        # and the same client goes on
+        assert producer.send(Message("killed", b"last")).status == "SEND_OK"
+    stored = {
+        m.msg_id: (m.queue_id, m.queue_offset)
+        for m in anyio.run(
+            functools.partial(read_topic, bp.address, "killed", security=mutual(certs))
+        )
+    }
+    lost = [mid for mid in acked if stored.get(mid) != acked[mid]]
+    assert not lost, f"{len(lost)} of {len(acked)} acknowledged messages not where acknowledged"
+    assert bp.terminate() == 0
 
 
 def test_name_server_and_brokers_over_tls(

@@ -36,6 +36,7 @@ from txmq.broker.transaction import COMMIT, TransactionService
 from txmq.errors import BadRequest
 from txmq.message import MessageExt, Prop, SysFlag
 from txmq.producer import SendResult
+from txmq.security import ClientSecurity
 from txmq.settings import SettingsError
 from txmq.wire import BatchEntry, Ended, RequestCode, SendBatchMessage, SendMessage, decode
 
@@ -56,9 +57,11 @@ async def until(predicate: Callable[[], Awaitable[Any]], timeout: float = 20.0) 
             await anyio.sleep(0.02)
 
 
-async def read_topic(address: str, topic: str) -> list[MessageExt]:
+async def read_topic(
+    address: str, topic: str, security: ClientSecurity | None = None
+) -> list[MessageExt]:
     out: list[MessageExt] = []
-    async with PullConsumer(address, "reader") as consumer:
+    async with PullConsumer(address, "reader", security=security) as consumer:
         for qid in await consumer.queues(topic):
             offset = 0
             while True:
