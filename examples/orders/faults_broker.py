@@ -227,8 +227,9 @@ class MasterFailover(Fault):
             back_within = self.timeout + NOT_AVAILABLE_S[LATENCY_MAX_MS.index(3000)]
             if not wait_until(lambda: bool(on_new_master()), back_within):
                 raise RuntimeError(
-                    f"no order accepted on {REPLICATED} {back_within:.0f} s after its failover;"
-                    f" the end of {demo.orders.log}:\n{demo.orders.log_tail(20)}"
+                    f"no order accepted on {REPLICATED} {back_within:.0f} s after its failover"
+                    f" ({flow.summary(killed)}); the end of {demo.orders.log}:\n"
+                    f"{demo.orders.log_tail(20)}"
                 )
             back = min(on_new_master())
             wait_until(lambda: flow.since(back) >= self.after, 30)

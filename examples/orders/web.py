@@ -154,8 +154,12 @@ def _call(
     except LookupError as exc:
         return 404, {"error": str(exc.args[0] if exc.args else exc)}
     except TxmqError as exc:
-        status = 503 if exc.retriable else 500
-        return status, {"error": f"{type(exc).__name__}: {exc}"}
+        error = f"{type(exc).__name__}: {exc}"
+        if exc.retriable:  # a broker down, a timeout: the client may try again
+            log.info("%s: 503 %s", match.re.pattern, error)
+            return 503, {"error": error}
+        log.warning("%s: 500 %s", match.re.pattern, error)
+        return 500, {"error": error}
     except Exception as exc:
         log.exception("request failed")
         return 500, {"error": f"{type(exc).__name__}: {exc}"}
