@@ -442,6 +442,8 @@ class BrokerClient:
                 await self._heartbeat()
             except TxmqError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            except Exception:  # a bug here must not end the client (the next one may work)
+                log.exception("heartbeat failed unexpectedly")
 
     def _task_group(self) -> anyio.abc.TaskGroup:
         if self._tg is None:

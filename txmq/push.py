@@ -347,6 +347,8 @@ class PushConsumer(PullConsumer):
                 await self.rebalance()
             except TxmqError as exc:
                 log.warning("rebalance failed: %s", exc)
+            except Exception:  # a bug here must not end the consumer (the next round may work)
+                log.exception("rebalance failed unexpectedly")
 
     async def _persist_loop(self) -> None:
         while True:
@@ -355,6 +357,8 @@ class PushConsumer(PullConsumer):
                 await self.offsets.persist(set(self.queues_held))
             except (TxmqError, OSError) as exc:
                 log.warning("persisting offsets failed: %s", exc)
+            except Exception:
+                log.exception("persisting offsets failed unexpectedly")
 
     async def consumer_ids(self, broker_name: str | None = None) -> list[str]:
         """The group's members, as a broker of the group's topics knows them (every member
@@ -504,6 +508,9 @@ class PushConsumer(PullConsumer):
                 locked = await self._lock(set(held))
             except TxmqError as exc:
                 log.warning("renewing queue locks failed: %s", exc)
+                continue
+            except Exception:
+                log.exception("renewing queue locks failed unexpectedly")
                 continue
             now = time.monotonic()
             for mq, pq in held.items():

@@ -410,6 +410,9 @@ class TransactionProducer(Producer):
             except TxmqError as exc:
                 log.warning("ending message %s after a check failed: %s", msg_id, exc)
                 return
+            except Exception:  # the broker checks again; the producer goes on
+                log.exception("ending message %s after a check failed unexpectedly", msg_id)
+                return
             log.info("checked transaction of message %s: %s (%s)", msg_id, state.value, result)
         finally:
             self._checking.discard(offset)

@@ -5,9 +5,12 @@ survives a broker outage without spending attempts, reports lag and backlog, cle
 
 from __future__ import annotations
 
+import gc
+import random
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -145,6 +148,26 @@ async def test_notify_wakes_the_relay_without_polling(
         await add_rows(db, "woken", [("k", "x")])
         await until(lambda: db.count(state="sent") == 1, timeout=5)
         assert time.monotonic() - start < 2.0  # far below the 60 s poll
+
+
+async def test_a_relay_stopped_at_any_moment_closes_its_listen_connection(
+    db: Db, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    """Stopped while its LISTEN connection connects, runs LISTEN or waits for NOTIFYs,
+    the relay closes that connection (left open, psycopg warns when the garbage collector
+    finds it: "connection ... was deleted while still open")."""
+    if db.backend != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    b = embedded_broker()
+    rng = random.Random(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        for _ in range(40):
+            async with outbox.OutboxRelay(db.aurl, b.address, poll_interval=60):
+                await anyio.sleep(rng.uniform(0, 0.03))
+        gc.collect()
+    left_open = [str(w.message) for w in caught if "deleted while still open" in str(w.message)]
+    assert not left_open, f"{len(left_open)} of 40: {left_open[0]}"
 
 
 class PoisonProducer(Producer):

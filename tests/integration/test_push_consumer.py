@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -115,6 +116,62 @@ async def test_three_members_split_8_queues_and_consume_exactly_once(
     finally:
         for c in consumers:
             await c.stop()
+
+
+async def test_failing_background_rounds_do_not_end_the_consumer(
+    embedded_broker: Callable[..., EmbeddedBroker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebalance, an offset persist and a lock renewal that fail in a way nobody
+    foresaw (a bug: here a ValueError in the first round of each) are logged with their
+    stack and run again at their next round; the consumer goes on consuming (such a
+    failure used to end its task group, and with it every pull)."""
+    eb = embedded_broker()
+    await _create(eb.address, "rounds", 2)
+    seen: list[bytes] = []
+
+    async def listener(msg: MessageExt) -> None:
+        seen.append(msg.body)
+
+    c = PushConsumer(
+        eb.address,
+        "g-rounds",
+        listener=listener,
+        orderly=True,  # (its queues are locked, and their locks renewed)
+        rebalance_interval=0.05,
+        persist_interval=0.05,
+        lock_renew_interval=0.05,
+    )
+    c.subscribe("rounds")
+    rounds: Counter[str] = Counter()
+
+    def failing_once(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        async def wrapped(*args: Any) -> Any:
+            rounds[name] += 1
+            if rounds[name] == 1:
+                raise ValueError(f"a bug in {name}")
+            return await fn(*args)
+
+        return wrapped
+
+    await c.start()
+    try:
+        c.rebalance = failing_once("rebalance", c.rebalance)  # type: ignore[method-assign]
+        c.offsets.persist = failing_once("persist", c.offsets.persist)  # type: ignore[method-assign]
+        c._lock = failing_once("lock", c._lock)  # type: ignore[method-assign]
+        with anyio.fail_after(20):
+            while min(rounds[n] for n in ("rebalance", "persist", "lock")) < 3:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        async with Producer(eb.address) as producer:
+            for i in range(5):
+                await producer.send(Message("rounds", b"m%d" % i))
+        with anyio.fail_after(20):
+            while len(seen) < 5:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    finally:
+        await c.stop()
+    assert sorted(seen) == [b"m%d" % i for i in range(5)]
+    for what in ("rebalance", "persisting offsets", "renewing queue locks"):
+        assert f"{what} failed unexpectedly" in caplog.text
 
 
 def test_sigkill_of_a_member_moves_its_queues(

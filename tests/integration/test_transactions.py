@@ -480,6 +480,50 @@ async def test_producer_reregisters_with_a_restarted_broker(
     assert await pending(b.address) == []
 
 
+async def test_a_failing_heartbeat_or_check_back_does_not_end_the_producer(
+    embedded_broker: Callable[..., EmbeddedBroker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Background work that fails in a way nobody foresaw (a bug: here a ValueError put
+    into the heartbeat and into ending a checked transaction) is logged with its stack and
+    tried again; the producer goes on (such a failure used to end its task group, and every
+    later request failed "client is not started")."""
+    b = embedded_broker(**FAST)
+    listener = Listener(execute=S.UNKNOWN, answers={"B1": S.COMMIT})
+    async with TransactionProducer(
+        b.address, "tx-bug", listener=listener, heartbeat_interval=0.05
+    ) as p:
+        beats, ends = 0, 0
+        heartbeat, end = p._heartbeat, p._end
+
+        async def buggy_heartbeat() -> None:
+            nonlocal beats
+            beats += 1
+            if beats == 1:
+                raise ValueError("a bug in the heartbeat")
+            await heartbeat()
+
+        async def buggy_end(*args: Any) -> str:
+            nonlocal ends
+            from_check = args[3]
+            ends += from_check
+            if from_check and ends == 1:
+                raise ValueError("a bug in ending a transaction")
+            return await end(*args)
+
+        p._heartbeat, p._end = buggy_heartbeat, buggy_end  # type: ignore[method-assign]
+        await p.send_message_in_transaction(Message("tx-bug", b"checked"), transaction_id="B1")
+
+        async def delivered() -> list[MessageExt]:
+            return await read_topic(b.address, "tx-bug")
+
+        [m] = await until(delivered)  # checked back twice: the second end went through
+        assert m.body == b"checked" and ends >= 2 and beats >= 3
+        late = await p.send_half(Message("tx-bug", b"still here"), transaction_id="B2")
+        assert late.status == "SEND_OK"
+    assert "heartbeat failed unexpectedly" in caplog.text
+    assert "ending message" in caplog.text and "a bug in ending a transaction" in caplog.text
+
+
 async def test_several_halves_of_one_transaction_are_all_committed(
     embedded_broker: Callable[..., EmbeddedBroker],
 ) -> None:
