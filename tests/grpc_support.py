@@ -17,6 +17,7 @@ import pytest
 
 # the official client: it configures its own file logging (~/logs/rocketmq_python) on import
 from rocketmq.v5.client import ClientConfiguration, Credentials
+from rocketmq.v5.client.connection.rpc_client import RpcClient
 from rocketmq.v5.consumer import (
     ConsumeResult,
     MessageListener,
@@ -45,7 +46,9 @@ __all__ = [
     "make_message",
     "receive_all",
     "started",
+    "startup",
 ]
+
 
 @pytest.fixture
 async def grpc_closed_loops() -> AsyncIterator[None]:
@@ -126,10 +129,37 @@ def grpc_broker(tmp_path: Path) -> Iterator[Callable[..., GrpcBroker]]:
             bp.kill()
 
 
+def startup(client: Any) -> None:
+    """``client.startup()``, in a thread of its own whose current event loop is the
+    official client's I/O loop.
+
+    During its start the client may open a gRPC channel, or its Telemetry stream, in the
+    calling thread (when a route query is answered before the client has registered its
+    callback, the callback runs there); grpc.aio then binds them to that thread's current
+    event loop.  A pytest worker's main thread has none once an earlier test's asyncio
+    runner has closed ("There is no current event loop in thread 'MainThread'": the
+    stream fails and the route is never cached, "failed to fetch topic ... route"), or
+    one that never runs.  The I/O loop is the one that runs the client's calls."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(RpcClient.get_channel_io_loop())
+        try:
+            client.startup()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="rocketmq-startup")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
 @contextlib.contextmanager
 def started(client: Any) -> Iterator[Any]:
-    """``client.startup()`` now, ``client.shutdown()`` at the end of the block."""
-    client.startup()
+    """:func:`startup` now, ``client.shutdown()`` at the end of the block."""
+    startup(client)
     try:
         yield client
     finally:

@@ -156,9 +156,9 @@ def _call(
     except TxmqError as exc:
         error = f"{type(exc).__name__}: {exc}"
         if exc.retriable:  # a broker down, a timeout: the client may try again
-            log.info("%s: 503 %s", match.re.pattern, error)
+            log.info("%s: 503 %s", match.string, error)
             return 503, {"error": error}
-        log.warning("%s: 500 %s", match.re.pattern, error)
+        log.warning("%s: 500 %s", match.string, error)
         return 500, {"error": error}
     except Exception as exc:
         log.exception("request failed")
