@@ -202,6 +202,8 @@ class BrokerClient:
         #: who this client is to a broker (producers and consumers name it themselves)
         self.client_id = f"{socket.gethostname()}@{os.getpid()}#{next(_INSTANCES)}"
         self._closing: list[_Closes] = []
+        #: what ended the client's background work, if that did not come from stop()
+        self._failure: BaseException | None = None
 
     def _choose_transport(self, transport: Transport | None) -> Transport:
         if transport is None:
@@ -233,6 +235,7 @@ class BrokerClient:
             return
         started = anyio.Event()
         stop = self._stop_event = anyio.Event()
+        self._failure = None
 
         async def lifetime() -> None:
             try:
@@ -247,9 +250,10 @@ class BrokerClient:
                     for closing in self._closing:
                         await closing.aclose()
                     tg.cancel_scope.cancel()
-            except Exception:
+            except Exception as exc:
                 # a background task failed: every request now says the client is stopped,
                 # so say once, loudly, why it stopped
+                self._failure = exc
                 log.exception(
                     "%s %s stopped: a background task failed", type(self).__name__, self.client_id
                 )
@@ -358,7 +362,12 @@ class BrokerClient:
         finally:
             if self._stop_event is not None:
                 self._stop_event.set()
-            await task
+            try:
+                await task
+            except Exception:
+                if self._failure is None:
+                    raise
+                # (its background work failed earlier: logged then; stopping succeeds)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -447,6 +456,11 @@ class BrokerClient:
 
     def _task_group(self) -> anyio.abc.TaskGroup:
         if self._tg is None:
+            if self._failure is not None:
+                raise BrokerUnavailable(
+                    f"client stopped: its background work failed ({self._failure!r}; logged "
+                    "with its stack); stop it and start a new one"
+                )
             raise BrokerUnavailable("client is not started: call start() or use 'async with'")
         return self._tg
 

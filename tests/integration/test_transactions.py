@@ -33,7 +33,7 @@ from txmq import sync as txsync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
 from txmq.broker.transaction import COMMIT, TransactionService
-from txmq.errors import BadRequest
+from txmq.errors import BadRequest, BrokerUnavailable
 from txmq.message import MessageExt, Prop, SysFlag
 from txmq.producer import SendResult
 from txmq.security import ClientSecurity
@@ -522,6 +522,37 @@ async def test_a_failing_heartbeat_or_check_back_does_not_end_the_producer(
         assert late.status == "SEND_OK"
     assert "heartbeat failed unexpectedly" in caplog.text
     assert "ending message" in caplog.text and "a bug in ending a transaction" in caplog.text
+
+
+async def test_a_client_whose_background_work_failed_says_so(
+    embedded_broker: Callable[..., EmbeddedBroker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Should a background task fail after all (here one raising in the client's task
+    group), the client logs it with its stack, every request says the client stopped and
+    why (not "call start()", which its user did), and stop() still stops it."""
+    b = embedded_broker()
+    p = Producer(b.address)
+    await p.start()
+
+    async def broken() -> None:
+        raise ValueError("a bug in background work")
+
+    async def ended() -> bool:
+        return p._tg is None
+
+    p._task_group().start_soon(broken)
+    await until(ended)
+    with pytest.raises(BrokerUnavailable, match=r"client stopped: its background work failed"):
+        await p.send(Message("stopped", b"x"))
+    await p.stop()  # quietly: the failure was logged when it happened
+    assert "stopped: a background task failed" in caplog.text
+    assert "a bug in background work" in caplog.text
+    # and a new start works
+    await p.start()
+    try:
+        assert (await p.send(Message("stopped", b"again"))).status == "SEND_OK"
+    finally:
+        await p.stop()
 
 
 async def test_several_halves_of_one_transaction_are_all_committed(
