@@ -459,7 +459,7 @@ class BrokerClient:
             if self._failure is not None:
                 raise BrokerUnavailable(
                     f"client stopped: its background work failed ({self._failure!r}; logged "
-                    "with its stack); stop it and start a new one"
+                    "with its stack); stop() it, then start() it again"
                 )
             raise BrokerUnavailable("client is not started: call start() or use 'async with'")
         return self._tg
