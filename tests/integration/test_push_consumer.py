@@ -155,6 +155,9 @@ async def test_failing_background_rounds_do_not_end_the_consumer(
 
     await c.start()
     try:
+        with anyio.fail_after(20):  # its queues held and locked: no lock is taken in a rebalance
+            while _held(c, "rounds") < 2:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
         c.rebalance = failing_once("rebalance", c.rebalance)  # type: ignore[method-assign]
         c.offsets.persist = failing_once("persist", c.offsets.persist)  # type: ignore[method-assign]
         c._lock = failing_once("lock", c._lock)  # type: ignore[method-assign]
