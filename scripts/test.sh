@@ -33,7 +33,7 @@ echo "== setting up .venv (the first run installs the dev, bench and spark extra
 scripts/setup.sh dev
 
 echo "== ruff"
-.venv/bin/ruff check txmq broker outbox migrations cli examples spark tests bench namesrv console
+.venv/bin/ruff check txmq examples tests bench
 echo "== mypy"
 .venv/bin/mypy
 workers="${TXMQ_TEST_WORKERS:-4}"

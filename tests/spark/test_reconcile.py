@@ -375,7 +375,7 @@ def test_spark_submit_local_2_finds_the_same(world: World, tmp_path: Path) -> No
             JDBC_JAR,
             "--conf",
             "spark.ui.enabled=false",
-            str(ROOT / "spark" / "job.py"),
+            str(ROOT / "txmq" / "spark" / "job.py"),
             *_job_args(world, out),
         ],
         capture_output=True,
