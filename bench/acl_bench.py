@@ -105,7 +105,7 @@ async def _create_topic(side: Side, ca: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from txmq.certs import make_test_ca
+    from txmq.security.certs import make_test_ca
 
     folder = Path(tempfile.mkdtemp(prefix="txmq-acl-bench-"))
     sides = [

@@ -238,8 +238,8 @@ def in_process(args: argparse.Namespace) -> dict[str, float]:
 
     from txmq.broker.config import BrokerConfig
     from txmq.broker.server import Broker
-    from txmq.message import Message, new_message_id
-    from txmq.wire import SendMessage
+    from txmq.protocol.message import Message, new_message_id
+    from txmq.protocol.wire import SendMessage
 
     folder = Path(tempfile.mkdtemp(prefix="txmq-dedupe-bench-"))
     brokers: dict[str, Broker] = {}

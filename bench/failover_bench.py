@@ -102,7 +102,7 @@ class Sender:
 
     def _run(self, t: int) -> None:
         from txmq import Message
-        from txmq.errors import TxmqError
+        from txmq.protocol.wire.errors import TxmqError
         from txmq.sync import Producer
 
         n = t

@@ -199,7 +199,7 @@ async def txmq_client(
 def _has_grpc_transport() -> bool:
     import inspect
 
-    from txmq.client import BrokerClient
+    from txmq.client.core import BrokerClient
 
     return "transport" in inspect.signature(BrokerClient.__init__).parameters
 

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 from bench.common import Node, free_port, run_windowed  # noqa: E402
 from txmq import AdminClient, Message, Producer, PushConsumer  # noqa: E402
-from txmq.message import MessageExt  # noqa: E402
+from txmq.protocol.message import MessageExt  # noqa: E402
 
 QUEUES = 4
 

@@ -28,7 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Node, machine_info, run_windowed
-from txmq import ConsumeFrom, Message, MessageExt, Producer, PushConsumer, observe
+from txmq import ConsumeFrom, Message, MessageExt, Producer, PushConsumer
+from txmq.observability import hooks as observe
 
 #: "off": no registry, and the OpenTelemetry API without an SDK (what the hooks check first)
 MODES = (

@@ -40,8 +40,8 @@ if str(ROOT) not in sys.path:
 from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
 from txmq.broker.store.export import export_store  # noqa: E402
-from txmq.codec import blank_record, encode_record  # noqa: E402
-from txmq.message import HALF_TOPIC, OP_TOPIC, Prop, SysFlag, dlq_topic  # noqa: E402
+from txmq.protocol.codec import blank_record, encode_record  # noqa: E402
+from txmq.protocol.message import HALF_TOPIC, OP_TOPIC, Prop, SysFlag, dlq_topic  # noqa: E402
 from txmq.sqla.tables import metadata  # noqa: E402
 
 PG_URL = os.environ.get(

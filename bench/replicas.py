@@ -29,9 +29,9 @@ from pathlib import Path
 import anyio
 
 from bench.common import Node as Node  # re-exported: bench.replicas.Node still works
-from txmq.remoting import RemotingClient
-from txmq.wire import BrokerSetState, GetReplicaInfo, Request
-from txmq.wire.base import R
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import BrokerSetState, GetReplicaInfo, Request
+from txmq.protocol.wire.base import R
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "bench"
@@ -149,7 +149,7 @@ async def create_topic(namesrv: str, topic: str, broker: str, queues: int = 4) -
     """Create ``topic`` on broker set ``broker`` (its master, through the name server) and
     wait until the name server routes its ``queues`` write queues."""
     from txmq import AdminClient, Producer
-    from txmq.errors import TxmqError
+    from txmq.protocol.wire.errors import TxmqError
 
     # until the master registers, the admin client warns that the set has no master
     logging.getLogger("txmq.admin").setLevel(logging.ERROR)
@@ -205,7 +205,7 @@ def consume_all(namesrv: str, topic: str, group: str = "bench-check") -> Counter
 
 def commit_log_end(address: str) -> int:
     """A broker's commit-log max offset (GetBrokerRuntimeInfo)."""
-    from txmq.wire import GetBrokerRuntimeInfo
+    from txmq.protocol.wire import GetBrokerRuntimeInfo
 
     return ask(address, GetBrokerRuntimeInfo()).commit_log_max_offset
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.common import LatencyCollector, Node, expected_messages, run_paced, run_windowed
 from txmq import Message, Producer, PushConsumer
-from txmq.message import MessageExt
+from txmq.protocol.message import MessageExt
 
 TOPIC = "bench"
 QUEUES = 4

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tests.conftest import BrokerProcess
-from txmq.acl import Acl, Rule
+from txmq.security.acl import Acl, Rule
 
 __all__ = ["SECRETS", "as_user", "policy", "secured_broker"]
 

@@ -26,10 +26,11 @@ import pytest
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
-from txmq.client import BrokerClient
-from txmq.remoting import RemotingClient
-from txmq.wire import Frame, Request
-from txmq.wire.base import R
+from txmq.client.core import BrokerClient
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import Frame, Request
+from txmq.protocol.wire.base import R
+from txmq.transports import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,19 +110,27 @@ async def raw_request(client: BrokerClient, code: int, header: object, body: byt
 
 @pytest.fixture
 def embedded_broker(tmp_path: Path) -> Iterator[Callable[..., EmbeddedBroker]]:
-    """Factory: ``embedded_broker(**config_overrides)`` starts a broker in this process."""
+    """Factory: ``embedded_broker(**config_overrides)`` starts a broker in this process
+    (``in_process="HOST:PORT"``: also served there to loopback clients)."""
     started: list[EmbeddedBroker] = []
+    served: list[str] = []
 
-    def start(**overrides: Any) -> EmbeddedBroker:
+    def start(*, in_process: str | None = None, **overrides: Any) -> EmbeddedBroker:
         overrides.setdefault("store", tmp_path / f"store{len(started)}")
         overrides.setdefault("port", 0)
         overrides.setdefault("grpc_port", 0)
         overrides.setdefault("metrics_port", 0)
         broker = EmbeddedBroker(BrokerConfig(**overrides)).start()
         started.append(broker)
+        if in_process is not None:
+            assert broker.broker is not None and broker.loop is not None
+            loopback.serve(in_process, broker.broker.router, broker.loop)
+            served.append(in_process)
         return broker
 
     yield start
+    for address in served:
+        loopback.withdraw(address)
     for broker in started:
         broker.stop()
 

@@ -14,8 +14,8 @@ import time
 
 import anyio
 
-from txmq.message import MessageExt
-from txmq.push import PushConsumer
+from txmq.consumer.push import PushConsumer
+from txmq.protocol.message import MessageExt
 
 
 async def main(argv: list[str]) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import msgpack
 import msgspec.inspect as mi
 
-from txmq.message import Prop
-from txmq.wire import Request, RequestCode
+from txmq.protocol.message import Prop
+from txmq.protocol.wire import Request, RequestCode
 
 __all__ = ["Gen", "Known", "Pairs", "Raw", "mutate", "pack"]
 

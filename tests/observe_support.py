@@ -1,5 +1,5 @@
-"""Fixtures for txmq.observe's tests: spans recorded by the OpenTelemetry SDK's in-memory
-exporter, and a private Prometheus registry (import them into a test module by name)."""
+"""Fixtures for txmq.observability.hooks's tests: spans recorded by the OpenTelemetry SDK's
+in-memory exporter, and a private Prometheus registry (import them into a test module by name)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from txmq import observe
+from txmq.observability import hooks as observe
 
 __all__ = ["registry", "spans"]
 

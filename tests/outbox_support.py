@@ -25,8 +25,8 @@ from sqlalchemy import (
 
 from tests.sqla_support import pg_schema
 from txmq import PullConsumer
-from txmq.message import MessageExt, Prop
 from txmq.outbox import async_url
+from txmq.protocol.message import MessageExt, Prop
 from txmq.sqla import metadata as txmq_metadata
 from txmq.sqla.tables import outbox as outbox_table
 

@@ -7,9 +7,9 @@ import socket
 import msgpack
 
 from txmq import Message
-from txmq.remoting import parse_address
+from txmq.protocol.peer import parse_address
+from txmq.protocol.wire import Frame, FrameDecoder, FrameKind, encode_frame
 from txmq.sync import Producer, PullConsumer
-from txmq.wire import Frame, FrameDecoder, FrameKind, encode_frame
 
 __all__ = ["RawClient", "still_serving"]
 

@@ -18,15 +18,15 @@ import pytest
 from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
 from txmq import Message
 from txmq.broker.store.commitlog import segment_paths
-from txmq.errors import TxmqError
-from txmq.sync import Producer, PullConsumer
-from txmq.wire import (
+from txmq.protocol.wire import (
     MASTER_ID,
     BrokerSetState,
     GetBrokerRuntimeInfo,
     GetClusterInfo,
     GetReplicaInfo,
 )
+from txmq.protocol.wire.errors import TxmqError
+from txmq.sync import Producer, PullConsumer
 
 SET = "a"
 SEGMENT = 1024 * 1024

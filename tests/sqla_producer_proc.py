@@ -34,10 +34,10 @@ import anyio
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-from txmq.message import Message, MessageExt, Prop
-from txmq.producer import SendResult
+from txmq.client.producer import SendResult
+from txmq.client.transaction import LocalTransactionState, TransactionProducer
+from txmq.protocol.message import Message, MessageExt, Prop
 from txmq.sqla import transaction
-from txmq.transaction import LocalTransactionState, TransactionProducer
 
 
 class Undecided:

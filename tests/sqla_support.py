@@ -28,20 +28,25 @@ from sqlalchemy.orm import DeclarativeBase, Mapped
 
 from tests.conftest import free_port
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import Message
-from txmq.producer import MessageQueueSelector, SendResult
+from txmq.client.producer import MessageQueueSelector, SendResult
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Message
 from txmq.sqla import metadata as txmq_metadata
-from txmq.transaction import LocalTransactionState
 
-#: the client transports the transactional-send, outbox and idempotent-consumer tests run on
-TRANSPORTS = ["txmq", "grpc"]
+#: the client transports the transactional-send, outbox, idempotent-consumer and contract
+#: tests run on: txmq's protocol, RocketMQ 5's gRPC, and an in-process broker (loopback)
+TRANSPORTS = ["txmq", "grpc", "loopback"]
+#: those of them that reach a broker from another process (loopback is this process's)
+PROCESS_TRANSPORTS = ["txmq", "grpc"]
+_IN_PROCESS = itertools.count(1)
 
 
 @dataclass
 class Via:
     """A broker, and how txmq's producers and consumers reach it on one transport: txmq's
-    protocol at ``broker.address``, or RocketMQ 5's gRPC endpoint (``--grpc-port``).
-    Admin requests (txmq's protocol only) always go to ``broker.address``."""
+    protocol at ``broker.address``, RocketMQ 5's gRPC endpoint (``--grpc-port``), or the
+    broker's router in this process (loopback).  Admin requests (txmq's protocol) always go
+    to ``broker.address``."""
 
     broker: EmbeddedBroker
     transport: str
@@ -56,12 +61,16 @@ class Via:
 def start_broker(
     embedded_broker: Callable[..., EmbeddedBroker], transport: str, **config: Any
 ) -> Via:
-    """An embedded broker (serving gRPC too when ``transport`` is "grpc")."""
+    """An embedded broker (serving gRPC too when ``transport`` is "grpc", and in process
+    when it is "loopback")."""
     if transport == "grpc":
         pytest.importorskip("rocketmq.grpc_protocol.service_pb2_grpc")
         port = free_port()
         b = embedded_broker(grpc_port=port, **config)
         return Via(b, transport, f"127.0.0.1:{port}")
+    if transport == "loopback":
+        address = f"in-process-test:{next(_IN_PROCESS)}"
+        return Via(embedded_broker(in_process=address, **config), transport, address)
     b = embedded_broker(**config)
     return Via(b, transport, b.address)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from txmq.certs import CertFiles, make_test_ca
+from txmq.security.certs import CertFiles, make_test_ca
 
 __all__ = ["certs", "other"]
 

@@ -15,8 +15,8 @@ import sys
 
 import anyio
 
-from txmq.message import Message, MessageExt, Prop
-from txmq.transaction import LocalTransactionState, TransactionProducer
+from txmq.client.transaction import LocalTransactionState, TransactionProducer
+from txmq.protocol.message import Message, MessageExt, Prop
 
 
 class Undecided:

@@ -2,8 +2,18 @@
 
 from typing import TYPE_CHECKING, Any
 
-from txmq.admin import AdminClient, ConsumeTimeout, wait_consumed
-from txmq.errors import (
+from txmq.admin.client import AdminClient, ConsumeTimeout, wait_consumed
+from txmq.client.producer import Producer, SendResult
+from txmq.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
+from txmq.consumer.pull import PullConsumer, PullResult, PullStatus
+from txmq.consumer.push import ConsumeFrom, ConsumeResult, DeadLetter, MessageModel, PushConsumer
+from txmq.protocol.message import Message, MessageExt, stable_hash
+from txmq.protocol.wire.errors import (
     AuthenticationFailed,
     BrokerUnavailable,
     InvalidTopic,
@@ -13,16 +23,6 @@ from txmq.errors import (
     TopicNotFound,
     TransactionNotFound,
     TxmqError,
-)
-from txmq.message import Message, MessageExt, stable_hash
-from txmq.producer import Producer, SendResult
-from txmq.pull import PullConsumer, PullResult, PullStatus
-from txmq.push import ConsumeFrom, ConsumeResult, DeadLetter, MessageModel, PushConsumer
-from txmq.transaction import (
-    LocalTransactionState,
-    TransactionListener,
-    TransactionProducer,
-    TransactionSendResult,
 )
 
 if TYPE_CHECKING:

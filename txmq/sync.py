@@ -6,33 +6,21 @@ blocking portal) and keeps the client's whole lifetime inside one task there::
     with txmq.sync.Producer("127.0.0.1:10911") as producer:
         result = producer.send(Message("orders", b"..."))
 
-Every method is derived from its async twin by :class:`blocking`: the same parameters and
-the same result, typed as the twin is; the facade adds no logic.  While a facade call
-waits, the calling thread runs what the async code hands back to it
-(:func:`txmq.caller.in_caller_thread`: the transactional producer's local transaction, so
-that thread-bound sessions work).
+Every method is derived from its async twin (:mod:`txmq.client.facade`): the same
+parameters and the same result, typed as the twin is; the facade adds no logic.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
-from contextlib import AbstractContextManager
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, overload
+from typing import Any
 
-import anyio
-import anyio.abc
-from anyio.from_thread import BlockingPortal, start_blocking_portal
-
-from txmq import admin as _admin
-from txmq import producer as _producer
-from txmq import pull as _pull
-from txmq import push as _push
-from txmq import transaction as _tx
-from txmq.caller import CallerThread, serving
-from txmq.message import MessageExt
-from txmq.route import MessageQueue
+from txmq.admin import client as _admin
+from txmq.client import producer as _producer
+from txmq.client import transaction as _tx
+from txmq.client.facade import SyncClient, blocking
+from txmq.consumer import pull as _pull
+from txmq.consumer import push as _push
+from txmq.protocol.message import MessageExt, MessageQueue
 
 __all__ = [
     "AdminClient",
@@ -45,128 +33,9 @@ __all__ = [
     "wait_consumed",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class AsyncLifecycle(Protocol):
-    """What a facade can run: an object used as ``async with obj: ...``."""
-
-    async def __aenter__(self) -> Any: ...
-
-    async def __aexit__(self, *exc: Any) -> Any: ...
-
-
-C = TypeVar("C", bound=AsyncLifecycle)
-
-
-class SyncClient(Generic[C]):
-    """Runs ``client`` (an async client, or anything with ``async with``) for its whole
-    lifetime in one task of an event loop in a background thread; ``_call`` runs its
-    methods there."""
-
-    def __init__(self, client: C) -> None:
-        self.aio = client
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
-        self._portal: BlockingPortal | None = None
-        self._stop_event: anyio.Event | None = None
-        self._lifetime: Future[None] | None = None
-
-    def start(self) -> Self:
-        if self._portal is not None:
-            return self
-        cm = start_blocking_portal()
-        portal = cm.__enter__()
-        try:
-            self._lifetime, _ = portal.start_task(self._run)
-        except BaseException:
-            cm.__exit__(None, None, None)
-            raise
-        self._portal_cm, self._portal = cm, portal
-        return self
-
-    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        self._stop_event = anyio.Event()
-        async with self.aio:
-            task_status.started()
-            await self._stop_event.wait()
-
-    def stop(self) -> None:
-        portal, cm = self._portal, self._portal_cm
-        if portal is None or cm is None:
-            return
-        self._portal = self._portal_cm = None
-        try:
-            if self._stop_event is not None:
-                portal.call(self._stop_event.set)
-            if self._lifetime is not None:
-                self._lifetime.result()
-        finally:
-            cm.__exit__(None, None, None)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` on the client's event loop (awaited if it is a coroutine),
-        while this thread runs what it hands back with :func:`in_caller_thread`."""
-        portal = self._portal
-        if portal is None:
-            raise RuntimeError("client is not started: call start() or use 'with'")
-        caller = CallerThread()
-        call = functools.partial(serving, caller, fn, *args, **kwargs)
-        return caller.serve(portal.start_task_soon(call))
-
-
-class blocking(Generic[P, R]):
-    """A facade method derived from the async client's method of the same name: the same
-    parameters and result, run on the client's event loop (see :meth:`SyncClient._call`)::
-
-        class Producer(SyncClient[txmq.Producer]):
-            send = blocking(txmq.Producer.send)
-    """
-
-    @overload
-    def __init__(self, twin: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> None: ...
-
-    @overload
-    def __init__(self, twin: Callable[Concatenate[Any, P], R]) -> None: ...
-
-    def __init__(self, twin: Callable[..., Any]) -> None:
-        self.twin = twin
-        self.name = twin.__name__
-        self.__doc__ = twin.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        if name != self.name:
-            raise TypeError(f"{owner.__name__}.{name} is derived from {self.name}: same name")
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> Self: ...
-
-    @overload
-    def __get__(self, obj: SyncClient[Any], owner: type) -> Callable[P, R]: ...
-
-    def __get__(self, obj: SyncClient[Any] | None, owner: type) -> Self | Callable[P, R]:
-        if obj is None:
-            return self
-        name = self.name
-
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            # looked up on the client itself, so that a subclass's override runs
-            result: R = obj._call(getattr(obj.aio, name), *args, **kwargs)
-            return result
-
-        call.__name__ = name
-        call.__doc__ = self.__doc__
-        return call
-
 
 class Producer(SyncClient[_producer.Producer]):
-    """Blocking producer; same arguments as :class:`txmq.producer.Producer`."""
+    """Blocking producer; same arguments as :class:`txmq.client.producer.Producer`."""
 
     def __init__(self, address: str | None = None, group: str = "DEFAULT_PRODUCER", **kw: Any):
         super().__init__(_producer.Producer(address, group, **kw))
@@ -180,7 +49,7 @@ class Producer(SyncClient[_producer.Producer]):
 
 class TransactionProducer(SyncClient[_tx.TransactionProducer]):
     """Blocking transactional producer; same arguments as
-    :class:`txmq.transaction.TransactionProducer`.
+    :class:`txmq.client.transaction.TransactionProducer`.
 
     ``send_message_in_transaction`` runs a plain ``execute_local_transaction`` in the
     calling thread (so thread-bound sessions work); check-backs run in worker threads
@@ -261,7 +130,7 @@ def wait_consumed(
     **client: Any,
 ) -> MessageExt:
     """The blocking twin of :func:`txmq.wait_consumed` (see
-    :meth:`txmq.admin.AdminClient.wait_consumed`)."""
+    :meth:`txmq.admin.client.AdminClient.wait_consumed`)."""
     with AdminClient(address, **client) as admin:
         return admin.wait_consumed(
             msg_id_or_key, group, timeout=timeout, poll_interval=poll_interval
@@ -271,7 +140,7 @@ def wait_consumed(
 class PushConsumer(SyncClient[_push.PushConsumer]):
     """Blocking push consumer; the listener may be a plain function (it runs in worker
     threads) or a coroutine function, with the same results (``raise txmq.DeadLetter``
-    included). Same arguments as :class:`txmq.push.PushConsumer`::
+    included). Same arguments as :class:`txmq.consumer.push.PushConsumer`::
 
         consumer = txmq.sync.PushConsumer(address, "billing", listener=handle)
         consumer.subscribe("orders", "created || paid")

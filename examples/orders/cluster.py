@@ -17,10 +17,8 @@ from pathlib import Path
 import anyio
 
 from examples.orders.procs import Proc
-from txmq.errors import TopicNotFound
-from txmq.remoting import RemotingClient
-from txmq.security import client_security
-from txmq.wire import (
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import (
     MASTER_ID,
     BrokerSetState,
     GetClusterInfo,
@@ -28,7 +26,9 @@ from txmq.wire import (
     GetTopicRoute,
     Request,
 )
-from txmq.wire.base import R
+from txmq.protocol.wire.base import R
+from txmq.protocol.wire.errors import TopicNotFound
+from txmq.security.client import client_security
 
 __all__ = [
     "ALONE",

@@ -73,7 +73,7 @@ from examples.orders.models import (
 from examples.orders.procs import Proc, free_port
 from examples.orders.secure import OPERATOR, make_secure
 from examples.orders.web import request
-from txmq.db import with_connection
+from txmq.sqla.db import with_connection
 from txmq.sqla.tables import ROLLED_BACK, transaction_log
 from txmq.sync import AdminClient
 

@@ -25,8 +25,8 @@ from examples.orders.fault_base import (
     wait_until,
 )
 from examples.orders.web import request
-from txmq.route import LATENCY_MAX_MS, NOT_AVAILABLE_S
-from txmq.wire import MASTER_ID
+from txmq.client.route import LATENCY_MAX_MS, NOT_AVAILABLE_S
+from txmq.protocol.wire import MASTER_ID
 
 if TYPE_CHECKING:
     from examples.orders.demo import Demo
@@ -223,7 +223,7 @@ class MasterFailover(Fault):
             wait_until(lambda: registered(victim.address) not in (None, MASTER_ID), 30)
             slot = registered(victim.address)
             # fault avoidance may leave the set out for a while after a slow send to the new
-            # master (one that took 3 to 15 s: 180 s, RocketMQ's levels, txmq.route)
+            # master (one that took 3 to 15 s: 180 s, RocketMQ's levels, txmq.client.route)
             back_within = self.timeout + NOT_AVAILABLE_S[LATENCY_MAX_MS.index(3000)]
             if not wait_until(lambda: bool(on_new_master()), back_within):
                 raise RuntimeError(

@@ -51,10 +51,10 @@ from examples.orders.models import (
 )
 from examples.orders.web import JsonServer, Request
 from txmq import ConsumeFrom, Message, MessageExt
-from txmq.errors import TxmqError
-from txmq.producer import SendResult
+from txmq.client.producer import SendResult
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.wire.errors import TxmqError
 from txmq.sqla import SqlTransactionChecker, transaction
-from txmq.transaction import LocalTransactionState
 
 __all__ = ["GROUP", "OrderService"]
 

@@ -14,8 +14,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txmq.acl import Acl, Rule
-from txmq.certs import CertFiles, make_test_ca
+from txmq.security.acl import Acl, Rule
+from txmq.security.certs import CertFiles, make_test_ca
 
 __all__ = ["NODE", "OPERATOR", "Secure", "make_secure"]
 

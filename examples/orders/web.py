@@ -5,7 +5,7 @@ request has the path's ``match``, the decoded JSON ``body`` and the ``query`` pa
 Errors map to statuses: ``ValueError`` 400, ``LookupError`` 404, a retriable txmq error
 (broker down, timeout) 503, anything else 500 — always with ``{"error": "..."}``.
 
-Traced when txmq traces (:mod:`txmq.observe`: an OpenTelemetry tracer provider is set):
+Traced when txmq traces (:mod:`txmq.observability.hooks`: an OpenTelemetry tracer provider is set):
 each request runs in a SERVER span ``METHOD /route`` continuing the caller's
 ``traceparent`` header, so the messages a request sends, and their consumers, are in the
 request's trace; :func:`request` sends the current trace context along.
@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from txmq import observe
-from txmq.errors import TxmqError
+from txmq.observability import hooks as observe
+from txmq.protocol.wire.errors import TxmqError
 
 __all__ = ["Handler", "JsonServer", "Request", "request"]
 

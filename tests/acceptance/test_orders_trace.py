@@ -6,7 +6,7 @@ consumed the order (txmq.wait_consumed).
 
 The two services run in this process (as in test_orders' front test), with an
 OpenTelemetry SDK tracer provider and an in-memory exporter given to txmq
-(``txmq.observe.use_tracer_provider``): no exporter process, nothing global changed."""
+(``txmq.observability.hooks.use_tracer_provider``): no exporter process, nothing global changed."""
 
 from __future__ import annotations
 

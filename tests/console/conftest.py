@@ -31,9 +31,9 @@ from txmq import (
     PullStatus,
     TransactionProducer,
 )
-from txmq.client import BrokerClient
-from txmq.errors import TopicNotFound
-from txmq.wire import ConsumerSendMsgBack
+from txmq.client.core import BrokerClient
+from txmq.protocol.wire import ConsumerSendMsgBack
+from txmq.protocol.wire.errors import TopicNotFound
 
 #: why the console's tests skip (until pyproject.toml's dev extra installs the console extra)
 NO_EXTRA = "the console extra is not installed: pip install 'txmq[console]'"

@@ -19,9 +19,9 @@ pytest.importorskip("httpx2", reason=NO_EXTRA)
 from starlette.testclient import TestClient
 
 from txmq import AdminClient, PullConsumer
-from txmq.client import BrokerClient
+from txmq.client.core import BrokerClient
 from txmq.console import ConsoleConfig, create_app
-from txmq.wire import ConsumerSendMsgBack
+from txmq.protocol.wire import ConsumerSendMsgBack
 
 
 @pytest.fixture

@@ -28,11 +28,11 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from txmq import AdminClient
-from txmq.acl import Acl
 from txmq.cli.main import main
 from txmq.console import ConsoleConfig, create_app
 from txmq.console.login import safe_next
 from txmq.console.sessions import Sessions
+from txmq.security.acl import Acl
 
 POLICY = """
 [users.ops]

@@ -31,10 +31,10 @@ from starlette.testclient import TestClient
 from txmq import ConsumeResult, Message, outbox
 from txmq.console import ConsoleConfig, create_app
 from txmq.console.reconcile_page import CLASSES
-from txmq.db import with_connection
-from txmq.message import MessageExt
+from txmq.protocol.message import MessageExt
 from txmq.spark.job import Result
 from txmq.sqla import metadata as txmq_metadata
+from txmq.sqla.db import with_connection
 from txmq.sync import AdminClient, Producer, PushConsumer
 
 #: retries come back quickly (the first retry is level 3)

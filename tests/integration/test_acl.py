@@ -23,12 +23,12 @@ from txmq import (
     PullConsumer,
     TransactionProducer,
 )
-from txmq.acl import Acl, Rule
-from txmq.errors import ResponseCode
-from txmq.message import MessageExt, Prop
-from txmq.security import Credentials
-from txmq.signing import Signer
-from txmq.wire import ErrorAnswer, FrameDecoder, FrameKind, GetMaxOffset, decode, encode
+from txmq.protocol.message import MessageExt, Prop
+from txmq.protocol.wire import ErrorAnswer, FrameDecoder, FrameKind, GetMaxOffset, decode, encode
+from txmq.protocol.wire.errors import ResponseCode
+from txmq.security.acl import Acl, Rule
+from txmq.security.credentials import Credentials
+from txmq.security.signing import Signer
 
 pytestmark = pytest.mark.anyio
 

@@ -18,12 +18,12 @@ import pytest
 
 from tests.conftest import ROOT, BrokerProcess, NamesrvProcess, free_port, wait_for
 from txmq import AdminClient, AuthenticationFailed, Message, NoPermission, Producer
-from txmq.acl import Acl
 from txmq.cli.main import build_parser
-from txmq.errors import BadRequest, BrokerUnavailable
+from txmq.protocol.wire import AclRule, AclUser
+from txmq.protocol.wire.errors import BadRequest, BrokerUnavailable
+from txmq.security.acl import Acl
 from txmq.sync import AdminClient as SyncAdmin
 from txmq.sync import Producer as SyncProducer
-from txmq.wire import AclRule, AclUser
 
 
 class Creds(TypedDict):

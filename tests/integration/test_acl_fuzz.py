@@ -41,13 +41,9 @@ from tests.acl_support import secured_broker
 from tests.conftest import BrokerProcess
 from tests.fuzzing import Gen, Known, pack
 from txmq import Message
-from txmq.errors import ResponseCode
-from txmq.message import MessageExt
-from txmq.remoting import parse_address
-from txmq.security import Credentials
-from txmq.signing import Signer
-from txmq.sync import Producer, PullConsumer
-from txmq.wire import (
+from txmq.protocol.message import MessageExt
+from txmq.protocol.peer import parse_address
+from txmq.protocol.wire import (
     Frame,
     FrameDecoder,
     FrameKind,
@@ -57,7 +53,11 @@ from txmq.wire import (
     encode_frame,
     requests,
 )
-from txmq.wire.frame import PREFIX, encode_signed_frame
+from txmq.protocol.wire.errors import ResponseCode
+from txmq.protocol.wire.frame import PREFIX, encode_signed_frame
+from txmq.security.credentials import Credentials
+from txmq.security.signing import Signer
+from txmq.sync import Producer, PullConsumer
 
 SEED = int(os.environ.get("TXMQ_FUZZ_SEED", "20261125"))
 FRAMES = int(os.environ.get("TXMQ_FUZZ_FRAMES", "5000"))

@@ -10,10 +10,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.conftest import BrokerProcess, NamesrvProcess, free_port, wait_for
 from tests.integration.test_cli import txmq
 from txmq import Message
-from txmq.message import MessageExt
+from txmq.protocol.message import MessageExt
 from txmq.sync import Producer, PushConsumer, TransactionProducer
 
 NamesrvFactory = Callable[..., NamesrvProcess]
@@ -27,6 +29,9 @@ def admin(namesrv: str, *args: str) -> Any:
     return json.loads(out.stdout)
 
 
+# ~30 `txmq admin` processes (a second each on an idle machine, several on a loaded one) and
+# waits of up to 30 s each: the suite's 120 s was missed under four workers on 2 cores
+@pytest.mark.timeout(360)
 def test_every_admin_view_answers_for_the_whole_cluster(
     namesrv_process: NamesrvFactory, cluster_broker: BrokerFactory
 ) -> None:

@@ -13,13 +13,13 @@ import pytest
 from tests.conftest import BrokerProcess, ask, wait_for
 from tests.integration.test_cli import txmq
 from txmq.broker.server import Broker, EmbeddedBroker
-from txmq.errors import BadRequest, NotMaster
-from txmq.wire import (
+from txmq.protocol.wire import (
     DeleteSubscriptionGroup,
     GetAllSubscriptionGroups,
     GroupConfigRow,
     UpdateSubscriptionGroup,
 )
+from txmq.protocol.wire.errors import BadRequest, NotMaster
 
 
 def group(address: str, *args: str) -> Any:

@@ -18,8 +18,8 @@ from tests.conftest import NamesrvProcess, ask, free_port, wait_for
 from tests.integration.test_cli import txmq
 from tests.replicaset import SET, ReplicaSet, consume_all, replica_sets
 from txmq import Message
+from txmq.protocol.wire import GetBrokerRuntimeInfo
 from txmq.sync import Producer
-from txmq.wire import GetBrokerRuntimeInfo
 
 __all__ = ["replica_sets"]  # the fixture
 

@@ -10,10 +10,10 @@ import pytest
 from tests.raw_client import RawClient, still_serving
 from txmq import InvalidTopic, Message, MessageTooLarge, NoPermission
 from txmq.broker.server import EmbeddedBroker
-from txmq.errors import BadRequest, ResponseCode, TopicNotFound
-from txmq.remoting import error_message
+from txmq.protocol.connection import error_message
+from txmq.protocol.wire import PREFIX, FrameKind, RequestCode, encode_frame
+from txmq.protocol.wire.errors import BadRequest, ResponseCode, TopicNotFound
 from txmq.sync import Producer, PullConsumer
-from txmq.wire import PREFIX, FrameKind, RequestCode, encode_frame
 
 
 @pytest.fixture

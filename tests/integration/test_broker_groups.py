@@ -12,20 +12,22 @@ import pytest
 from tests.conftest import raw_request
 from txmq import AdminClient
 from txmq.broker.server import EmbeddedBroker
-from txmq.client import BrokerClient
-from txmq.errors import BadRequest
-from txmq.rpc import Call, Router
-from txmq.wire import (
+from txmq.client.core import BrokerClient
+from txmq.protocol.wire import (
     ConsumerData,
     Empty,
     GetConsumerListByGroup,
     Heartbeat,
     LockBatchMq,
     NotifyConsumerIdsChanged,
+    Request,
     RequestCode,
     UnlockBatchMq,
     UnregisterClient,
 )
+from txmq.protocol.wire.base import Response
+from txmq.protocol.wire.errors import BadRequest
+from txmq.transports.port import Calls
 
 pytestmark = pytest.mark.anyio
 
@@ -44,19 +46,27 @@ async def until(predicate: Callable[[], Awaitable[Any] | Any], timeout: float = 
         await anyio.sleep(0.01)
 
 
+class Noted(BrokerClient):
+    """A client that records the broker's membership notices."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.notified: list[str] = []
+
+    def serve(self, request: Request[Any], body: bytes, origin: Calls) -> Response | None:
+        if isinstance(request, NotifyConsumerIdsChanged):
+            self.notified.append(request.group)
+            return Empty()
+        return super().serve(request, body, origin)
+
+
 class Member:
     """A raw client that heartbeats as a consumer and records the broker's notifications."""
 
     def __init__(self, address: str, client_id: str) -> None:
         self.client_id = client_id
-        self.notified: list[str] = []
-        router = Router("test members")
-        router.route(NotifyConsumerIdsChanged, self._notified)
-        self.client = BrokerClient(address, handler=router.handle)
-
-    def _notified(self, request: NotifyConsumerIdsChanged, call: Call) -> Empty:
-        self.notified.append(request.group)
-        return Empty()
+        self.client = Noted(address)
+        self.notified = self.client.notified
 
     async def heartbeat(
         self,

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, BrokerProcess, ask, free_port, wait_for
 from txmq import LocalTransactionState, Message
-from txmq.message import MessageExt, Prop
+from txmq.protocol.message import MessageExt, Prop
+from txmq.protocol.wire import ConsumerSendMsgBack, GetMaxOffset
 from txmq.sync import Producer, PullConsumer, TransactionProducer
-from txmq.wire import ConsumerSendMsgBack, GetMaxOffset
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 Start = Callable[..., BrokerProcess]

@@ -15,10 +15,10 @@ import pytest
 from tests.conftest import BrokerProcess, wait_for
 from tests.raw_client import RawClient, still_serving
 from txmq import Message
-from txmq.errors import ResponseCode
-from txmq.remoting import error_message
+from txmq.protocol.connection import error_message
+from txmq.protocol.wire import RequestCode
+from txmq.protocol.wire.errors import ResponseCode
 from txmq.sync import AdminClient, Producer, PullConsumer
-from txmq.wire import RequestCode
 
 OFFSET = RequestCode.UPDATE_CONSUMER_OFFSET
 

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 
 from tests.conftest import ROOT, BrokerProcess, read_line, wait_for
 from txmq import outbox
-from txmq.db import with_connection
-from txmq.fmt import ms_time
-from txmq.message import Message
+from txmq.observability.fmt import ms_time
+from txmq.protocol.message import Message
+from txmq.sqla.db import with_connection
 from txmq.sync import Producer, PullConsumer
 
 

@@ -32,10 +32,10 @@ from txmq import (
     Producer,
     PushConsumer,
     TransactionProducer,
-    observe,
     outbox,
 )
 from txmq.broker.server import EmbeddedBroker
+from txmq.observability import hooks as observe
 from txmq.sqla import SqlTransactionChecker, transaction
 
 pytestmark = pytest.mark.anyio

@@ -20,11 +20,11 @@ import pytest
 import txmq
 from tests.conftest import ROOT, BrokerProcess, NamesrvProcess, ask, wait_for
 from txmq import Message
-from txmq.errors import TopicNotFound, TxmqError
-from txmq.message import MessageExt, Prop
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import MessageExt, Prop
+from txmq.protocol.wire import GetClusterInfo, GetTopicRoute, UpdateAndCreateTopic
+from txmq.protocol.wire.errors import TopicNotFound, TxmqError
 from txmq.sync import AdminClient, Producer, PullConsumer, PushConsumer, TransactionProducer
-from txmq.transaction import LocalTransactionState
-from txmq.wire import GetClusterInfo, GetTopicRoute, UpdateAndCreateTopic
 
 NamesrvFactory = Callable[..., NamesrvProcess]
 BrokerFactory = Callable[..., BrokerProcess]

@@ -27,13 +27,13 @@ from tests.integration.test_sqla_transactions import LosingEnds
 from tests.outbox_support import Db, effects, make_db, until
 from tests.sqla_support import Order, create_all
 from txmq import Message, MessageExt, outbox
-from txmq.errors import TxmqError
-from txmq.message import Prop
-from txmq.producer import SendResult
+from txmq.client.producer import SendResult
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Prop
+from txmq.protocol.wire import UpdateAndCreateTopic
+from txmq.protocol.wire.errors import TxmqError
 from txmq.sqla import SqlTransactionChecker, transaction
 from txmq.sync import Producer, PullConsumer, PushConsumer
-from txmq.transaction import LocalTransactionState
-from txmq.wire import UpdateAndCreateTopic
 
 NamesrvFactory = Callable[..., NamesrvProcess]
 BrokerFactory = Callable[..., BrokerProcess]

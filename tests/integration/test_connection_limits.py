@@ -25,14 +25,15 @@ from tests.conftest import BrokerProcess, PeakRss, wait_for
 from tests.raw_client import RawClient, still_serving
 from txmq import Message
 from txmq.broker.config import BrokerConfig
-from txmq.errors import ResponseCode
-from txmq.flow import ConnectionLimits
-from txmq.message import MessageExt
 from txmq.namesrv.config import NamesrvConfig
-from txmq.remoting import error_message, parse_address
-from txmq.serving import ConnectionSettings
+from txmq.protocol.connection import error_message
+from txmq.protocol.flow import ConnectionLimits
+from txmq.protocol.message import MessageExt
+from txmq.protocol.peer import parse_address
+from txmq.protocol.wire import PREFIX, FrameKind, RequestCode, encode_frame
+from txmq.protocol.wire.errors import ResponseCode
+from txmq.server.serving import ConnectionSettings
 from txmq.sync import AdminClient, Producer, PullConsumer, PushConsumer
-from txmq.wire import PREFIX, FrameKind, RequestCode, encode_frame
 
 #: the most a broker may grow through one of these tests.  Without the limits it grew by
 #: hundreds of MiB (a peer not reading 300 answers of 2 MiB: ~600 MiB; sixteen peers each

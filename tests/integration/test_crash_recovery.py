@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import BrokerProcess
 from txmq import Message, Producer, PullConsumer, PullStatus, TxmqError
-from txmq.message import MessageExt
+from txmq.protocol.message import MessageExt
 
 pytestmark = pytest.mark.anyio
 

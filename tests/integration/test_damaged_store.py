@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import BrokerProcess, wait_for
 from tests.integration.test_cli import admin_json, txmq
 from txmq import Message
-from txmq.message import MessageExt
+from txmq.protocol.message import MessageExt
 from txmq.sync import AdminClient, Producer, PullConsumer, PushConsumer
 
 TOPIC = "bitrot"

@@ -25,11 +25,11 @@ from tests.outbox_support import Db, effects, make_db
 from txmq import AdminClient, ConsumeResult, DeadLetter, Message, MessageExt, Producer
 from txmq import sync as txsync
 from txmq.broker.server import EmbeddedBroker
-from txmq.client import BrokerClient
-from txmq.message import MAX_DLQ_REASON, Prop
-from txmq.push import DEAD_LETTER_RESULT, PushConsumer
+from txmq.client.core import BrokerClient
+from txmq.consumer.push import DEAD_LETTER_RESULT, PushConsumer
+from txmq.protocol.message import MAX_DLQ_REASON, Prop
+from txmq.protocol.wire import ConsumerSendMsgBack
 from txmq.sqla.tables import consumed_keys
-from txmq.wire import ConsumerSendMsgBack
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,8 @@ from tests.grpc_support import GrpcBroker, grpc_broker
 from tests.integration.test_transactions import read_topic
 from txmq import Message, Producer
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import new_message_id
-from txmq.transaction import TransactionProducer
+from txmq.client.transaction import TransactionProducer
+from txmq.protocol.message import new_message_id
 
 pytestmark = pytest.mark.anyio
 

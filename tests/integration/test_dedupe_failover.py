@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.integration.test_dedupe import Resent
 from tests.replicaset import ReplicaSet, consume_all, replica_sets
-from txmq.message import new_message_id
+from txmq.protocol.message import new_message_id
 from txmq.sync import Producer
 
 __all__ = ["replica_sets"]  # the fixture

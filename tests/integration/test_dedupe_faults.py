@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import BrokerProcess, free_port
 from tests.integration.test_dedupe import Resent, read_topic
 from txmq import Producer, SendResult, TxmqError
-from txmq.message import new_message_id
+from txmq.protocol.message import new_message_id
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

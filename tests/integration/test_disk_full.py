@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import ROOT, BrokerProcess, wait_for
 from txmq import Message
-from txmq.errors import ResponseCode, TxmqError
+from txmq.protocol.wire.errors import ResponseCode, TxmqError
 from txmq.sync import AdminClient, Producer, PullConsumer
 
 MiB = 1024 * 1024

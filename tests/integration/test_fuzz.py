@@ -46,11 +46,10 @@ from tests.conftest import BrokerProcess, PeakRss, wait_for
 from tests.fuzzing import Gen, Known, mutate, pack
 from tests.raw_client import still_serving
 from txmq import Message
-from txmq.errors import FrameTooLarge, MalformedFrame, ResponseCode, TxmqError
-from txmq.message import MessageExt, validate_topic_name
-from txmq.remoting import error_message, parse_address
-from txmq.sync import AdminClient, Producer, PullConsumer, PushConsumer, TransactionProducer
-from txmq.wire import (
+from txmq.protocol.connection import error_message
+from txmq.protocol.message import MessageExt, validate_topic_name
+from txmq.protocol.peer import parse_address
+from txmq.protocol.wire import (
     PREFIX,
     ErrorAnswer,
     Frame,
@@ -64,7 +63,14 @@ from txmq.wire import (
     request_class,
     requests,
 )
-from txmq.wire.errors import MAX_MESSAGE
+from txmq.protocol.wire.errors import (
+    MAX_MESSAGE,
+    FrameTooLarge,
+    MalformedFrame,
+    ResponseCode,
+    TxmqError,
+)
+from txmq.sync import AdminClient, Producer, PullConsumer, PushConsumer, TransactionProducer
 
 SEED = int(os.environ.get("TXMQ_FUZZ_SEED", "20240611"))
 #: well-framed requests on one long-lived connection (~3 ms each on 2 cores)

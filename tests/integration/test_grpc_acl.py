@@ -36,8 +36,8 @@ from tests.grpc_support import (
     started,
 )
 from txmq import AuthenticationFailed, LocalTransactionState, Message, MessageExt, NoPermission
-from txmq.security import Credentials as TxmqCredentials
-from txmq.signing import authorization, signed_metadata
+from txmq.security.credentials import Credentials as TxmqCredentials
+from txmq.security.signing import authorization, signed_metadata
 from txmq.sync import Producer as TxmqProducer
 from txmq.sync import PushConsumer as TxmqPushConsumer
 from txmq.sync import TransactionProducer as TxmqTransactionProducer
@@ -240,7 +240,7 @@ def test_rights_are_the_same_as_on_txmqs_protocol(
 
 
 def _message(topic: str, body: bytes, **system: Any) -> Any:
-    from txmq.message import new_message_id
+    from txmq.protocol.message import new_message_id
 
     return pb.Message(
         topic=pb.Resource(name=topic),

@@ -34,10 +34,10 @@ from tests.grpc_support import (
 )
 from tests.outbox_support import effects, make_db
 from txmq import Message, MessageExt
-from txmq.errors import TopicNotFound
+from txmq.protocol.wire import GetTopicRoute, GetTopicStats, UpdateAndCreateTopic
+from txmq.protocol.wire.errors import TopicNotFound
 from txmq.sync import Producer as TxmqProducer
 from txmq.sync import PushConsumer as TxmqPushConsumer
-from txmq.wire import GetTopicRoute, GetTopicStats, UpdateAndCreateTopic
 
 __all__ = ["grpc_broker"]
 

@@ -24,8 +24,8 @@ from tests.grpc_support import (
     receive_all,
     started,
 )
-from txmq.errors import TopicNotFound
-from txmq.wire import GetTopicStats, UpdateSubscriptionGroup
+from txmq.protocol.wire import GetTopicStats, UpdateSubscriptionGroup
+from txmq.protocol.wire.errors import TopicNotFound
 
 __all__ = ["grpc_broker"]
 

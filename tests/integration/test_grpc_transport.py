@@ -35,8 +35,8 @@ from txmq import (
     TransactionProducer,
 )
 from txmq import sync as txsync
-from txmq.errors import UnsupportedRequest
-from txmq.message import Prop
+from txmq.protocol.message import Prop
+from txmq.protocol.wire.errors import UnsupportedRequest
 
 pytestmark = pytest.mark.anyio
 #: the async tests run with grpc's completions for closed loops of earlier tests ignored
@@ -234,6 +234,6 @@ def test_sync_facade_and_what_only_txmqs_protocol_has(
 
 
 def _offset_query() -> Any:
-    from txmq.wire import QueryConsumerOffset
+    from txmq.protocol.wire import QueryConsumerOffset
 
     return QueryConsumerOffset(group="g", topic="plain", queue_id=0)

@@ -11,9 +11,9 @@ import pytest
 
 from tests.conftest import BrokerProcess
 from tests.raw_client import RawClient, still_serving
-from txmq.errors import MalformedFrame, ResponseCode
-from txmq.remoting import error_message
-from txmq.wire import PREFIX, FrameDecoder, FrameKind, RequestCode, encode_frame
+from txmq.protocol.connection import error_message
+from txmq.protocol.wire import PREFIX, FrameDecoder, FrameKind, RequestCode, encode_frame
+from txmq.protocol.wire.errors import MalformedFrame, ResponseCode
 
 Code = RequestCode
 

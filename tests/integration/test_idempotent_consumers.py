@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 import txmq
 from tests.conftest import Spawner, read_line
 from tests.outbox_support import Db, effects, make_db, until
-from tests.sqla_support import TRANSPORTS, start_broker
+from tests.sqla_support import PROCESS_TRANSPORTS, start_broker
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, Producer, PushConsumer
 from txmq.broker.server import EmbeddedBroker
 from txmq.sqla.tables import consumed_keys
@@ -121,7 +121,7 @@ def key_states(db: Db) -> set[tuple[str, str]]:
         return {(k, state) for k, state in conn.execute(sql_select(t.c.key, t.c.state))}
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", PROCESS_TRANSPORTS)
 @pytest.mark.parametrize("mode", ["transaction", "mark"])
 async def test_consumer_killed_inside_the_handler_is_retried_and_applied_once(
     db: Db,

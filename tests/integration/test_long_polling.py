@@ -14,7 +14,7 @@ import pytest
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import Broker, EmbeddedBroker
-from txmq.wire import (
+from txmq.protocol.wire import (
     Frame,
     FrameKind,
     PullMessage,

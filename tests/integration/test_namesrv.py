@@ -25,10 +25,8 @@ from tests.conftest import (
 from tests.raw_client import RawClient
 from txmq import Message
 from txmq.broker.server import EmbeddedBroker
-from txmq.errors import ResponseCode, TopicNotFound, TxmqError
 from txmq.namesrv import Controller, EmbeddedNamesrv
-from txmq.sync import Producer
-from txmq.wire import (
+from txmq.protocol.wire import (
     ConsumerData,
     DeleteTopic,
     GetClusterInfo,
@@ -39,6 +37,8 @@ from txmq.wire import (
     RequestCode,
     UpdateAndCreateTopic,
 )
+from txmq.protocol.wire.errors import ResponseCode, TopicNotFound, TxmqError
+from txmq.sync import Producer
 
 NamesrvFactory = Callable[..., NamesrvProcess]
 BrokerFactory = Callable[..., BrokerProcess]

@@ -27,9 +27,9 @@ from tests.outbox_support import Db, by_key, effects, make_db, read_topic, until
 from tests.sqla_support import TRANSPORTS, start_broker
 from txmq import AdminClient, Message, Producer, outbox
 from txmq.broker.server import EmbeddedBroker
-from txmq.errors import InvalidTopic, NoPermission
-from txmq.message import Prop
 from txmq.outbox import async_url
+from txmq.protocol.message import Prop
+from txmq.protocol.wire.errors import InvalidTopic, NoPermission
 from txmq.sqla.tables import outbox as outbox_table
 
 pytestmark = pytest.mark.anyio

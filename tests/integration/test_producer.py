@@ -9,7 +9,7 @@ import pytest
 
 from txmq import AdminClient, Message, Producer, PullConsumer, SendResult, TopicNotFound
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import Prop, stable_hash
+from txmq.protocol.message import Prop, stable_hash
 
 pytestmark = pytest.mark.anyio
 

@@ -22,8 +22,8 @@ import pytest
 from tests.conftest import ROOT, wait_for
 from txmq import AdminClient, Message, Producer
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import MessageExt
-from txmq.push import PushConsumer
+from txmq.consumer.push import PushConsumer
+from txmq.protocol.message import MessageExt
 from txmq.sync import Producer as SyncProducer
 from txmq.sync import PushConsumer as SyncPushConsumer
 
@@ -158,9 +158,11 @@ async def test_failing_background_rounds_do_not_end_the_consumer(
         with anyio.fail_after(20):  # its queues held and locked: no lock is taken in a rebalance
             while _held(c, "rounds") < 2:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
-        c.rebalance = failing_once("rebalance", c.rebalance)  # type: ignore[method-assign]
+        pulling = c.pulling
+        assert pulling is not None
+        pulling.rebalance = failing_once("rebalance", pulling.rebalance)  # type: ignore[method-assign]
         c.offsets.persist = failing_once("persist", c.offsets.persist)  # type: ignore[method-assign]
-        c._lock = failing_once("lock", c._lock)  # type: ignore[method-assign]
+        pulling.lock = failing_once("lock", pulling.lock)  # type: ignore[method-assign]
         with anyio.fail_after(20):
             while min(rounds[n] for n in ("rebalance", "persist", "lock")) < 3:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
@@ -343,14 +345,14 @@ async def test_idle_consumer_does_not_busy_poll_and_gets_messages_at_once(
     consumer = PushConsumer(eb.address, "g-idle", listener=listener)
     consumer.subscribe("idle")
     pulls = 0
-    real_pull = consumer.pull
+    real_pull = consumer.puller.pull
 
     async def counting_pull(*args: object, **kwargs: object) -> object:
         nonlocal pulls
         pulls += 1
         return await real_pull(*args, **kwargs)  # type: ignore[arg-type]
 
-    consumer.pull = counting_pull  # type: ignore[method-assign]
+    consumer.puller.pull = counting_pull  # type: ignore[method-assign]
     async with consumer:
         with anyio.fail_after(10):
             while len(consumer.queues_held) < 5:  # noqa: ASYNC110 - 4 queues + retry topic

@@ -10,8 +10,8 @@ import pytest
 
 from txmq import AdminClient, Message, Producer
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import MessageExt
-from txmq.push import ConsumeResult, PushConsumer
+from txmq.consumer.push import ConsumeResult, PushConsumer
+from txmq.protocol.message import MessageExt
 
 pytestmark = pytest.mark.anyio
 

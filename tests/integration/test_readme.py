@@ -36,10 +36,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, BrokerProcess, ask, free_port, read_line, wait_for
-from txmq.errors import NoPermission
-from txmq.message import Message
+from txmq.protocol.message import Message
+from txmq.protocol.wire import GetClusterInfo, GetReplicaInfo
+from txmq.protocol.wire.errors import NoPermission
 from txmq.sync import Producer, PullConsumer
-from txmq.wire import GetClusterInfo, GetReplicaInfo
 
 README = ROOT / "README.md"
 DEFAULT_BROKER = "127.0.0.1:10911"
@@ -370,6 +370,22 @@ def run_dead_letter(folder: Folder, block: Block) -> None:
     assert table[0].split()[-1] == "REASON" and table[2].endswith("  not JSON: b'<not json>'")
 
 
+def run_pytest_example(folder: Folder, block: Block) -> None:
+    """The block is a project's test module: pytest runs it as that project would, with no
+    broker address or transport in its environment."""
+    (folder.path / "test_orders.py").write_text(block.text)
+    env = {k: v for k, v in folder.env().items() if not k.startswith("TXMQ_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+        cwd=folder.path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
 CLUSTER_CLIENT = "Producer(namesrv=NAMESRV)"
 
 
@@ -468,7 +484,7 @@ def run_official_client(folder: Folder, block: Block) -> None:
 
 def run_acl_file(folder: Folder, block: Block) -> None:
     """The ACL file parses, and its rules decide as the README's prose says."""
-    from txmq.acl import Acl, Resource
+    from txmq.security.acl import Acl, Resource
 
     acl = Acl.parse(tomllib.loads(block.text), "README.md")
     orders = acl.users["orders-service"]
@@ -533,7 +549,9 @@ PLAN: dict[str, Runner | str] = {
     "txmq outbox relay --db": run_outbox_commands,
     "@txmq.idempotent(": run_idempotent_consumer,
     "raise txmq.DeadLetter(": run_dead_letter,
+    'txmq_broker.wait_consumed("billing", "orders")': run_pytest_example,
     "books:     BALANCED": "the demo's output, not a command",
+    "port (the seam": "the package's tree, not a command",
     "python -m examples.orders seed": "services started by hand that run until stopped; "
     "tests/acceptance/test_orders.py drives the same subcommands (seed, place, stock, "
     "check) and the services' fronts",

@@ -13,9 +13,9 @@ from tests.conftest import wait_for
 from txmq import Message
 from txmq.broker.server import Broker, EmbeddedBroker
 from txmq.broker.store.commitlog import segment_paths
-from txmq.errors import NotMaster
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.wire.errors import NotMaster
 from txmq.sync import AdminClient, Producer, PullConsumer, TransactionProducer
-from txmq.transaction import LocalTransactionState
 
 Start = Callable[..., EmbeddedBroker]
 

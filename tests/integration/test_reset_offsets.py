@@ -18,10 +18,10 @@ import pytest
 from tests.conftest import BrokerProcess, NamesrvProcess, wait_for
 from tests.integration.test_cli import txmq
 from txmq import AdminClient, Message, Producer, PullConsumer
-from txmq.errors import GroupNotFound, TopicNotFound
-from txmq.message import MessageExt
-from txmq.push import PushConsumer
-from txmq.wire import SearchOffset
+from txmq.consumer.push import PushConsumer
+from txmq.protocol.message import MessageExt
+from txmq.protocol.wire import SearchOffset
+from txmq.protocol.wire.errors import GroupNotFound, TopicNotFound
 
 TOPIC, GROUP = "replay", "g-replay"
 

@@ -16,10 +16,9 @@ from tests.conftest import ROOT, BrokerProcess, raw_request, wait_for
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
 from txmq import sync as txsync
 from txmq.broker.server import EmbeddedBroker
-from txmq.client import BrokerClient
-from txmq.errors import BadRequest, MessageNotFound
-from txmq.message import MessageExt, Prop, new_message_id
-from txmq.wire import (
+from txmq.client.core import BrokerClient
+from txmq.protocol.message import MessageExt, Prop, new_message_id
+from txmq.protocol.wire import (
     BatchEntry,
     ConsumerSendMsgBack,
     DlqResend,
@@ -28,6 +27,7 @@ from txmq.wire import (
     SendBatchMessage,
     SendMessage,
 )
+from txmq.protocol.wire.errors import BadRequest, MessageNotFound
 
 # level:   1     2     3      4      5      6
 LEVELS = "20ms 40ms 300ms 350ms 400ms 450ms"

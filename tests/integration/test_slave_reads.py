@@ -12,8 +12,8 @@ from txmq import Message
 from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.server import Broker, EmbeddedBroker
 from txmq.namesrv import EmbeddedNamesrv
+from txmq.protocol.wire import HaHandBackOffsets
 from txmq.sync import AdminClient, Producer, PullConsumer
-from txmq.wire import HaHandBackOffsets
 
 Start = Callable[..., EmbeddedBroker]
 

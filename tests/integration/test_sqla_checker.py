@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
 from tests.sqla_support import create_all, pg_schema
-from txmq.message import MessageExt, Prop
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import MessageExt, Prop
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction_log
-from txmq.transaction import LocalTransactionState
 
 pytestmark = pytest.mark.anyio
 

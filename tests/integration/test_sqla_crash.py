@@ -47,10 +47,10 @@ from txmq import (
     TransactionProducer,
 )
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import Prop
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Prop
+from txmq.protocol.wire import TransactionRow
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction_log
-from txmq.transaction import LocalTransactionState
-from txmq.wire import TransactionRow
 
 pytestmark = pytest.mark.anyio
 

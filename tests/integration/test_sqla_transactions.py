@@ -28,11 +28,11 @@ from tests.sqla_support import TRANSPORTS, Order, Via, create_all, orders, pg_sc
 from txmq import AdminClient, ConsumeFrom, Message, MessageExt, PushConsumer, TransactionProducer
 from txmq import sync as txsync
 from txmq.broker.server import EmbeddedBroker
-from txmq.errors import BrokerUnavailable
-from txmq.producer import SendResult
+from txmq.client.producer import SendResult
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.wire import TransactionRow
+from txmq.protocol.wire.errors import BrokerUnavailable
 from txmq.sqla import COMMITTED, ROLLED_BACK, SqlTransactionChecker, transaction, transaction_log
-from txmq.transaction import LocalTransactionState
-from txmq.wire import TransactionRow
 
 pytestmark = pytest.mark.anyio
 

@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import BrokerProcess
 from txmq import Message, Producer, PullConsumer, PullStatus
 from txmq.broker.server import EmbeddedBroker
-from txmq.errors import BadRequest
-from txmq.message import Prop
+from txmq.protocol.message import Prop
+from txmq.protocol.wire.errors import BadRequest
 
 pytestmark = pytest.mark.anyio
 

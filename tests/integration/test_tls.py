@@ -29,14 +29,14 @@ from tests.integration.test_transactions import read_topic
 from tests.replicaset import ReplicaSet
 from tests.tls_support import certs, other
 from txmq import Message
-from txmq.certs import CertFiles
-from txmq.errors import BadRequest, BrokerUnavailable, TxmqError
-from txmq.message import MessageExt
-from txmq.remoting import RemotingClient
-from txmq.security import ClientSecurity
+from txmq.protocol.message import MessageExt
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import GetBrokerRuntimeInfo, GetClusterInfo, Request
+from txmq.protocol.wire.base import R
+from txmq.protocol.wire.errors import BadRequest, BrokerUnavailable, TxmqError
+from txmq.security.certs import CertFiles
+from txmq.security.client import ClientSecurity
 from txmq.sync import Producer, PullConsumer, PushConsumer
-from txmq.wire import GetBrokerRuntimeInfo, GetClusterInfo, Request
-from txmq.wire.base import R
 
 __all__ = ["certs", "other"]  # the fixtures, used by name
 

@@ -18,8 +18,8 @@ from tests.integration.test_transactions import Listener, end_raw, pending, read
 from txmq import AdminClient, LocalTransactionState, Message, TransactionProducer
 from txmq.broker.server import EmbeddedBroker
 from txmq.broker.transaction_operator import OperatorDecisions
-from txmq.errors import BadRequest, TransactionNotFound
-from txmq.producer import SendResult
+from txmq.client.producer import SendResult
+from txmq.protocol.wire.errors import BadRequest, TransactionNotFound
 
 pytestmark = pytest.mark.anyio
 

@@ -33,12 +33,12 @@ from txmq import sync as txsync
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
 from txmq.broker.transaction import COMMIT, TransactionService
-from txmq.errors import BadRequest, BrokerUnavailable
-from txmq.message import MessageExt, Prop, SysFlag
-from txmq.producer import SendResult
-from txmq.security import ClientSecurity
-from txmq.settings import SettingsError
-from txmq.wire import BatchEntry, Ended, RequestCode, SendBatchMessage, SendMessage, decode
+from txmq.client.producer import SendResult
+from txmq.protocol.message import MessageExt, Prop, SysFlag
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire import BatchEntry, Ended, RequestCode, SendBatchMessage, SendMessage, decode
+from txmq.protocol.wire.errors import BadRequest, BrokerUnavailable
+from txmq.security.client import ClientSecurity
 
 pytestmark = pytest.mark.anyio
 
@@ -260,9 +260,7 @@ async def test_not_found_and_bad_requests(embedded_broker: Callable[..., Embedde
             )
         half_props = {Prop.TRAN_MSG: "true", Prop.UNIQ_KEY: "H1"}
         with pytest.raises(BadRequest, match="'group'"):  # a half message needs its group
-            await p.call(
-                SendMessage(topic="tx-bad-topic", queue_id=0, properties=half_props), b"x"
-            )
+            await p.call(SendMessage(topic="tx-bad-topic", queue_id=0, properties=half_props), b"x")
         with pytest.raises(BadRequest, match="batch"):
             await p.call(
                 SendBatchMessage(

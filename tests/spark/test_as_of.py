@@ -9,10 +9,10 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.spark.conftest import Small
-from txmq.message import Message
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Message
 from txmq.sqla.tables import transaction_log
 from txmq.sync import TransactionProducer
-from txmq.transaction import LocalTransactionState
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

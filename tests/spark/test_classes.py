@@ -10,13 +10,13 @@ import anyio
 import pytest
 
 from tests.spark.conftest import Small
-from txmq.message import Message
-from txmq.producer import SendResult
-from txmq.pull import PullConsumer
+from txmq.client.producer import SendResult
+from txmq.client.transaction import LocalTransactionState
+from txmq.consumer.pull import PullConsumer
+from txmq.protocol.message import Message
+from txmq.protocol.wire import ConsumerSendMsgBack
 from txmq.sqla.tables import consumed_keys, transaction_log
 from txmq.sync import Producer, TransactionProducer
-from txmq.transaction import LocalTransactionState
-from txmq.wire import ConsumerSendMsgBack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -24,16 +24,16 @@ import txmq.sqla
 from tests.conftest import wait_for
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import Message, MessageExt, new_message_id
+from txmq.client.producer import SendResult
+from txmq.client.transaction import LocalTransactionState
+from txmq.consumer.pull import PullConsumer
 from txmq.namesrv import EmbeddedNamesrv
-from txmq.producer import SendResult
-from txmq.pull import PullConsumer
+from txmq.protocol.message import Message, MessageExt, new_message_id
+from txmq.protocol.wire import ConsumerSendMsgBack
 from txmq.spark.classify import CLASSES
 from txmq.spark.job import BROKER_FILE, BadOption, broker_stores, main
 from txmq.sqla.tables import consumed_keys, transaction_log
 from txmq.sync import AdminClient, Producer, TransactionProducer
-from txmq.transaction import LocalTransactionState
-from txmq.wire import ConsumerSendMsgBack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -113,7 +113,7 @@ def _on_both(a: str, b: str, msg: Message) -> str:
     """``msg`` stored on both broker sets under one message id, as a sync send that timed
     out on one set and was retried on the other stores it; its id."""
     with (
-        mock.patch("txmq.producer.new_message_id", return_value=new_message_id()),
+        mock.patch("txmq.client.producer.new_message_id", return_value=new_message_id()),
         Producer(a, "retrying-app") as pa,
         Producer(b, "retrying-app") as pb,
     ):

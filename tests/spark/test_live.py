@@ -17,8 +17,8 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_
 import txmq.sqla
 from tests.conftest import BrokerProcess, Spawner, read_line, wait_for
 from tests.sqla_support import pg_schema
-from txmq.message import Prop
-from txmq.pull import PullStatus
+from txmq.consumer.pull import PullStatus
+from txmq.protocol.message import Prop
 from txmq.spark.job import main
 from txmq.sqla.tables import transaction_log
 from txmq.sync import AdminClient, PullConsumer

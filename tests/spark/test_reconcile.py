@@ -27,15 +27,15 @@ from examples.orders.order_service import OrderService
 from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
 from txmq.broker.server import EmbeddedBroker
-from txmq.message import Message
-from txmq.pull import PullConsumer
+from txmq.client.transaction import LocalTransactionState
+from txmq.consumer.pull import PullConsumer
+from txmq.protocol.message import Message
+from txmq.protocol.wire import ConsumerSendMsgBack
 from txmq.spark.classify import CLASSES
 from txmq.spark.job import JDBC_JAR, main
 from txmq.sqla import transaction
 from txmq.sqla.tables import consumed_keys, outbox, transaction_log
 from txmq.sync import AdminClient, Producer, TransactionProducer
-from txmq.transaction import LocalTransactionState
-from txmq.wire import ConsumerSendMsgBack
 
 # a module-wide budget above the default 120 s: the first test also builds the world (the
 # orders example on PostgreSQL) and every test starts Spark work on 2 cores

@@ -11,7 +11,7 @@ import pytest
 
 from txmq.broker.store import MessageStore, StoreConfig
 from txmq.broker.store.export import StoreUnreadable, export_path, export_store, scan_segment
-from txmq.message import OP_TOPIC, Prop, SysFlag
+from txmq.protocol.message import OP_TOPIC, Prop, SysFlag
 from txmq.spark.sources import read_store
 from txmq.spark.store_source import segments
 

@@ -25,9 +25,9 @@ import anyio
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-from txmq.message import Message
+from txmq.client.transaction import TransactionProducer
+from txmq.protocol.message import Message
 from txmq.sqla import SqlTransactionChecker, transaction
-from txmq.transaction import TransactionProducer
 
 
 def orders_table(name: str) -> Table:

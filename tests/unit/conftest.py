@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from txmq.broker.store import GetStatus, MessageStore, PutResult, PutStatus, StoreConfig
-from txmq.codec import decode_records
-from txmq.message import MessageExt, Prop, new_message_id
+from txmq.protocol.codec import decode_records
+from txmq.protocol.message import MessageExt, Prop, new_message_id
 
 
 @pytest.fixture

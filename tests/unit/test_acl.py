@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from txmq.acl import Acl, Resource, Rule, topic_resource
-from txmq.acl.guard import Guard
-from txmq.acl.rights import needs, unlisted
-from txmq.errors import AuthenticationFailed, NoPermission
-from txmq.security import ClientSecurity, Credentials, client_security
-from txmq.settings import SettingsError
-from txmq.signing import Authenticator, Signer
-from txmq.wire import GetTopicRoute, Heartbeat, PullMessage, SendMessage
-from txmq.wire.frame import FrameDecoder, FrameKind
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire import GetTopicRoute, Heartbeat, PullMessage, SendMessage
+from txmq.protocol.wire.errors import AuthenticationFailed, NoPermission
+from txmq.protocol.wire.frame import FrameDecoder, FrameKind
+from txmq.security.acl import Acl, Resource, Rule, topic_resource
+from txmq.security.acl.guard import Guard
+from txmq.security.acl.rights import needs, unlisted
+from txmq.security.client import ClientSecurity, client_security
+from txmq.security.credentials import Credentials
+from txmq.security.signing import Authenticator, Signer
 
 POLICY = """
 [users.orders]
@@ -191,7 +192,7 @@ def test_wrong_secret_and_stale_time_are_refused(secret: str, shift: float, word
 def test_unsigned_unknown_and_altered_requests_are_refused() -> None:
     creds = Credentials("orders", "orders-secret")
     auth = Authenticator(lambda ak: creds.secret if ak == "orders" else None)
-    from txmq.wire.frame import encode_frame
+    from txmq.protocol.wire.frame import encode_frame
 
     with pytest.raises(AuthenticationFailed, match=r"not signed.*TXMQ_ACCESS_KEY"):
         auth.check(_decode(encode_frame(FrameKind.REQUEST, 10, 1, b"", b"x")), "SendMessage")
@@ -218,7 +219,7 @@ class _Conn:
 
 
 def _send(signer: Signer, topic: str = "orders") -> tuple[object, SendMessage]:
-    from txmq.wire.base import encode
+    from txmq.protocol.wire.base import encode
 
     req = SendMessage(topic=topic, queue_id=0)
     return _decode(signer.frame(FrameKind.REQUEST, SendMessage.CODE, 1, encode(req), b"x", 1)), req

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from txmq.allocate import allocate_averagely, allocate_by_circle
+from txmq.consumer.allocate import allocate_averagely, allocate_by_circle
 
 
 @pytest.mark.parametrize("strategy", [allocate_averagely, allocate_by_circle])

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from txmq.admin.cluster import BrokerRow, _row, _with_replication
+from txmq.admin.fanout import BrokerAddress
 from txmq.cli.admin_ha import _broker_line, _set_lines
-from txmq.cluster_view import BrokerRow, _row, _with_replication
-from txmq.fanout import BrokerAddress
-from txmq.wire import BrokerSetState, ReplicaState, RuntimeInfo
+from txmq.protocol.wire import BrokerSetState, ReplicaState, RuntimeInfo
 
 
 def info(broker_id: int, role: str, **fields: Any) -> RuntimeInfo:

@@ -6,8 +6,14 @@ import sys
 
 import pytest
 
-from txmq.codec import CorruptRecord, check_record, decode_record, decode_records, encode_record
-from txmq.message import Message, Prop, new_message_id, stable_hash, validate_topic_name
+from txmq.protocol.codec import (
+    CorruptRecord,
+    check_record,
+    decode_record,
+    decode_records,
+    encode_record,
+)
+from txmq.protocol.message import Message, Prop, new_message_id, stable_hash, validate_topic_name
 
 
 def _record(body: bytes = b"hello", offset: int = 0) -> bytes:
@@ -60,7 +66,7 @@ def test_a_damaged_record_in_a_batch_is_skipped_when_asked() -> None:
 
 
 def test_stable_hash_is_the_same_in_every_process() -> None:
-    code = "from txmq.message import stable_hash; print(stable_hash('order-42'))"
+    code = "from txmq.protocol.message import stable_hash; print(stable_hash('order-42'))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],

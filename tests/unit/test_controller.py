@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from txmq.namesrv.controller import Controller, ControllerTimings, NoCandidate
-from txmq.wire import ControllerAnswer, ControllerHeartbeat, ElectMaster, GetReplicaInfo
+from txmq.protocol.wire import ControllerAnswer, ControllerHeartbeat, ElectMaster, GetReplicaInfo
 
 TIMINGS = ControllerTimings(heartbeat_timeout_s=3.0, lease_s=2.0, reconnect_grace_s=0.6)
 

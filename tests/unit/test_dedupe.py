@@ -11,7 +11,7 @@ from pathlib import Path
 from txmq.broker.dedupe import DedupeWindow, client_topic
 from txmq.broker.store import MessageStore, PutResult
 from txmq.broker.store.index import uniq_key_hash
-from txmq.message import HALF_TOPIC, SCHEDULE_TOPIC, Prop, SysFlag, new_message_id
+from txmq.protocol.message import HALF_TOPIC, SCHEDULE_TOPIC, Prop, SysFlag, new_message_id
 
 T0 = 1_700_000_000_000  # ms
 

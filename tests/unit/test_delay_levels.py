@@ -6,7 +6,7 @@ import pytest
 
 from txmq.broker.config import DEFAULT_DELAY_LEVELS, BrokerConfig, parse_delay_levels
 from txmq.broker.locks import RebalanceLockManager
-from txmq.settings import SettingsError
+from txmq.protocol.settings import SettingsError
 
 
 def test_default_levels_are_rocketmqs() -> None:

@@ -1,4 +1,4 @@
-"""How the command line shows times and spans (txmq.fmt)."""
+"""How the command line shows times and spans (txmq.observability.fmt)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from txmq.fmt import iso_ms, ms_time, span, with_times
+from txmq.observability.fmt import iso_ms, ms_time, span, with_times
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""RocketMQ 5's gRPC request signature (txmq.acl.grpc_auth): what it accepts, what it
+"""RocketMQ 5's gRPC request signature (txmq.security.acl.grpc_auth): what it accepts, what it
 refuses and why, and the status codes both sides map it to."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from txmq.acl.grpc_auth import authenticate, grpc_peer, verify
-from txmq.acl.guard import Guard
-from txmq.errors import AuthenticationFailed, NoPermission
-from txmq.grpc_convert import code_of, error_of
-from txmq.security import Credentials
-from txmq.signing import authorization, signed_metadata
+from txmq.protocol.grpc_convert import code_of, error_of
+from txmq.protocol.wire.errors import AuthenticationFailed, NoPermission
+from txmq.security.acl.grpc_auth import authenticate, grpc_peer, verify
+from txmq.security.acl.guard import Guard
+from txmq.security.credentials import Credentials
+from txmq.security.signing import authorization, signed_metadata
 
 ALICE = Credentials("alice", "alice-secret")
 WINDOW_MS = 60_000

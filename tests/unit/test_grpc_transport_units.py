@@ -10,17 +10,8 @@ pytest.importorskip("rocketmq.grpc_protocol.definition_pb2")
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from txmq import AdminClient, Producer, PullConsumer, PushConsumer
-from txmq.codec import decode_record, encode_message
-from txmq.errors import (
-    BadRequest,
-    BrokerBusy,
-    InvalidReceiptHandle,
-    ServerError,
-    TopicNotFound,
-    TransactionNotFound,
-    UnsupportedRequest,
-)
-from txmq.grpc_convert import (
+from txmq.protocol.codec import decode_record, encode_message
+from txmq.protocol.grpc_convert import (
     check_error,
     delay_ms,
     duration,
@@ -30,8 +21,17 @@ from txmq.grpc_convert import (
     timestamp,
     to_proto,
 )
-from txmq.grpc_receiving import backoff_s
-from txmq.message import Message, Prop
+from txmq.protocol.message import Message, Prop
+from txmq.protocol.wire.errors import (
+    BadRequest,
+    BrokerBusy,
+    InvalidReceiptHandle,
+    ServerError,
+    TopicNotFound,
+    TransactionNotFound,
+    UnsupportedRequest,
+)
+from txmq.transports.grpc.receiving import backoff_s
 
 NOW = 1_700_000_000_000
 

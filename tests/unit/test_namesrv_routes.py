@@ -11,10 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from txmq.errors import BadRequest, InvalidTopic, TopicNotFound
 from txmq.namesrv import NamesrvConfig, RouteTable
-from txmq.settings import SettingsError
-from txmq.wire import (
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire import (
     PERM_READ,
     BrokerData,
     QueueData,
@@ -22,6 +21,7 @@ from txmq.wire import (
     TopicConfigData,
     UnregisterBroker,
 )
+from txmq.protocol.wire.errors import BadRequest, InvalidTopic, TopicNotFound
 
 
 class Clock:

@@ -1,5 +1,5 @@
-"""txmq.observe without servers: the trace context's round trip through message properties,
-hooks that do nothing without a tracer provider or a registry, metrics in a private
+"""txmq.observability.hooks without servers: the trace context's round trip through message
+properties, hooks that do nothing without a tracer provider or a registry, metrics in a private
 registry, and txmq without opentelemetry installed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import ROOT
 from tests.observe_support import registry, spans
-from txmq import observe
+from txmq.observability import hooks as observe
 
 __all__ = ["registry", "spans"]  # fixtures
 
@@ -155,7 +155,7 @@ def test_txmq_works_without_opentelemetry_installed() -> None:
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"
         "import txmq, txmq.sync, txmq.outbox\n"
-        "from txmq import observe\n"
+        "from txmq.observability import hooks as observe\n"
         "assert observe.tracer() is None\n"
         "props = {'UNIQ_KEY': 'x'}\n"
         "with observe.sending('t', 'g', [props], 1): pass\n"

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from txmq.message import Prop
 from txmq.outbox import OutboxRelay, Row, async_url
 from txmq.outbox.claim import backoff_delay
 from txmq.outbox.relay import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, _message, _runs
+from txmq.protocol.message import Prop
 
 
 def row(i: int, topic: str = "t", body: bytes = b"x", key: str | None = "k") -> Row:

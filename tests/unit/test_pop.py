@@ -23,9 +23,9 @@ from txmq.broker.retry import RetryService
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.store import GetStatus, MessageStore
 from txmq.broker.topics import TopicManager
-from txmq.codec import decode_records
-from txmq.errors import BadRequest, InvalidReceiptHandle, NotMaster, TopicNotFound
-from txmq.message import MessageExt, Prop, dlq_topic, new_message_id, retry_topic, tag_hash
+from txmq.protocol.codec import decode_records
+from txmq.protocol.message import MessageExt, Prop, dlq_topic, new_message_id, retry_topic, tag_hash
+from txmq.protocol.wire.errors import BadRequest, InvalidReceiptHandle, NotMaster, TopicNotFound
 
 pytestmark = pytest.mark.anyio
 

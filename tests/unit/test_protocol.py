@@ -5,19 +5,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from txmq.errors import (
-    BadRequest,
-    BrokerBusy,
-    FrameTooLarge,
-    MalformedFrame,
-    MessageTooLarge,
-    ResponseCode,
-    ServerError,
-    UnsupportedRequest,
-    UnsupportedVersion,
-    error_for_code,
-)
-from txmq.wire import (
+from txmq.protocol.wire import (
     PREFIX,
     EndTransaction,
     FrameDecoder,
@@ -38,6 +26,18 @@ from txmq.wire import (
     encode_frame,
     request_class,
     requests,
+)
+from txmq.protocol.wire.errors import (
+    BadRequest,
+    BrokerBusy,
+    FrameTooLarge,
+    MalformedFrame,
+    MessageTooLarge,
+    ResponseCode,
+    ServerError,
+    UnsupportedRequest,
+    UnsupportedVersion,
+    error_for_code,
 )
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from txmq.client import endpoints
-from txmq.offset_store import LocalFileOffsetStore
-from txmq.remoting import RemotingClient, parse_namesrv
-from txmq.route import LatencyFaultTolerance, MessageQueue, Route, RouteTable
-from txmq.wire import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRoute
+from txmq.client.core import endpoints
+from txmq.client.route import LatencyFaultTolerance, Route, RouteTable
+from txmq.consumer.offsets import LocalFileOffsetStore
+from txmq.protocol.message import MessageQueue
+from txmq.protocol.peer import RemotingClient, parse_namesrv
+from txmq.protocol.wire import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRoute
 
 
 def _route(*brokers: tuple[str, int, int], perm: int = PERM_READ | PERM_WRITE) -> TopicRoute:

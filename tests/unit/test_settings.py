@@ -7,7 +7,7 @@ import pytest
 from txmq.broker.config import BrokerConfig
 from txmq.broker.store import FlushMode
 from txmq.namesrv import ControllerConfig
-from txmq.settings import SettingsError
+from txmq.protocol.settings import SettingsError
 
 
 def test_toml_then_env_then_overrides(tmp_path: Path) -> None:

@@ -28,10 +28,10 @@ from tests.sqla_support import (
     order_lines,
     orders,
 )
-from txmq.errors import BrokerUnavailable
-from txmq.message import Message
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Message
+from txmq.protocol.wire.errors import BrokerUnavailable
 from txmq.sqla import COMMITTED, transaction, transaction_log
-from txmq.transaction import LocalTransactionState
 
 COMMIT = LocalTransactionState.COMMIT
 ROLLBACK = LocalTransactionState.ROLLBACK

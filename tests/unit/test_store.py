@@ -16,9 +16,9 @@ from txmq.broker.store import (
     StoreError,
 )
 from txmq.broker.store.index import key_hash
-from txmq.codec import check_record, decode_record, decode_records
-from txmq.errors import MessageTooLarge
-from txmq.message import Prop, new_message_id, tag_hash
+from txmq.protocol.codec import check_record, decode_record, decode_records
+from txmq.protocol.message import Prop, new_message_id, tag_hash
+from txmq.protocol.wire.errors import MessageTooLarge
 
 
 def test_roundtrip_keeps_everything_and_queue_order(make_store, put_msg, read_queue) -> None:

@@ -15,7 +15,7 @@ import pytest
 from txmq.broker.config import BrokerConfig
 from txmq.broker.store import MessageStore, PutResult, StoreConfig, export, exporting
 from txmq.broker.store.exporting import SegmentExporter
-from txmq.message import HALF_TOPIC, Prop, SysFlag
+from txmq.protocol.message import HALF_TOPIC, Prop, SysFlag
 
 HOUR_MS = 3_600_000
 needs_pyarrow = pytest.mark.skipif(not export.available(), reason="pyarrow is not installed")

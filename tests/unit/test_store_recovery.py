@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from txmq.broker.store import GetStatus
-from txmq.codec import decode_record
+from txmq.protocol.codec import decode_record
 
 LOGGER = "txmq.broker.store"
 NO_CHECKPOINTS = {"cq_flush_interval_ms": 3_600_000}  # only the one written at start-up

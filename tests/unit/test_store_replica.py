@@ -11,8 +11,8 @@ import pytest
 
 from txmq.broker.store import MessageStore, PutResult, ReplicaError
 from txmq.broker.store.commitlog import segment_paths
-from txmq.codec import decode_records
-from txmq.message import MessageExt
+from txmq.protocol.codec import decode_records
+from txmq.protocol.message import MessageExt
 
 Put = Callable[..., PutResult]
 Read = Callable[..., list[MessageExt]]
@@ -172,7 +172,7 @@ def test_a_slave_survives_its_transfer_and_metadata_copy_failing_together() -> N
     """A master killed fails both of a slave's requests at once: an ExceptionGroup of two
     connection errors is a lost master (retried), not a crash; anything else propagates."""
     from txmq.broker.ha.slave import _expected
-    from txmq.errors import BrokerUnavailable
+    from txmq.protocol.wire.errors import BrokerUnavailable
 
     lost = BrokerUnavailable("connection closed")
     both = ExceptionGroup("tg", [lost, ExceptionGroup("inner", [BrokerUnavailable("closed")])])

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from txmq.broker.store import store as store_module
-from txmq.message import Prop, new_message_id
+from txmq.protocol.message import Prop, new_message_id
 
 T0 = 1_800_000_000_000  # store times of these tests: ms since the epoch
 

@@ -15,7 +15,7 @@ from txmq.broker.subscriptions import (
     GroupsFile,
     SubscriptionGroupManager,
 )
-from txmq.errors import BadRequest, DiskFull
+from txmq.protocol.wire.errors import BadRequest, DiskFull
 
 
 def path_in(tmp_path: Path) -> Path:

@@ -10,8 +10,8 @@ import pytest
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.timer import TimerWheel
-from txmq.message import Message, Prop
-from txmq.settings import SettingsError
+from txmq.protocol.message import Message, Prop
+from txmq.protocol.settings import SettingsError
 
 
 def test_deliver_at_and_delay_become_the_delivery_time_property() -> None:

@@ -18,28 +18,27 @@ from anyio.abc import SocketAttribute
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tests.tls_support import certs, other
-from txmq.admin import AdminClient
+from txmq.admin.client import AdminClient
 from txmq.broker.config import BrokerConfig
-from txmq.certs import CertFiles
 from txmq.cli.main import build_parser, main
 from txmq.cli.options import tls_overrides
-from txmq.client import BrokerClient
-from txmq.errors import BrokerUnavailable
+from txmq.client.core import BrokerClient
+from txmq.client.producer import Producer
 from txmq.namesrv import ControllerConfig, NamesrvConfig
-from txmq.producer import Producer
-from txmq.security import ClientSecurity, client_security
-from txmq.serving import warn_if_exposed
-from txmq.settings import SettingsError
-from txmq.tls import (
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire.base import ErrorAnswer, decode
+from txmq.protocol.wire.errors import BrokerUnavailable, ResponseCode
+from txmq.protocol.wire.frame import Frame, FrameDecoder, FrameKind, encode_frame
+from txmq.security.certs import CertFiles
+from txmq.security.client import ClientSecurity, client_security
+from txmq.security.tls import (
     PLAINTEXT_REFUSED,
     accept_tls,
     client_context,
     client_handshake,
     server_context,
 )
-from txmq.wire.base import ErrorAnswer, decode
-from txmq.wire.errors import ResponseCode
-from txmq.wire.frame import Frame, FrameDecoder, FrameKind, encode_frame
+from txmq.server.serving import warn_if_exposed
 
 __all__ = ["certs", "other"]  # the fixtures, used by name
 

@@ -7,15 +7,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from txmq.acl.guard import peer_host
-from txmq.acl.policy import Resource, topic_resource
 from txmq.broker.context import BrokerContext
 from txmq.broker.subscriptions import GroupConfig
 from txmq.broker.topics import check_queue_id
-from txmq.codec import read_header, record_topic_and_props
-from txmq.errors import GroupNotFound, MessageNotFound, NotMaster, TopicNotFound
-from txmq.rpc import Call
-from txmq.wire import (
+from txmq.protocol.codec import read_header, record_topic_and_props
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import (
     BrokerData,
     DeleteSubscriptionGroup,
     DeleteTopic,
@@ -52,6 +49,9 @@ from txmq.wire import (
     ViewMessageById,
     WithBody,
 )
+from txmq.protocol.wire.errors import GroupNotFound, MessageNotFound, NotMaster, TopicNotFound
+from txmq.security.acl.guard import peer_host
+from txmq.security.acl.policy import Resource, topic_resource
 
 __all__ = ["AdminService"]
 

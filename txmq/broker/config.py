@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from txmq.broker.store import FlushMode, StoreConfig
-from txmq.remoting import parse_address, parse_namesrv
-from txmq.security import ClientSecurity
-from txmq.serving import ConnectionSettings
-from txmq.settings import SettingsError, load_settings
+from txmq.protocol.peer import parse_address, parse_namesrv
+from txmq.protocol.settings import SettingsError, load_settings
+from txmq.security.client import ClientSecurity
+from txmq.server.serving import ConnectionSettings
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "BrokerConfig", "parse_delay_levels"]
 

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from txmq.errors import BadRequest, TxmqError
-from txmq.message import retry_topic
-from txmq.remoting import Connection
-from txmq.rpc import Call
-from txmq.wire import (
+from txmq.protocol.connection import Connection
+from txmq.protocol.message import retry_topic
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import (
     ConsumerList,
     Empty,
     GetConsumerListByGroup,
@@ -29,6 +28,7 @@ from txmq.wire import (
     Request,
     UnregisterClient,
 )
+from txmq.protocol.wire.errors import BadRequest, TxmqError
 
 if TYPE_CHECKING:
     from txmq.broker.topics import TopicManager

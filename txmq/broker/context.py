@@ -10,6 +10,7 @@ answer a write only once it is on disk).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -26,7 +27,7 @@ from txmq.broker.stats import Throughput
 from txmq.broker.store import MessageStore
 from txmq.broker.subscriptions import SubscriptionGroupManager
 from txmq.broker.topics import TopicManager
-from txmq.errors import (
+from txmq.protocol.wire.errors import (
     FlushDiskTimeout,
     FlushSlaveTimeout,
     NotMaster,
@@ -35,11 +36,40 @@ from txmq.errors import (
 )
 
 if TYPE_CHECKING:
-    from txmq.acl.guard import Guard
+    from txmq.security.acl.guard import Guard
 
-__all__ = ["Arrivals", "BrokerContext", "FlushAcks", "ReplicaView", "ReplicationGate"]
+__all__ = [
+    "Arrivals",
+    "BrokerContext",
+    "Clock",
+    "FlushAcks",
+    "ReplicaView",
+    "ReplicationGate",
+]
 
 T = TypeVar("T")
+
+
+class Clock:
+    """The wall clock due times are read from (delay levels, timer messages): the system's
+    own, which a test may move forward (:meth:`advance`) to have what is due delivered
+    without waiting; whoever waits for a due time is woken then."""
+
+    def __init__(self) -> None:
+        self.skew_ms = 0
+        #: run when the clock moves forward (the waits for due times)
+        self.on_advance: list[Callable[[], None]] = []
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000 + self.skew_ms
+
+    def advance(self, seconds: float) -> None:
+        """Move this clock ``seconds`` forward (never back)."""
+        if not seconds >= 0:
+            raise ValueError("the clock moves forward only")
+        self.skew_ms += round(seconds * 1000)
+        for wake in self.on_advance:
+            wake()
 
 
 class Arrivals:
@@ -220,3 +250,5 @@ class BrokerContext:
     dedupe: DedupeWindow | None = None
     #: access control (``acl_file``; None: off)
     guard: Guard | None = None
+    #: the wall clock of due times
+    clock: Clock = field(default_factory=Clock)

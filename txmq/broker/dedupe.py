@@ -45,9 +45,16 @@ from zlib import crc32 as _crc32
 
 from txmq.broker.store import MessageStore
 from txmq.broker.store.index import UNIQ_SEED as _SEED
-from txmq.codec import HEADER, record_topic_and_props
-from txmq.message import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, Prop, SysFlag, is_system_topic
-from txmq.wire import Sent
+from txmq.protocol.codec import HEADER, record_topic_and_props
+from txmq.protocol.message import (
+    HALF_TOPIC,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    Prop,
+    SysFlag,
+    is_system_topic,
+)
+from txmq.protocol.wire import Sent
 
 __all__ = ["DedupeWindow", "Original", "client_topic"]
 

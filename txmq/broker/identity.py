@@ -8,7 +8,7 @@ import msgspec
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.store import StoreError
-from txmq.jsonfile import load_json, write_json_atomic
+from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = ["BrokerIdentity", "claim_store"]
 

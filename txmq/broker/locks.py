@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from txmq.rpc import Call
-from txmq.wire import Empty, LockBatchMq, Locked, UnlockBatchMq
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import Empty, LockBatchMq, Locked, UnlockBatchMq
 
 __all__ = ["LockEntry", "LockService", "RebalanceLockManager"]
 

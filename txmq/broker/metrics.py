@@ -38,12 +38,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from txmq.broker.context import BrokerContext
 from txmq.broker.stats import RPC_BUCKETS_MS, Tally
 from txmq.broker.store import MessageStore
-from txmq.dist import Dist, histogram_family
-from txmq.message import PARKED_TOPIC
-from txmq.remoting import Connection, Handler, HandlerResult
-from txmq.serving import ListenerUnavailable
-from txmq.wire.base import Response, WithBody, requests
-from txmq.wire.frame import Frame
+from txmq.observability.dist import Dist, histogram_family
+from txmq.protocol.connection import Connection, Handler, HandlerResult
+from txmq.protocol.message import PARKED_TOPIC
+from txmq.protocol.wire.base import Response, WithBody, requests
+from txmq.protocol.wire.frame import Frame
+from txmq.server.serving import ListenerUnavailable
 
 __all__ = [
     "DEFAULT_METRICS_PORT",
@@ -433,7 +433,7 @@ def time_flushes(store: MessageStore, dist: Dist) -> None:
     The store has no flush hook yet: this wraps its commit log's ``fsync_range`` on the
     instance (called by the flush thread, and at checkpoints and shutdown, only when there
     is something to flush).  A hook in broker/store/flush.py should replace it."""
-    commit_log = store._flusher._cl
+    commit_log = store.commit_log
     fsync: _Fsync = commit_log.fsync_range
 
     def timed(lo: int, hi: int) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 
 from txmq.broker.topics import TopicName
-from txmq.jsonfile import load_json, write_json_atomic
+from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = ["ConsumerOffsetManager", "OffsetsFile"]
 
@@ -30,7 +30,7 @@ class ConsumerOffsetManager:
 
     Only what the broker checked is committed (an existing topic, a queue id it has, an
     offset >= 0: :meth:`txmq.broker.pulling.PullService.update_offset`); a damaged file is
-    salvaged on start (:func:`txmq.jsonfile.load_json`)."""
+    salvaged on start (:func:`txmq.server.jsonfile.load_json`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

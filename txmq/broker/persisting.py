@@ -12,7 +12,7 @@ import anyio
 
 from txmq.broker.store import MessageStore
 from txmq.broker.store.types import StoreError
-from txmq.jsonfile import write_json_atomic
+from txmq.server.jsonfile import write_json_atomic
 
 __all__ = ["SavedState"]
 

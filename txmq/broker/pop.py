@@ -51,8 +51,9 @@ import anyio.abc
 from txmq.broker.context import BrokerContext
 from txmq.broker.retry import ON_PURPOSE, RetryService
 from txmq.broker.store import GetStatus
-from txmq.codec import decode_record
-from txmq.errors import (
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import MessageExt, Prop, retry_topic
+from txmq.protocol.wire.errors import (
     BadRequest,
     InvalidReceiptHandle,
     MessageNotFound,
@@ -60,7 +61,6 @@ from txmq.errors import (
     TopicNotFound,
     TxmqError,
 )
-from txmq.message import MessageExt, Prop, retry_topic
 
 __all__ = ["MAX_INVISIBLE_MS", "MAX_POLL_MS", "MAX_POP_BATCH", "PopService", "Popped"]
 

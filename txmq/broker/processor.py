@@ -1,12 +1,11 @@
-"""The broker's request table: each request class of :mod:`txmq.wire` and the service
-method that answers it.  Only the router (:class:`txmq.rpc.Router`) sees frames; the
+"""The broker's request table: each request class of :mod:`txmq.protocol.wire` and the service
+method that answers it.  Only the router (:class:`txmq.protocol.rpc.Router`) sees frames; the
 services take typed requests and return typed answers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from txmq.acl.service import AclService
 from txmq.broker.admin import AdminService
 from txmq.broker.consumers import GroupService
 from txmq.broker.locks import LockService
@@ -16,8 +15,8 @@ from txmq.broker.sending import SendService
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
 from txmq.broker.transaction_operator import OperatorDecisions
-from txmq.rpc import Router
-from txmq.wire import (
+from txmq.protocol.rpc import Router
+from txmq.protocol.wire import (
     ConsumerSendMsgBack,
     DecideTransaction,
     DeleteSubscriptionGroup,
@@ -51,6 +50,7 @@ from txmq.wire import (
     UpdateSubscriptionGroup,
     ViewMessageById,
 )
+from txmq.security.acl.service import AclService
 
 __all__ = ["Services", "request_router"]
 

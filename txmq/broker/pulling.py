@@ -10,10 +10,9 @@ import anyio
 from txmq.broker.context import BrokerContext
 from txmq.broker.store import GetResult, GetStatus
 from txmq.broker.topics import check_queue_id
-from txmq.errors import BadRequest, TopicNotFound
-from txmq.message import parse_subscription
-from txmq.rpc import Call
-from txmq.wire import (
+from txmq.protocol.message import parse_subscription
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import (
     Empty,
     GetMaxOffset,
     GetMinOffset,
@@ -24,7 +23,8 @@ from txmq.wire import (
     UpdateConsumerOffset,
     WithBody,
 )
-from txmq.wire.messaging import PullStatus
+from txmq.protocol.wire.errors import BadRequest, TopicNotFound
+from txmq.protocol.wire.messaging import PullStatus
 
 __all__ = ["MAX_PULL_BATCH", "PullService", "parse_subscription"]
 

@@ -14,8 +14,8 @@ from txmq.broker.store import (
     PutStatus,
 )
 from txmq.broker.topics import TopicManager
-from txmq.errors import BadRequest, BrokerBusy, DiskFull, NotMaster, TxmqError
-from txmq.message import MessageExt, Prop, is_system_topic
+from txmq.protocol.message import MessageExt, Prop, is_system_topic
+from txmq.protocol.wire.errors import BadRequest, BrokerBusy, DiskFull, NotMaster, TxmqError
 
 __all__ = ["WAITING_PROPS", "check_put", "put_or_raise", "real_destination"]
 
@@ -68,5 +68,6 @@ def check_put(r: PutResult) -> PutResult:
 
 def put_or_raise(store: MessageStore, **put: Any) -> PutResult:
     """``store.put(**put)``, raising the protocol error for a refused message (a message
-    over the size limits raises :class:`txmq.errors.MessageTooLarge` from the store)."""
+    over the size limits raises :class:`txmq.protocol.wire.errors.MessageTooLarge` from the
+    store)."""
     return check_put(store.put(**put))

@@ -23,9 +23,10 @@ import anyio.abc
 
 from txmq.broker.config import BrokerConfig
 from txmq.broker.topics import TopicConfig, TopicManager
-from txmq.errors import BrokerUnavailable, TxmqError
-from txmq.remoting import Connection, RemotingClient
-from txmq.wire import RegisterBroker, TopicConfigData, UnregisterBroker
+from txmq.protocol.connection import Connection
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import RegisterBroker, TopicConfigData, UnregisterBroker
+from txmq.protocol.wire.errors import BrokerUnavailable, TxmqError
 
 __all__ = ["NOT_REGISTERED_PREFIXES", "Registration", "is_registered_topic"]
 
@@ -157,8 +158,8 @@ class Registration:
                     link.address,
                     connect_timeout=REQUEST_TIMEOUT_S,
                     security=self.config.peer_security(),
+                    on_connect=[self._watch(link)],
                 )
-                client.on_connect.append(self._watch(link))
                 link.client = await stack.enter_async_context(client)
                 link.first_attempt = anyio.Event()
             try:

@@ -1,5 +1,5 @@
 """A broker's part in its broker set, as ``txmq admin`` shows it: the replication fields of
-:class:`~txmq.wire.RuntimeInfo`, from :meth:`Replication.describe`."""
+:class:`~txmq.protocol.wire.RuntimeInfo`, from :meth:`Replication.describe`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from txmq.wire import RuntimeInfo
+from txmq.protocol.wire import RuntimeInfo
 
 if TYPE_CHECKING:
     from txmq.broker.replication import Replication

@@ -1,6 +1,6 @@
 """Metadata a slave copies from its master (RocketMQ's SlaveSynchronize): topics,
 consumer-group configs, consumer offsets, delay-level offsets and transaction-check
-offsets, each in its state file's own JSON form (one schema per file, :mod:`txmq.jsonfile`).
+offsets, each in its state file's own JSON form (one schema per file, :mod:`txmq.server.jsonfile`).
 
 Offsets are taken only once the slave's commit log reaches the master's end at the time
 the master took them: an offset past a record the slave lacks would skip that record on
@@ -21,8 +21,8 @@ from txmq.broker.schedule import DelayOffsetsFile, ScheduleMessageService
 from txmq.broker.subscriptions import GroupsFile
 from txmq.broker.topics import TopicEntry, TopicsFile, has_queue
 from txmq.broker.transaction import TransactionOffsetsFile, TransactionService
-from txmq.jsonfile import write_json_atomic
-from txmq.wire import HaMetadata
+from txmq.protocol.wire import HaMetadata
+from txmq.server.jsonfile import write_json_atomic
 
 __all__ = ["Metadata"]
 

@@ -37,10 +37,10 @@ from txmq.broker.replica_metadata import Metadata
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.topics import has_queue
 from txmq.broker.transaction import TransactionService
-from txmq.controller_client import ask_controller
-from txmq.errors import TxmqError
-from txmq.serving import Acceptor
-from txmq.wire import ControllerAnswer, ControllerHeartbeat
+from txmq.protocol.peer import ask_controller
+from txmq.protocol.wire import ControllerAnswer, ControllerHeartbeat
+from txmq.protocol.wire.errors import TxmqError
+from txmq.server.serving import Acceptor
 
 __all__ = ["MasterDuties", "Replication", "physical_memory"]
 

@@ -23,9 +23,8 @@ from txmq.broker.context import BrokerContext
 from txmq.broker.putting import WAITING_PROPS, put_or_raise
 from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.store import MAX_PROPERTIES_SIZE, GetStatus, PutResult
-from txmq.codec import decode_record
-from txmq.errors import BadRequest, MessageNotFound
-from txmq.message import (
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import (
     MessageExt,
     Prop,
     clip_reason,
@@ -33,8 +32,8 @@ from txmq.message import (
     retry_topic,
     used_up_reason,
 )
-from txmq.rpc import Call
-from txmq.wire import (
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import (
     ConsumerSendMsgBack,
     DlqList,
     DlqPage,
@@ -43,6 +42,7 @@ from txmq.wire import (
     SendBack,
     WithBody,
 )
+from txmq.protocol.wire.errors import BadRequest, MessageNotFound
 
 __all__ = ["DEFAULT_MAX_RECONSUME_TIMES", "FIRST_RETRY_LEVEL", "RetryService"]
 

@@ -22,7 +22,6 @@ delivered since are delivered again (at least once, never lost).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Annotated
 
 import anyio
@@ -35,10 +34,10 @@ from txmq.broker.persisting import SavedState
 from txmq.broker.putting import WAITING_PROPS, real_destination
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
 from txmq.broker.timer import TimerService
-from txmq.codec import decode_record
-from txmq.errors import BadRequest, MessageTooLarge
-from txmq.jsonfile import load_json
-from txmq.message import SCHEDULE_TOPIC, MessageExt, Prop
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import SCHEDULE_TOPIC, MessageExt, Prop
+from txmq.protocol.wire.errors import BadRequest, MessageTooLarge
+from txmq.server.jsonfile import load_json
 
 __all__ = ["DelayOffsetsFile", "Delayed", "ScheduleMessageService"]
 
@@ -49,10 +48,6 @@ _BATCH = 64
 #: where a delayed message is stored instead: (topic, queue id, properties, delivery ms,
 #: level; 0 for a timer message)
 Delayed = tuple[str, int, dict[str, str], int, int]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _deliver_at(msg: MessageExt) -> int | None:
@@ -83,6 +78,7 @@ class ScheduleMessageService(SavedState):
         self._next_due: dict[int, int | None] = {}
         #: timer messages (exact delivery times)
         self.timer = TimerService(ctx)
+        ctx.clock.on_advance.append(self._advanced)
 
     # -- the send side --------------------------------------------------------------------
 
@@ -117,7 +113,7 @@ class ScheduleMessageService(SavedState):
             level = min(level, self.max_level)
         if level <= 0:
             return None
-        due = _now_ms() + self.delay_ms(level)
+        due = self.ctx.clock.now_ms() + self.delay_ms(level)
         stored = {k: v for k, v in props.items() if k != CQ_TAG_PROPERTY}
         stored[Prop.DELAY] = str(level)
         stored[Prop.REAL_TOPIC] = topic
@@ -168,6 +164,11 @@ class ScheduleMessageService(SavedState):
             await tg.start(self.timer.run)
             task_status.started()
 
+    def _advanced(self) -> None:
+        """The clock moved forward: every level looks at what is due now."""
+        for event in self._wake.values():
+            event.set()
+
     async def _level_loop(self, level: int) -> None:
         while True:
             self._wake[level] = event = anyio.Event()
@@ -179,7 +180,7 @@ class ScheduleMessageService(SavedState):
                 await anyio.lowlevel.checkpoint()
                 continue
             self._next_due[level] = due
-            timeout = max((due - _now_ms()) / 1000, 0) if due is not None else None
+            timeout = max((due - self.ctx.clock.now_ms()) / 1000, 0) if due is not None else None
             if timeout is None:
                 await event.wait()
             else:
@@ -208,7 +209,7 @@ class ScheduleMessageService(SavedState):
                 self._set_offset(level, got.next_begin_offset)
                 return 0
             return None
-        now = _now_ms()
+        now = self.ctx.clock.now_ms()
         for record in got.records:
             msg = decode_record(record)
             due = self._due_time(msg, level, now)
@@ -217,7 +218,8 @@ class ScheduleMessageService(SavedState):
                 return due
             if not self._deliver(msg, level):
                 self._set_offset(level, msg.queue_offset)
-                return _now_ms() + 1000  # the store refused (shutting down): retry later
+                # the store refused (shutting down): retry later
+                return self.ctx.clock.now_ms() + 1000
             self._set_offset(level, msg.queue_offset + 1)
         return 0 if got.next_begin_offset < got.max_offset else None
 

@@ -19,10 +19,10 @@ from txmq.broker.schedule import Delayed, ScheduleMessageService
 from txmq.broker.store import MAX_PROPERTIES_SIZE, PutResult
 from txmq.broker.topics import check_queue_id
 from txmq.broker.transaction import TransactionService
-from txmq.errors import BadRequest, MessageTooLarge
-from txmq.message import Prop
-from txmq.rpc import Call
-from txmq.wire import BatchResult, SendBatchMessage, SendMessage, Sent
+from txmq.protocol.message import Prop
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import BatchResult, SendBatchMessage, SendMessage, Sent
+from txmq.protocol.wire.errors import BadRequest, MessageTooLarge
 
 __all__ = ["SendService", "sent"]
 

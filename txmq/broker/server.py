@@ -10,14 +10,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from txmq.acl.guard import guard_of
-from txmq.acl.service import AclService
 from txmq.broker.admin import AdminService
 from txmq.broker.config import BrokerConfig
 from txmq.broker.consumers import (
@@ -55,17 +54,18 @@ from txmq.broker.topics import TopicManager
 from txmq.broker.transaction import TransactionService
 from txmq.broker.transaction_check import TransactionChecker
 from txmq.broker.transaction_operator import OperatorDecisions
-from txmq.errors import TopicNotFound
-from txmq.fmt import ms_time
-from txmq.remoting import Handler
-from txmq.serving import (
+from txmq.observability.fmt import ms_time
+from txmq.protocol.connection import Handler
+from txmq.protocol.wire import RuntimeInfo
+from txmq.protocol.wire.errors import TopicNotFound
+from txmq.security.acl.service import AclService
+from txmq.server.serving import (
     Acceptor,
     EmbeddedServer,
     ListenerUnavailable,
     Stoppable,
     warn_if_exposed,
 )
-from txmq.wire import RuntimeInfo
 
 if TYPE_CHECKING:
     from txmq.broker.grpc import GrpcEndpoint
@@ -79,10 +79,17 @@ VERSION = "0.1.0"
 
 
 class Broker(Stoppable):
-    """A txmq broker. ``await broker.serve()`` runs it until :meth:`request_stop`."""
+    """A txmq broker. ``await broker.serve()`` runs it until :meth:`request_stop`.
 
-    def __init__(self, config: BrokerConfig) -> None:
+    ``listen=False``: it opens no port and serves its router to in-process clients only
+    (:mod:`txmq.testing`); ``address`` then names it for them (HOST:PORT)."""
+
+    def __init__(self, config: BrokerConfig, *, listen: bool = True, address: str = "") -> None:
+        if not listen and not address:
+            raise ValueError("a broker that does not listen needs the address it is served at")
         self.config = config
+        self.listen = listen
+        self._served_at = address
         config.store.mkdir(parents=True, exist_ok=True)
         self.store = MessageStore(config.store_config())
         self.topics = TopicManager(
@@ -116,7 +123,7 @@ class Broker(Stoppable):
         self.transaction_checker = TransactionChecker(ctx, self.transactions)
         self.decisions = OperatorDecisions(ctx, self.transactions)
         #: access control (--acl FILE): None when off
-        guard = guard_of(config, f"broker {config.broker_name}")
+        guard = config.guard(f"broker {config.broker_name}")
         self.services = Services(
             sending=SendService(ctx, self.schedule, self.transactions),
             pulling=PullService(ctx),
@@ -175,7 +182,10 @@ class Broker(Stoppable):
 
     @property
     def address(self) -> str:
-        """Where clients reach this broker (advertised_address, else host:port)."""
+        """Where clients reach this broker (advertised_address, else host:port; a broker
+        that does not listen: the address it is served at)."""
+        if not self.listen:
+            return self._served_at
         return self.config.advertised_address or f"{self.config.host}:{self.port}"
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -207,23 +217,18 @@ class Broker(Stoppable):
             if self.replication.role.is_master:
                 self.transactions.recover()
                 self._read_dedupe_window()
-            listener = await anyio.create_tcp_listener(
-                local_host=self.config.host, local_port=self.config.port, reuse_port=False
-            )
+            listener = await self._listener()
         except BaseException:
             self.store.shutdown()
             raise
-        self.port = listener.extra(SocketAttribute.local_port)
         self.started_at = time.time()
-        warn_if_exposed(
-            "broker",
-            self.config.host,
-            tls=self.config.tls_cert is not None,
-            acl=self.guard is not None,
-        )
         try:
-            async with listener, anyio.create_task_group() as tg:
-                self.acceptor.serve(listener, tg)
+            async with AsyncExitStack() as stack:
+                if listener is not None:  # (closed after the task group ends)
+                    await stack.enter_async_context(listener)
+                tg = await stack.enter_async_context(anyio.create_task_group())
+                if listener is not None:
+                    self.acceptor.serve(listener, tg)
                 tg.start_soon(self._offset_persister)
                 tg.start_soon(self._sample_throughput)
                 tg.start_soon(self._disk_watch)
@@ -236,7 +241,12 @@ class Broker(Stoppable):
                     await self._start_duties()
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
-                log.info("broker listening on %s (flush %s)", self.address, self.config.flush.value)
+                log.info(
+                    "broker %s on %s (flush %s)",
+                    "listening" if listener is not None else "serving in process",
+                    self.address,
+                    self.config.flush.value,
+                )
                 await self._start_grpc()
                 await self._start_metrics(tg)
                 if self.registration is not None:
@@ -254,6 +264,22 @@ class Broker(Stoppable):
             with anyio.CancelScope(shield=True):
                 await self._stop_grpc()
             self._shutdown()
+
+    async def _listener(self) -> anyio.abc.Listener[anyio.abc.SocketStream] | None:
+        """The TCP listener (None: this broker does not listen)."""
+        if not self.listen:
+            return None
+        listener = await anyio.create_tcp_listener(
+            local_host=self.config.host, local_port=self.config.port, reuse_port=False
+        )
+        self.port = listener.extra(SocketAttribute.local_port)
+        warn_if_exposed(
+            "broker",
+            self.config.host,
+            tls=self.config.tls_cert is not None,
+            acl=self.guard is not None,
+        )
+        return listener
 
     # -- the RocketMQ 5 gRPC endpoint -------------------------------------------------------
 
@@ -479,8 +505,8 @@ class EmbeddedBroker(EmbeddedServer[Broker]):
 
     what = "broker"
 
-    def __init__(self, config: BrokerConfig) -> None:
-        super().__init__(lambda: Broker(config))
+    def __init__(self, config: BrokerConfig, *, listen: bool = True, address: str = "") -> None:
+        super().__init__(lambda: Broker(config, listen=listen, address=address))
         self.config = config
 
     @property

@@ -9,7 +9,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 
-from txmq.dist import Dist
+from txmq.observability.dist import Dist
 
 __all__ = ["Tally", "Throughput"]
 
@@ -51,7 +51,7 @@ DELIVERY_BUCKETS_MS = (1, 5, 10, 100, 1000, 3000, 10_000, 60_000, 600_000)
 #: one commit-log fsync, in seconds
 FLUSH_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STORE_TS = struct.Struct("<Q")
-_STORE_TS_AT = 48  # a record's store timestamp (txmq.codec.HEADER's tenth field)
+_STORE_TS_AT = 48  # a record's store timestamp (txmq.protocol.codec.HEADER's tenth field)
 
 
 class Tally:

@@ -6,7 +6,7 @@ time, in order) and how often a failed message is retried before it becomes a de
 Groups are created in effect (RocketMQ's ``autoCreateSubscriptionGroup=true``): a group
 nobody configured gets the defaults (:meth:`SubscriptionGroupManager.policy`); a config is
 stored only once an operator sets one (:meth:`SubscriptionGroupManager.update`).  A
-damaged file is salvaged on start (:func:`txmq.jsonfile.load_json`): each group whose entry
+damaged file is salvaged on start (:func:`txmq.server.jsonfile.load_json`): each group whose entry
 still fits is kept.
 """
 
@@ -19,9 +19,9 @@ from typing import Annotated
 
 import msgspec
 
-from txmq.errors import BadRequest, DiskFull
-from txmq.jsonfile import load_json, write_json_atomic
-from txmq.wire.base import Name
+from txmq.protocol.wire.base import Name
+from txmq.protocol.wire.errors import BadRequest, DiskFull
+from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = [
     "DEFAULT_RETRY_MAX_TIMES",
@@ -38,7 +38,7 @@ __all__ = [
 #: RocketMQ's ``retryMaxTimes`` default
 DEFAULT_RETRY_MAX_TIMES = 16
 MAX_RETRY_MAX_TIMES = 64
-#: the wire protocol's limit for group names (:data:`txmq.wire.base.Name`)
+#: the wire protocol's limit for group names (:data:`txmq.protocol.wire.base.Name`)
 MAX_GROUP_NAME = 255
 
 #: a consumer group's name, as the wire protocol takes it (1 to 255 characters)

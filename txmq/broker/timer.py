@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 from typing import Any
 
 import anyio
@@ -45,10 +44,10 @@ from txmq.broker.putting import WAITING_PROPS, real_destination
 from txmq.broker.store import PutResult, PutStatus
 from txmq.broker.store.consumequeue import CQ_ENTRY
 from txmq.broker.store.scanner import Scanner
-from txmq.codec import decode_record
-from txmq.errors import MessageTooLarge
-from txmq.jsonfile import load_json
-from txmq.message import TIMER_TOPIC, Prop
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import TIMER_TOPIC, Prop
+from txmq.protocol.wire.errors import MessageTooLarge
+from txmq.server.jsonfile import load_json
 
 __all__ = ["TimerCheckpoint", "TimerService", "TimerWheel"]
 
@@ -60,10 +59,6 @@ _MARK = Prop.TIMER_OF.encode()
 
 #: a timer in the wheel: (delivery ms, commit-log offset, size, timer-log position)
 Entry = tuple[int, int, int, int]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class TimerCheckpoint(msgspec.Struct):
@@ -151,6 +146,7 @@ class TimerService(SavedState):
         self._ready = False
         self._dirty = False
         self._load()
+        ctx.clock.on_advance.append(lambda: self._wake.set())
 
     # -- the send side --------------------------------------------------------------------
 
@@ -158,7 +154,7 @@ class TimerService(SavedState):
         self, topic: str, queue_id: int, props: dict[str, str], deliver_at_ms: int
     ) -> tuple[str, int, dict[str, str], int] | None:
         """Where to store a timer message (None: it is due: store it in its topic)."""
-        if deliver_at_ms <= _now_ms():
+        if deliver_at_ms <= self.ctx.clock.now_ms():
             return None
         stored = {k: v for k, v in props.items() if k not in WAITING_PROPS}
         stored[Prop.DELIVER_AT] = str(deliver_at_ms)
@@ -192,7 +188,7 @@ class TimerService(SavedState):
         self._load()
 
     def _timer_log(self) -> Any:
-        return self.store._cqs.get((TIMER_TOPIC, 0))
+        return self.store.consume_queue(TIMER_TOPIC, 0)
 
     def _recover(self) -> None:
         """Rebuild the wheel: the timer log past the checkpoint, minus what was delivered."""
@@ -203,7 +199,7 @@ class TimerService(SavedState):
         if cq is not None and low < cq.max_offset:
             first = cq.entry(low)
             start = max(self._scan_from, first[0] if first else 0, self.store.commit_log_min_offset)
-            scanner = Scanner(self.store._cl, start)
+            scanner = Scanner(self.store.commit_log, start)
             for _off, buf, pos, size in scanner:
                 if buf.find(_MARK, pos, pos + size) < 0:
                     continue
@@ -272,7 +268,8 @@ class TimerService(SavedState):
         while True:
             self._wake = event = anyio.Event()
             self._next = None  # whatever is stored meanwhile wakes the loop
-            now = _now_ms()  # before reading the log: a timer read later is due after now
+            # before reading the log: a timer read later is due after now
+            now = self.ctx.clock.now_ms()
             self._enqueue()
             due = self.wheel.take(now, _BATCH)
             if due:
@@ -286,7 +283,7 @@ class TimerService(SavedState):
             if nxt is None:
                 await event.wait()
             else:
-                with anyio.move_on_after(max(nxt - _now_ms(), 0) / 1000):
+                with anyio.move_on_after(max(nxt - self.ctx.clock.now_ms(), 0) / 1000):
                     await event.wait()
 
     def _deliver(self, entries: list[Entry]) -> bool:

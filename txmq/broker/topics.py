@@ -11,9 +11,15 @@ from typing import Annotated
 
 import msgspec
 
-from txmq.errors import BadRequest, DiskFull, InvalidTopic, NoPermission, TopicNotFound
-from txmq.jsonfile import load_json, write_json_atomic
-from txmq.message import TOPIC_NAME_PATTERN, is_system_topic, validate_topic_name
+from txmq.protocol.message import TOPIC_NAME_PATTERN, is_system_topic, validate_topic_name
+from txmq.protocol.wire.errors import (
+    BadRequest,
+    DiskFull,
+    InvalidTopic,
+    NoPermission,
+    TopicNotFound,
+)
+from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = [
     "MAX_QUEUE_NUMS",
@@ -26,7 +32,7 @@ __all__ = [
 
 MAX_QUEUE_NUMS = 1024
 
-#: a valid topic name (:func:`txmq.message.validate_topic_name`), for typed files
+#: a valid topic name (:func:`txmq.protocol.message.validate_topic_name`), for typed files
 TopicName = Annotated[str, msgspec.Meta(pattern=TOPIC_NAME_PATTERN)]
 
 

@@ -38,14 +38,11 @@ from typing import Annotated
 
 import msgspec
 
-from txmq.acl.policy import topic_resource
 from txmq.broker.context import BrokerContext
 from txmq.broker.putting import put_or_raise
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult, PutStatus
-from txmq.codec import decode_record
-from txmq.errors import BadRequest, BrokerBusy, DiskFull, TransactionNotFound
-from txmq.jsonfile import load_json
-from txmq.message import (
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import (
     HALF_TOPIC,
     OP_TOPIC,
     PARKED_TOPIC,
@@ -54,8 +51,11 @@ from txmq.message import (
     SysFlag,
     new_message_id,
 )
-from txmq.rpc import Call
-from txmq.wire import DecisionRow, Ended, EndTransaction, SendMessage, Sent, TransactionRow
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import DecisionRow, Ended, EndTransaction, SendMessage, Sent, TransactionRow
+from txmq.protocol.wire.errors import BadRequest, BrokerBusy, DiskFull, TransactionNotFound
+from txmq.security.acl.policy import topic_resource
+from txmq.server.jsonfile import load_json
 
 __all__ = [
     "COMMIT",

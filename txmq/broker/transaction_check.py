@@ -34,12 +34,17 @@ from txmq.broker.transaction import (
     TransactionOffsetsFile,
     TransactionService,
 )
-from txmq.codec import decode_record
-from txmq.errors import TxmqError
-from txmq.jsonfile import write_json_atomic
-from txmq.message import PARKED_TOPIC, Prop
-from txmq.rpc import Call
-from txmq.wire import CheckTransactionState, GetTransactions, TransactionList, TransactionRow
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import PARKED_TOPIC, Prop
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import (
+    CheckTransactionState,
+    GetTransactions,
+    TransactionList,
+    TransactionRow,
+)
+from txmq.protocol.wire.errors import TxmqError
+from txmq.server.jsonfile import write_json_atomic
 
 __all__ = ["TransactionChecker"]
 
@@ -90,13 +95,16 @@ class TransactionChecker:
                     if not self.store.disk.absorb(exc):  # a full disk is logged once, there
                         log.exception("persisting transaction offsets failed")
 
-    def check_round(self) -> int:
-        """Send the checks that are due; return how many were sent."""
+    def check_round(self, *, immune_too: bool = False) -> int:
+        """Send the checks that are due (``immune_too``: also of halves still in their
+        immunity, as a test asks); return how many were sent."""
         svc = self.service
         now = _now_ms()
         sent = 0
         for half in list(svc.pending.values()):
-            if half.offset not in svc.pending or now - half.store_timestamp < half.immunity_ms:
+            if half.offset not in svc.pending:
+                continue
+            if not immune_too and now - half.store_timestamp < half.immunity_ms:
                 continue
             if half.check_times >= self.check_max:
                 self.park(half)

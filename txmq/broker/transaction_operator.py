@@ -2,7 +2,7 @@
 parked after the last check-back) with a reason, or RECHECK a parked one.
 
 Every decision is a record in ``TXMQ_SYS_TRANS_DECISION`` (queue 0; its body a
-:class:`txmq.wire.DecisionRow` as JSON), in the commit log like the halves themselves: it
+:class:`txmq.protocol.wire.DecisionRow` as JSON), in the commit log like the halves themselves: it
 survives restarts and is copied to slaves, and ``transactions --decided`` lists it.
 
 Order of writes, so that a crash at any point neither loses a decision nor repeats one:
@@ -34,11 +34,11 @@ import msgspec
 from txmq.broker.context import BrokerContext
 from txmq.broker.putting import put_or_raise
 from txmq.broker.transaction import COMMIT, ROLLBACK, PendingHalf, TransactionService
-from txmq.codec import decode_record
-from txmq.errors import BadRequest, TransactionNotFound
-from txmq.message import DECISION_TOPIC, HALF_TOPIC, MessageExt, Prop, SysFlag
-from txmq.rpc import Call
-from txmq.wire import Decided, DecideTransaction, DecisionRow
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import DECISION_TOPIC, HALF_TOPIC, MessageExt, Prop, SysFlag
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import Decided, DecideTransaction, DecisionRow
+from txmq.protocol.wire.errors import BadRequest, TransactionNotFound
 
 __all__ = ["OperatorDecisions"]
 

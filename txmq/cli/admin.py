@@ -14,7 +14,7 @@ import json
 
 import anyio
 
-from txmq.admin import AdminClient
+from txmq.admin.client import AdminClient
 from txmq.cli.admin_acl import add_acl, run_acl
 from txmq.cli.admin_groups import add_group, run_group
 from txmq.cli.admin_ha import (
@@ -33,7 +33,7 @@ from txmq.cli.options import (
     endpoints,
     share,
 )
-from txmq.fmt import cell, format_table, ms_time, with_times
+from txmq.observability.fmt import cell, format_table, ms_time, with_times
 
 __all__ = ["add_parser"]
 

@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 
 import anyio
 
-from txmq.acl.policy import Rule, parse_resource
-from txmq.admin import AdminClient
+from txmq.admin.client import AdminClient
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.errors import AuthenticationFailed, NoPermission
-from txmq.fmt import format_table
-from txmq.settings import SettingsError
-from txmq.wire import AclRule, AclUser
+from txmq.observability.fmt import format_table
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire import AclRule, AclUser
+from txmq.protocol.wire.errors import AuthenticationFailed, NoPermission
+from txmq.security.acl.policy import Rule, parse_resource
 
 __all__ = ["add_acl", "rule_text", "run_acl"]
 

@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from txmq.admin import AdminClient, epoch_ms
+from txmq.admin.client import AdminClient, epoch_ms
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.fmt import format_table, iso_ms, ms_time
-from txmq.wire import GroupConfigRow, QueueReset
+from txmq.observability.fmt import format_table, iso_ms, ms_time
+from txmq.protocol.wire import GroupConfigRow, QueueReset
 
 __all__ = ["add_group", "run_group"]
 

@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 import msgspec
 
-from txmq import controller_client
-from txmq.admin import AdminClient, BrokerRow
+from txmq.admin import controller as controller_client
+from txmq.admin.client import AdminClient, BrokerRow
+from txmq.admin.controller import SwitchoverResult
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.controller_client import NoController, SwitchoverResult
-from txmq.fmt import format_table, span, with_times
-from txmq.remoting import parse_namesrv
+from txmq.observability.fmt import format_table, span, with_times
+from txmq.protocol.peer import NoController, parse_namesrv
 
 __all__ = ["add_controller_option", "add_switchover", "cluster_output", "run_switchover"]
 

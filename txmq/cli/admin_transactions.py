@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from txmq.admin import AdminClient, BrokerDecisionRow
+from txmq.admin.client import AdminClient, BrokerDecisionRow
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.fmt import format_table, ms_time, with_times
+from txmq.observability.fmt import format_table, ms_time, with_times
 
 __all__ = ["add_transactions", "decision_table", "run_decide"]
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 
-from txmq.admin import AdminClient
+from txmq.admin.client import AdminClient
 from txmq.cli.admin_transactions import decision_table
-from txmq.fmt import ms_time, short_body
-from txmq.message import MessageExt, Prop
-from txmq.wire import PERM_READ, PERM_WRITE
+from txmq.observability.fmt import ms_time, short_body
+from txmq.protocol.message import MessageExt, Prop
+from txmq.protocol.wire import PERM_READ, PERM_WRITE
 
 __all__ = ["Rows", "query"]
 

@@ -114,7 +114,7 @@ def _check_installed() -> None:
 def _tls_files(args: argparse.Namespace) -> tuple[str, str] | None:
     """``--tls-cert`` and ``--tls-key`` (checked: a clear error for a file that cannot be
     used), or None for plain http."""
-    from txmq.tls import server_context
+    from txmq.security.tls import server_context
 
     cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
     if cert is None and key is None:

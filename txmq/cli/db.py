@@ -7,8 +7,8 @@ import sys
 from datetime import timedelta
 
 from txmq.cli.options import SubParsers, add_command, non_negative_float
-from txmq.db import describe_db_error, with_connection
-from txmq.fmt import span
+from txmq.observability.fmt import span
+from txmq.sqla.db import describe_db_error, with_connection
 
 # SQLAlchemy and alembic are imported when a db command runs, not with the CLI.
 
@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
         text = _current_text(url)
         print(text if text != "base" else "base (no txmq tables: run 'txmq db upgrade --url URL')")
     elif cmd == "cleanup":
-        from txmq.sqla.checker import _cleanup_on
+        from txmq.sqla.checker import cleanup_on
 
         age = timedelta(days=args.older_than_days)
         if args.table == "consumed-keys":
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
             )
             print(f"deleted {deleted} consumed key(s) older than {span(age)}")
             return 0
-        deleted = with_connection(url, lambda conn: _cleanup_on(conn, age, 10_000))
+        deleted = with_connection(url, lambda conn: cleanup_on(conn, age, 10_000))
         print(f"deleted {deleted} transaction-log row(s) older than {span(age)}")
     else:  # pragma: no cover - argparse rejects it
         raise SystemExit(f"unknown db command {cmd}")

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from txmq.cli import admin, broker, console, db, namesrv, outbox, quickstart, reconcile
 from txmq.cli.options import CommandError, share
-from txmq.errors import TxmqError
-from txmq.settings import SettingsError
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire.errors import TxmqError
 
 __all__ = ["build_parser", "main"]
 

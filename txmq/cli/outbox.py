@@ -21,8 +21,8 @@ from txmq.cli.options import (
     non_negative_float,
     share,
 )
-from txmq.db import describe_db_error, with_connection
-from txmq.fmt import format_table, span
+from txmq.observability.fmt import format_table, span
+from txmq.sqla.db import describe_db_error, with_connection
 
 __all__ = ["add_parser", "run_outbox"]
 
@@ -182,8 +182,8 @@ def _table_command(args: argparse.Namespace) -> int:
 
 
 def _relay(args: argparse.Namespace) -> int:
+    from txmq.client.producer import Producer
     from txmq.outbox.relay import OutboxRelay
-    from txmq.producer import Producer
 
     where = endpoints(args)
     # through name servers the relay is given its producer (OutboxRelay takes an address)

@@ -15,8 +15,8 @@ from pathlib import Path
 from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
 from txmq.cli.options import SubParsers, add_command, positive_int
-from txmq.message import Message
-from txmq.pull import PullStatus
+from txmq.consumer.pull import PullStatus
+from txmq.protocol.message import Message
 from txmq.sync import AdminClient, Producer, PullConsumer
 
 __all__ = ["add_parser", "run_quickstart"]

@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 
 from txmq.cli.options import CommandError
-from txmq.serving import ListenerUnavailable, Server
+from txmq.server.serving import ListenerUnavailable, Server
 
 __all__ = ["run_server"]
 

@@ -28,7 +28,7 @@ __all__ = ["create_topic", "decide_transaction", "dlq_resend", "reset_offsets"]
 log = logging.getLogger("txmq.console")
 
 
-async def _form(request: Request) -> FormData:
+async def read_form(request: Request) -> FormData:
     form = await request.form()
     check_csrf(request, form, state_of(request).secret)
     return form
@@ -43,14 +43,14 @@ def _text(form: FormData, name: str, *, required: bool = True) -> str:
     return value.strip()
 
 
-def _int(form: FormData, name: str) -> int:
+def int_field(form: FormData, name: str) -> int:
     try:
         return int(_text(form, name))
     except ValueError:
         raise HTTPException(400, f"{name} must be a number") from None
 
 
-def _confirm(request: Request, form: FormData, question: str) -> Response | None:
+def confirm(request: Request, form: FormData, question: str) -> Response | None:
     """None when the form says ``confirm=yes``; else the page that asks."""
     return None if form.get("confirm") == "yes" else _ask(request, form, question)
 
@@ -75,12 +75,12 @@ def _ask(
     )
 
 
-def _done(request: Request, to: str, kind: str, text: str, **query: str) -> Response:
+def done(request: Request, to: str, kind: str, text: str, **query: str) -> Response:
     key = state_of(request).flash(kind, text)
     return RedirectResponse(f"{to}?{urlencode({**query, 'flash': key})}", status_code=303)
 
 
-def _who(request: Request) -> str:
+def who(request: Request) -> str:
     """Who acts: the client's address (and with --login the user, ``bob@10.0.0.7``)."""
     host = request.client.host if request.client else "?"
     session = session_of(request)
@@ -88,24 +88,24 @@ def _who(request: Request) -> str:
 
 
 async def create_topic(request: Request) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     topic = _text(form, "topic")
-    queues = _int(form, "queues")
+    queues = int_field(form, "queues")
     if not 1 <= queues <= 1024:
         raise HTTPException(400, "queues must be 1 to 1024")
-    asked = _confirm(request, form, f"Create topic {topic!r} with {queues} queue(s)?")
+    asked = confirm(request, form, f"Create topic {topic!r} with {queues} queue(s)?")
     if asked is not None:
         return asked
     info = await (await client_of(request)).create_topic(topic, queues)
-    log.warning("operator %s: created topic %r (%d queues)", _who(request), topic, queues)
-    return _done(request, "/topic", "ok", f"topic {topic} has {info.queue_nums} queue(s)",
+    log.warning("operator %s: created topic %r (%d queues)", who(request), topic, queues)
+    return done(request, "/topic", "ok", f"topic {topic} has {info.queue_nums} queue(s)",
                  name=topic)  # fmt: skip
 
 
 async def decide_transaction(request: Request) -> Response:
     """COMMIT / ROLLBACK a pending or parked half message, or RECHECK parked ones (one, or
     ``all=yes``), as an operator: the broker records the decision with its reason."""
-    form = await _form(request)
+    form = await read_form(request)
     decision = _text(form, "decision")
     if decision not in ("COMMIT", "ROLLBACK", "RECHECK"):
         raise HTTPException(400, "decision must be COMMIT, ROLLBACK or RECHECK")
@@ -136,12 +136,12 @@ async def decide_transaction(request: Request) -> Response:
         all=every,
         group=group if every else None,
         reason=reason,
-        operator=f"console ({_who(request)})",
+        operator=f"console ({who(request)})",
         broker=broker,
     )
     log.warning(
         "operator %s: %s %s: %d half message(s)%s",
-        _who(request),
+        who(request),
         decision,
         what,
         len(rows),
@@ -149,30 +149,30 @@ async def decide_transaction(request: Request) -> Response:
     )
     if decision == "RECHECK":
         kind = "ok" if rows else "warn"
-        return _done(request, "/transactions", kind, f"re-checking {len(rows)} half message(s)")
-    return _done(request, "/transactions", "ok", f"{msg_id}: {decision} recorded")
+        return done(request, "/transactions", kind, f"re-checking {len(rows)} half message(s)")
+    return done(request, "/transactions", "ok", f"{msg_id}: {decision} recorded")
 
 
 async def dlq_resend(request: Request) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     group = _text(form, "group")
     every = form.get("all") == "yes"
     msg_id = "" if every else _text(form, "msg_id")
     broker = _text(form, "broker", required=False) or None
     what = "every dead letter" if every else f"dead letter {msg_id}"
-    asked = _confirm(request, form, f"Re-send {what} of group {group!r} to %RETRY%{group}?")
+    asked = confirm(request, form, f"Re-send {what} of group {group!r} to %RETRY%{group}?")
     if asked is not None:
         return asked
     client = await client_of(request)
     resent = await client.dlq_resend(group, None if every else [msg_id], broker=broker)
-    log.warning("operator %s: re-sent %s of group %s: %d", _who(request), what, group, resent)
+    log.warning("operator %s: re-sent %s of group %s: %d", who(request), what, group, resent)
     kind = "ok" if resent else "warn"
-    return _done(request, "/dlq", kind, f"re-sent {resent} message(s) to %RETRY%{group}",
+    return done(request, "/dlq", kind, f"re-sent {resent} message(s) to %RETRY%{group}",
                  group=group)  # fmt: skip
 
 
 async def reset_offsets(request: Request) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     group = _text(form, "group")
     topic = _text(form, "topic")
     try:  # a datetime-local input: 2026-11-25T10:00 or 2026-11-25T10:00:05, in UTC
@@ -181,7 +181,7 @@ async def reset_offsets(request: Request) -> Response:
         raise HTTPException(400, "to must be a date and time (2026-11-25T10:00)") from None
     to = to if to.tzinfo else to.replace(tzinfo=UTC)
     when = to.strftime("%Y-%m-%d %H:%M:%S %Z")
-    asked = _confirm(
+    asked = confirm(
         request,
         form,
         f"Reset the offsets of group {group!r} on topic {topic!r} to {when}? Its consumers "
@@ -193,7 +193,7 @@ async def reset_offsets(request: Request) -> Response:
     moved = sum(1 for r in rows if r.new_offset != r.old_offset)
     log.warning(
         "operator %s: reset offsets of group %s on topic %s to %s: %s",
-        _who(request),
+        who(request),
         group,
         topic,
         when,
@@ -204,4 +204,4 @@ async def reset_offsets(request: Request) -> Response:
         ),
     )
     text = f"offsets of {topic} reset to {when}: {moved} of {len(rows)} queue(s) moved"
-    return _done(request, "/group", "ok", text, name=group)
+    return done(request, "/group", "ok", text, name=group)

@@ -31,7 +31,7 @@ from txmq.console.security import SecurityHeaders
 from txmq.console.sessions import Sessions
 from txmq.console.state import ConsoleConfig, ConsoleState
 from txmq.console.web import HERE, error_page, state_of
-from txmq.errors import (
+from txmq.protocol.wire.errors import (
     AuthenticationFailed,
     BrokerBusy,
     BrokerUnavailable,

@@ -37,7 +37,7 @@ def _shown(url: str) -> str:
 def _read(url: str, ids: Sequence[str]) -> dict[str, str]:
     from sqlalchemy import Connection, select
 
-    from txmq.db import with_connection
+    from txmq.sqla.db import with_connection
     from txmq.sqla.tables import transaction_log
 
     def query(conn: Connection) -> dict[str, str]:
@@ -62,7 +62,7 @@ async def log_states(
     and one line per database that could not be read."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from txmq.db import describe_db_error
+    from txmq.sqla.db import describe_db_error
 
     wanted = sorted({i for i in ids if i})
     states: dict[str, list[LogState]] = {i: [] for i in wanted}

@@ -1,7 +1,7 @@
 """Which member of a consumer group holds which queue.
 
 The brokers do not record it: each member computes its share itself, with
-:func:`txmq.allocate.allocate_averagely` (the push consumer's default, RocketMQ's
+:func:`txmq.consumer.allocate.allocate_averagely` (the push consumer's default, RocketMQ's
 AllocateMessageQueueAveragely) over the topic's queues sorted and the group's members
 sorted, as a broker of the topic lists them.  The console runs the same function on the
 same lists, so it shows the allocation the members compute.  It learns a group's topics
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from txmq.admin import AdminClient
-from txmq.allocate import MessageQueue, allocate_averagely
-from txmq.errors import TopicNotFound
-from txmq.wire import GroupOffset
+from txmq.admin.client import AdminClient
+from txmq.consumer.allocate import MessageQueue, allocate_averagely
+from txmq.protocol.wire import GroupOffset
+from txmq.protocol.wire.errors import TopicNotFound
 
 __all__ = ["Holding", "queue_holders"]
 

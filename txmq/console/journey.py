@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from txmq.admin import AdminClient
-from txmq.errors import MessageNotFound
-from txmq.message import (
+from txmq.admin.client import AdminClient
+from txmq.protocol.message import (
     HALF_TOPIC,
     PARKED_TOPIC,
     SCHEDULE_TOPIC,
@@ -27,7 +26,8 @@ from txmq.message import (
     Prop,
     is_system_topic,
 )
-from txmq.wire import GroupOffset
+from txmq.protocol.wire import GroupOffset
+from txmq.protocol.wire.errors import MessageNotFound
 
 __all__ = ["COPIES_MAX", "Consumed", "Journey", "Record", "journeys"]
 

@@ -31,10 +31,10 @@ from txmq.console.security import check_csrf
 from txmq.console.sessions import COOKIE, SCOPE_KEY, Session, Sessions
 from txmq.console.state import ConsoleConfig, OperatorClient
 from txmq.console.web import error_page, page, session_of, state_of
-from txmq.errors import AuthenticationFailed, BadRequest
-from txmq.security import Credentials
-from txmq.settings import SettingsError
-from txmq.wire import AclUser, GetUser
+from txmq.protocol.settings import SettingsError
+from txmq.protocol.wire import AclUser, GetUser
+from txmq.protocol.wire.errors import AuthenticationFailed, BadRequest
+from txmq.security.credentials import Credentials
 
 __all__ = [
     "LoginRequired",

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from txmq.console.actions import _confirm, _done, _form, _int, _who
+from txmq.console.actions import confirm, done, int_field, read_form, who
 from txmq.console.web import error_page, page, state_of
 
 __all__ = ["OutboxView", "outbox", "read_outboxes", "requeue"]
@@ -94,7 +94,7 @@ def _on_connection(url: str, fn: Callable[[Any], R]) -> R:
     :class:`DatabaseError` with one line when that fails."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from txmq.db import describe_db_error, with_connection
+    from txmq.sqla.db import describe_db_error, with_connection
 
     missing = _missing_sqlite_file(url)
     if missing:
@@ -162,17 +162,17 @@ async def outbox(request: Request) -> Response:
 async def requeue(request: Request) -> Response:
     """Put a parked row (``id``), or every parked row (``all=yes``), of database ``db``
     (its place in the --db list) back to pending: the relay sends it again."""
-    form = await _form(request)
+    form = await read_form(request)
     dbs = state_of(request).config.dbs
-    index = _int(form, "db")
+    index = int_field(form, "db")
     if not 0 <= index < len(dbs):
         raise HTTPException(400, f"no database number {index}: the console has {len(dbs)}")
     url = dbs[index]
     shown = shown_url(url)
     every = form.get("all") == "yes"
-    row_id = None if every else _int(form, "id")
+    row_id = None if every else int_field(form, "id")
     what = "every parked row" if every else f"parked row {row_id}"
-    asked = _confirm(
+    asked = confirm(
         request,
         form,
         f"Requeue {what} of the outbox in {shown}? The relay sends it to the broker again.",
@@ -192,10 +192,10 @@ async def requeue(request: Request) -> Response:
         if "did not answer" in detail:
             detail += ": whether anything was requeued is not known; reload the page to see"
         return error_page(request, 503, "Database unavailable", detail)
-    log.warning("operator %s: requeued %s of the outbox in %s: %d", _who(request), what, shown, n)
+    log.warning("operator %s: requeued %s of the outbox in %s: %d", who(request), what, shown, n)
     if n:
-        return _done(request, "/outbox", "ok", f"requeued {n} parked row(s) in {shown}")
+        return done(request, "/outbox", "ok", f"requeued {n} parked row(s) in {shown}")
     text = f"nothing was requeued in {shown}: " + (
         "no row is parked" if every else f"row {row_id} is not parked (any more)"
     )
-    return _done(request, "/outbox", "warn", text)
+    return done(request, "/outbox", "warn", text)

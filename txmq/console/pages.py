@@ -14,7 +14,7 @@ from txmq.console.holders import queue_holders
 from txmq.console.journey import journeys
 from txmq.console.render import chart, show_body
 from txmq.console.web import client_of, page, state_of
-from txmq.message import Prop
+from txmq.protocol.message import Prop
 
 __all__ = [
     "cluster",

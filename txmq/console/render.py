@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from txmq.fmt import ms_time
+from txmq.observability.fmt import ms_time
 
 __all__ = [
     "Body",

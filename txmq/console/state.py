@@ -3,7 +3,7 @@ use, so that a broker that is down when the console starts is a 503 page, not a 
 start), the history behind the charts (sampled in the background every few seconds and
 kept in memory only), and the operator actions the client lacks as methods.
 
-The console asks brokers through :class:`txmq.admin.AdminClient` (one broker, or every
+The console asks brokers through :class:`txmq.admin.client.AdminClient` (one broker, or every
 broker of a cluster through name servers); it never imports the broker's code.
 
 The shared client signs with the console process's own credentials ($TXMQ_ACCESS_KEY and
@@ -25,9 +25,9 @@ from typing import TypeVar
 
 import anyio
 
-from txmq.admin import AdminClient, BrokerRow
-from txmq.errors import TxmqError
-from txmq.wire import GetConsumerListByGroup, GroupOffset
+from txmq.admin.client import AdminClient, BrokerRow
+from txmq.protocol.wire import GetConsumerListByGroup, GroupOffset
+from txmq.protocol.wire.errors import TxmqError
 
 __all__ = [
     "LOOPBACK",
@@ -92,7 +92,7 @@ class OperatorClient(AdminClient):
         """The client ids of consumer group ``group``'s members, by broker set ("" for a
         broker asked directly)."""
         answers = await self._each(
-            await self.brokers(), lambda t: self._ask(t, GetConsumerListByGroup(group=group))
+            await self.brokers(), lambda t: self.ask(t, GetConsumerListByGroup(group=group))
         )
         return {t.broker_name: sorted(answer.client_ids) for t, answer in answers}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from txmq.namesrv.controller import ControllerTimings
-from txmq.serving import ConnectionSettings
-from txmq.settings import SettingsError, load_settings
+from txmq.protocol.settings import SettingsError, load_settings
+from txmq.server.serving import ConnectionSettings
 
 __all__ = ["ControllerConfig", "NamesrvConfig"]
 

@@ -48,10 +48,8 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from txmq.errors import BadRequest, TxmqError
-from txmq.jsonfile import load_json, write_json_atomic
-from txmq.rpc import Call, Router
-from txmq.wire import (
+from txmq.protocol.rpc import Call, Router
+from txmq.protocol.wire import (
     BrokerSetState,
     ControllerAnswer,
     ControllerHeartbeat,
@@ -60,6 +58,8 @@ from txmq.wire import (
     ReplicaInfo,
     ReplicaState,
 )
+from txmq.protocol.wire.errors import BadRequest, TxmqError
+from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = ["Controller", "ControllerTimings", "NoCandidate"]
 

@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from txmq.errors import BadRequest, InvalidTopic, TopicNotFound
-from txmq.message import validate_topic_name
-from txmq.remoting import parse_address
-from txmq.wire import (
+from txmq.protocol.message import validate_topic_name
+from txmq.protocol.peer import parse_address
+from txmq.protocol.wire import (
     MASTER_ID,
     BrokerData,
     ClusterInfo,
@@ -28,6 +27,7 @@ from txmq.wire import (
     TopicRoute,
     UnregisterBroker,
 )
+from txmq.protocol.wire.errors import BadRequest, InvalidTopic, TopicNotFound
 
 __all__ = ["BrokerKey", "LiveBroker", "RouteTable"]
 

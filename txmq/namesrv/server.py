@@ -17,15 +17,12 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from txmq.acl.guard import guard_of
-from txmq.acl.service import AclService
 from txmq.namesrv.config import ControllerConfig, NamesrvConfig
 from txmq.namesrv.controller import Controller
 from txmq.namesrv.routes import RouteTable
-from txmq.remoting import Connection
-from txmq.rpc import Call, Router
-from txmq.serving import Acceptor, EmbeddedServer, Stoppable, warn_if_exposed
-from txmq.wire import (
+from txmq.protocol.connection import Connection
+from txmq.protocol.rpc import Call, Router
+from txmq.protocol.wire import (
     ClusterInfo,
     Empty,
     GetClusterInfo,
@@ -35,6 +32,8 @@ from txmq.wire import (
     TopicRoute,
     UnregisterBroker,
 )
+from txmq.security.acl.service import AclService
+from txmq.server.serving import Acceptor, EmbeddedServer, Stoppable, warn_if_exposed
 
 __all__ = [
     "ControllerServer",
@@ -119,7 +118,7 @@ class NamesrvServer(Stoppable):
             controller.route(self.router)
         #: access control (--acl FILE): None when off
         who = f"{self.what} {config.host}:{config.port}"
-        self.guard = self.router.guard = guard_of(config, who)
+        self.guard = self.router.guard = config.guard(who)
         AclService(self.guard, f"this {self.what}").route(self.router)
         self.acceptor = Acceptor(
             self.router.handle,

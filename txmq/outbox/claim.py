@@ -235,14 +235,10 @@ def mark(
 _SENT_IDS = outbox.c.id.in_(bindparam("ids", expanding=True))
 _DELETE_SENT = delete(outbox).where(_SENT_IDS)
 _LEASE = (
-    update(outbox)
-    .where(_SENT_IDS)
-    .values(next_attempt_at=bindparam("until", type_=DateTime()))
+    update(outbox).where(_SENT_IDS).values(next_attempt_at=bindparam("until", type_=DateTime()))
 )
 _RELEASE = (
-    update(outbox)
-    .where(_SENT_IDS, outbox.c.state == OUTBOX_PENDING)
-    .values(next_attempt_at=None)
+    update(outbox).where(_SENT_IDS, outbox.c.state == OUTBOX_PENDING).values(next_attempt_at=None)
 )
 _MARK_SENT = {  # PostgreSQL: the database's clock, when the mark is written
     postgres: update(outbox)

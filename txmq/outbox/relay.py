@@ -44,10 +44,13 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from txmq import observe
-from txmq.client import Transport
-from txmq.db import describe_db_error
-from txmq.errors import (
+from txmq.client.producer import Producer, QueueOptions
+from txmq.client.route import Route
+from txmq.observability import hooks as observe
+from txmq.outbox.claim import Outcome, Row, claim, mark
+from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
+from txmq.protocol.message import Message, MessageQueue, Prop, stable_hash
+from txmq.protocol.wire.errors import (
     BrokerBusy,
     BrokerUnavailable,
     FlushDiskTimeout,
@@ -55,12 +58,9 @@ from txmq.errors import (
     TopicNotFound,
     TxmqError,
 )
-from txmq.message import Message, Prop, stable_hash
-from txmq.outbox.claim import Outcome, Row, claim, mark
-from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
-from txmq.producer import Producer, QueueOptions
-from txmq.route import MessageQueue, Route
+from txmq.sqla.db import describe_db_error
 from txmq.sqla.tables import outbox as outbox_table
+from txmq.transports.port import Transport
 
 __all__ = ["OUTAGE_ERRORS", "OutboxNotReady", "OutboxRelay", "async_url"]
 
@@ -146,7 +146,7 @@ class OutboxRelay:
     so the endpoint keeps a key's rows in one queue, in order).  ``metrics_interval``:
     seconds between readings of the backlog, lag and parked rows into the client metrics
     (:meth:`update_metrics`; 0: none).  Each row's send continues the trace that was current
-    when it was added (see :mod:`txmq.observe`).
+    when it was added (see :mod:`txmq.observability.hooks`).
     """
 
     def __init__(
@@ -166,7 +166,7 @@ class OutboxRelay:
         producer_group: str = "txmq-outbox-relay",
         claim_lease: float = 30.0,
         namesrv: str | Sequence[str] | None = None,
-        transport: Transport | None = None,
+        transport: str | Transport | None = None,
         metrics_interval: float = 5.0,
     ) -> None:
         if batch_size < 1:
@@ -305,7 +305,7 @@ class OutboxRelay:
     async def update_metrics(self) -> OutboxStats:
         """Read the outbox's backlog, lag and parked rows into the client metrics
         (``txmq_outbox_backlog_rows``, ``txmq_outbox_lag_seconds``,
-        ``txmq_outbox_parked_rows``; see :mod:`txmq.observe`); the relay does it every
+        ``txmq_outbox_parked_rows``; see :mod:`txmq.observability.hooks`); the relay does it every
         ``metrics_interval`` seconds while it runs."""
         now = await self.stats()
         observe.outbox_stats(now.backlog, now.lag_seconds, now.parked)
@@ -519,7 +519,7 @@ class OutboxRelay:
     def _to(self, queue: MessageQueue | None) -> QueueOptions:
         """Send options for a sharding key's queue (None: the producer picks one).  Over
         gRPC the endpoint picks it: by the key, sent as the message group."""
-        if self.producer.transport == "grpc":
+        if not self.producer.carrier.full_protocol:
             return {}
         return _to(queue)
 

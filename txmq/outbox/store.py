@@ -27,9 +27,9 @@ from sqlalchemy import Connection, delete, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from txmq import observe
-from txmq.message import Message, new_message_id
-from txmq.producer import check_message
+from txmq.client.producer import check_message
+from txmq.observability import hooks as observe
+from txmq.protocol.message import Message, new_message_id
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
 
 __all__ = [

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from txmq.client.facade import SyncClient
 from txmq.outbox import relay as _relay
 from txmq.outbox.store import OutboxStats
-from txmq.sync import SyncClient
 
 __all__ = ["OutboxRelay"]
 

@@ -53,7 +53,7 @@ from pyspark.sql import functions as F
 from txmq.spark import messages, transactions
 from txmq.spark.common import Run, mapped
 from txmq.spark.details import COLUMNS, Anomalies, anomalies
-from txmq.spark.job import MAX_ROWS, BadOption
+from txmq.spark.options import MAX_ROWS, BadOption
 from txmq.spark.sources import Database
 
 __all__ = ["CLASSES", "COLUMNS", "Facts", "classify"]

@@ -1,4 +1,4 @@
-"""The reconciliation job: ``txmq reconcile ...`` or ``spark-submit spark/job.py ...``.
+"""The reconciliation job: ``txmq reconcile ...`` or ``spark-submit txmq/spark/job.py ...``.
 
 ::
 
@@ -9,7 +9,7 @@ reads the broker's store (in a cluster, ``--store`` once per broker set:
 ``--store broker-a=/mnt/a/store --store broker-b=/mnt/b/store``) and txmq's tables in every
 ``--db`` (a database may hold a transaction log, an outbox and consumed keys, or any of
 them), classifies (see
-:mod:`spark.classify`), writes one Parquet table per anomaly class under ``--out``, prints a
+:mod:`txmq.spark.classify`), writes one Parquet table per anomaly class under ``--out``, prints a
 summary (also in ``summary.json``) and exits 0 when nothing needs attention, 1 when
 something does, 2 on bad input (unreadable store or database, bad option).
 """
@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from txmq.spark.options import MAX_ROWS, BadOption
 
 __all__ = [
     "BROKER_FILE",
@@ -52,13 +54,6 @@ JDBC_JAR = "/usr/share/java/postgresql.jar"
 EXAMPLES = 5
 #: the driver's heap a broadcast consumed key takes at its peak (10M keys need 2-3 GiB)
 BROADCAST_BYTES = 320
-#: the most rows of one class the job puts together and writes, by default
-MAX_ROWS = 1_000_000
-
-
-class BadOption(ValueError):
-    """An option, or what it asks of the data, the job cannot do: exit code 2."""
-
 
 #: where a store may record its broker set's name: ``{"broker_name": "broker-a", ...}``
 BROKER_FILE = Path("config") / "broker.json"
@@ -347,7 +342,7 @@ class Result:
         return not any(self.counts.values())
 
     def summary(self) -> str:
-        from txmq.fmt import format_table
+        from txmq.observability.fmt import format_table
 
         f = self.facts
         lines = [

@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from txmq.broker.store.export import FIELDS, StoreUnreadable, scan_segment, segment_files
-from txmq.codec import HEADER, MESSAGE_MAGIC, PREFIX
+from txmq.protocol.codec import HEADER, MESSAGE_MAGIC, PREFIX
 
 __all__ = ["NAME", "SCHEMA", "SegmentPart", "StoreDataSource", "StoreUnreadable", "segments"]
 

@@ -12,27 +12,32 @@ local-transaction log, its exact check-back, and txmq's table migrations.
         await tx.send(Message("orders", body, keys=[order_id]), sharding_key=order_id)
 """
 
-from txmq.sqla.checker import SqlTransactionChecker
-from txmq.sqla.inbox import idempotent
-from txmq.sqla.local import (
-    AsyncLocalTransaction,
-    AsyncTransactionalProducer,
-    LocalTransaction,
-    TransactionalProducer,
-    transaction,
-)
-from txmq.sqla.migrate import (
-    VERSION_TABLE,
-    alembic_config,
-    current,
-    downgrade,
-    include_name,
-    upgrade,
-)
-from txmq.sqla.tables import COMMITTED, ROLLED_BACK, metadata, transaction_log
+from __future__ import annotations
 
-TransactionLogListener = SqlTransactionChecker
-"""The checker is the producer's listener; this name says so."""
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from txmq.sqla.checker import SqlTransactionChecker
+    from txmq.sqla.inbox import idempotent
+    from txmq.sqla.local import (
+        AsyncLocalTransaction,
+        AsyncTransactionalProducer,
+        LocalTransaction,
+        TransactionalProducer,
+        transaction,
+    )
+    from txmq.sqla.migrate import (
+        VERSION_TABLE,
+        alembic_config,
+        current,
+        downgrade,
+        include_name,
+        upgrade,
+    )
+    from txmq.sqla.tables import COMMITTED, ROLLED_BACK, metadata, transaction_log
+
+    TransactionLogListener = SqlTransactionChecker
 
 __all__ = [
     "COMMITTED",
@@ -54,3 +59,36 @@ __all__ = [
     "transaction_log",
     "upgrade",
 ]
+
+#: where each name lives: imported when first used (SQLAlchemy and alembic are heavy, and
+#: ``txmq.sqla.db`` serves commands that need neither)
+_HOMES = {
+    "SqlTransactionChecker": "checker",
+    "TransactionLogListener": "checker",
+    "idempotent": "inbox",
+    "AsyncLocalTransaction": "local",
+    "AsyncTransactionalProducer": "local",
+    "LocalTransaction": "local",
+    "TransactionalProducer": "local",
+    "transaction": "local",
+    "VERSION_TABLE": "migrate",
+    "alembic_config": "migrate",
+    "current": "migrate",
+    "downgrade": "migrate",
+    "include_name": "migrate",
+    "upgrade": "migrate",
+    "COMMITTED": "tables",
+    "ROLLED_BACK": "tables",
+    "metadata": "tables",
+    "transaction_log": "tables",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'txmq.sqla' has no attribute {name!r}")
+    module = importlib.import_module(f"txmq.sqla.{home}")
+    value = getattr(module, "SqlTransactionChecker" if name == "TransactionLogListener" else name)
+    globals()[name] = value
+    return value

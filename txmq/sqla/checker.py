@@ -31,12 +31,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
-from txmq.message import Message, MessageExt, Prop
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Message, MessageExt, Prop
 from txmq.sqla.tables import COMMITTED, ROLLED_BACK, transaction_log
-from txmq.transaction import LocalTransactionState
 
 if TYPE_CHECKING:
-    from txmq.transaction import TransactionListener
+    from txmq.client.transaction import TransactionListener
 
 __all__ = ["SqlTransactionChecker", "begin_immediate"]
 
@@ -201,7 +201,7 @@ class SqlTransactionChecker:
         """
         if isinstance(self.engine, AsyncEngine):
             async with self.engine.connect() as conn:
-                return await conn.run_sync(_cleanup_on, older_than, batch_size)
+                return await conn.run_sync(cleanup_on, older_than, batch_size)
         return await anyio.to_thread.run_sync(
             lambda: self.cleanup_sync(older_than, batch_size=batch_size)
         )
@@ -211,7 +211,7 @@ class SqlTransactionChecker:
     ) -> int:
         """:meth:`cleanup` for a sync engine, blocking."""
         with self._sync_engine("cleanup_sync").connect() as conn:
-            return _cleanup_on(conn, older_than, batch_size)
+            return cleanup_on(conn, older_than, batch_size)
 
     def _sync_engine(self, what: str) -> Engine:
         if isinstance(self.engine, AsyncEngine):
@@ -221,7 +221,7 @@ class SqlTransactionChecker:
         return self.engine
 
 
-def _cleanup_on(conn: Connection, older_than: timedelta, batch_size: int) -> int:
+def cleanup_on(conn: Connection, older_than: timedelta, batch_size: int) -> int:
     if older_than <= timedelta(0):
         raise ValueError("older_than must be positive")
     if batch_size < 1:

@@ -40,9 +40,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
-from txmq import observe
-from txmq.message import MessageExt
-from txmq.push import ConsumeResult
+from txmq.consumer.push import ConsumeResult
+from txmq.observability import hooks as observe
+from txmq.protocol.message import MessageExt
 from txmq.sqla.tables import CONSUMING, DONE, consumed_keys
 
 __all__ = [

@@ -15,7 +15,7 @@ import inspect
 import logging
 import uuid
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
+from typing import Any, Generic, Protocol, TypeVar, Unpack, overload
 
 import anyio
 from sqlalchemy import Insert, insert
@@ -23,10 +23,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from txmq.message import Message
-from txmq.producer import SendOptions, SendResult, not_yet_safe
+from txmq.client.producer import SendOptions, SendResult, not_yet_safe
+from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Message
 from txmq.sqla.tables import COMMITTED, transaction_log
-from txmq.transaction import LocalTransactionState
 
 __all__ = [
     "AsyncLocalTransaction",
@@ -456,16 +456,6 @@ def transaction(
     raise TypeError(
         f"expected a SQLAlchemy Session, AsyncSession or a session factory; got {session!r}"
     )
-
-
-if TYPE_CHECKING:
-    from txmq import sync as _sync
-    from txmq.transaction import TransactionProducer as _TransactionProducer
-
-    def _producers_fit(
-        aio: _TransactionProducer, blocking: _sync.TransactionProducer
-    ) -> tuple[AsyncTransactionalProducer, TransactionalProducer]:
-        return aio, blocking  # mypy proves txmq's producers fit transaction()
 
 
 def _raise_if_not_safe(result: SendResult) -> None:

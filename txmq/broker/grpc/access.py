@@ -1,8 +1,8 @@
 """Access control on the gRPC endpoint: the broker's guard, asked about RocketMQ 5 RPCs.
 
-Under access control every RPC is signed the RocketMQ 5 way (:mod:`txmq.acl.grpc_auth`:
+Under access control every RPC is signed the RocketMQ 5 way (:mod:`txmq.security.acl.grpc_auth`:
 UNAUTHORIZED naming why not) and is allowed by the same table as txmq's protocol
-(:mod:`txmq.acl.rights`), asked about the txmq request the RPC stands for:
+(:mod:`txmq.security.acl.rights`), asked about the txmq request the RPC stands for:
 
 - QueryRoute: GetTopicRoute (any right on the topic)
 - QueryAssignment, ReceiveMessage, AckMessage, ChangeInvisibleDuration: PullMessage of
@@ -23,15 +23,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from txmq.acl.grpc_auth import GrpcPeer, authenticate, grpc_peer
-from txmq.acl.policy import Resource
 from txmq.broker.grpc.telemetry import Session, Sessions
-from txmq.wire import PullMessage
-from txmq.wire.base import Request
+from txmq.protocol.wire import PullMessage
+from txmq.protocol.wire.base import Request
+from txmq.security.acl.grpc_auth import GrpcPeer, authenticate, grpc_peer
+from txmq.security.acl.policy import Resource
 
 if TYPE_CHECKING:
-    from txmq.acl.guard import Guard
-    from txmq.acl.policy import User
+    from txmq.security.acl.guard import Guard
+    from txmq.security.acl.policy import User
 
 __all__ = ["Access", "pull"]
 

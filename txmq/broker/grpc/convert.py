@@ -1,6 +1,6 @@
 """The broker's side of RocketMQ 5's protocol (``apache.rocketmq.v2``): answers' statuses,
 resources, stored messages as delivered.  What clients share with it (timestamps, the
-error <-> code table) is in :mod:`txmq.grpc_convert`.
+error <-> code table) is in :mod:`txmq.protocol.grpc_convert`.
 
 The generated protobuf modules come from the official Python client's package
 (``rocketmq.grpc_protocol``, the ``txmq[grpc]`` extra); nothing of it is copied here.
@@ -14,9 +14,9 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from txmq.errors import TxmqError
-from txmq.grpc_convert import code_of, duration, duration_ms, ms_of, timestamp
-from txmq.message import MessageExt, Prop, SysFlag
+from txmq.protocol.grpc_convert import code_of, duration, duration_ms, ms_of, timestamp
+from txmq.protocol.message import MessageExt, Prop, SysFlag
+from txmq.protocol.wire.errors import TxmqError
 
 __all__ = [
     "BORN_HOST",

@@ -13,7 +13,7 @@ from txmq.broker.grpc.convert import duration
 from txmq.broker.grpc.ports import BrokerCore
 from txmq.broker.grpc.routes import Routes
 from txmq.broker.grpc.telemetry import Sessions
-from txmq.serving import ListenerUnavailable
+from txmq.server.serving import ListenerUnavailable
 
 __all__ = ["DEFAULT_GRPC_PORT", "GrpcEndpoint", "GrpcUnavailable"]
 

@@ -12,14 +12,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from txmq.message import MessageExt
-from txmq.security import ClientSecurity
-from txmq.tls import ServerTls
-from txmq.wire import Ended, EndTransaction, SendMessage, Sent
+from txmq.protocol.message import MessageExt
+from txmq.protocol.wire import Ended, EndTransaction, SendMessage, Sent
+from txmq.security.client import ClientSecurity
+from txmq.security.tls import ServerTls
 
 if TYPE_CHECKING:
-    from txmq.acl.guard import Guard
-    from txmq.rpc import Call
+    from txmq.protocol.rpc import Call
+    from txmq.security.acl.guard import Guard
 
 __all__ = ["BrokerCore", "PopPort", "Popped", "ProducerRegistry"]
 

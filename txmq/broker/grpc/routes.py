@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from txmq.errors import BrokerUnavailable, TopicNotFound, TxmqError
-from txmq.remoting import RemotingClient
-from txmq.security import ClientSecurity
-from txmq.wire import MASTER_ID, GetTopicRoute, TopicRoute
-from txmq.wire.route import PERM_READ, PERM_WRITE
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import MASTER_ID, GetTopicRoute, TopicRoute
+from txmq.protocol.wire.errors import BrokerUnavailable, TopicNotFound, TxmqError
+from txmq.protocol.wire.route import PERM_READ, PERM_WRITE
+from txmq.security.client import ClientSecurity
 
 __all__ = ["QueueSet", "Routes"]
 

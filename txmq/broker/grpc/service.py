@@ -14,13 +14,12 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as spb_grpc
 
-from txmq.acl.grpc_auth import GrpcPeer
 from txmq.broker.grpc.access import Access, pull
 from txmq.broker.grpc.convert import (
     BORN_HOST,
@@ -35,17 +34,18 @@ from txmq.broker.grpc.convert import (
     status_of,
     timestamp,
 )
-from txmq.broker.grpc.routes import QueueSet
-from txmq.broker.grpc.telemetry import Session, transaction_id
-from txmq.errors import AuthenticationFailed, BadRequest, NoPermission, TxmqError
-from txmq.grpc_convert import DLQ_REASON_METADATA
-from txmq.message import Prop, clip_reason, parse_subscription, stable_hash
-from txmq.rpc import Call
-from txmq.wire import ConsumerSendMsgBack, EndTransaction, GetTopicRoute, SendMessage
+from txmq.broker.grpc.ports import BrokerCore, PopPort
+from txmq.broker.grpc.routes import QueueSet, Routes
+from txmq.broker.grpc.telemetry import Session, Sessions, transaction_id
+from txmq.protocol.grpc_convert import DLQ_REASON_METADATA
+from txmq.protocol.message import Prop, clip_reason, parse_subscription, stable_hash
+from txmq.protocol.rpc import Call
+from txmq.protocol.wire import ConsumerSendMsgBack, EndTransaction, GetTopicRoute, SendMessage
+from txmq.protocol.wire.errors import AuthenticationFailed, BadRequest, NoPermission, TxmqError
+from txmq.security.acl.grpc_auth import GrpcPeer
 
 if TYPE_CHECKING:
-    from txmq.acl.policy import User
-    from txmq.broker.grpc.endpoint import GrpcEndpoint
+    from txmq.security.acl.policy import User
 
 __all__ = ["MessagingService"]
 
@@ -113,8 +113,26 @@ def _not_served_unary(rpc: str, response: Callable[..., Any]) -> Callable[..., A
     return handler
 
 
+class Endpoint(Protocol):
+    """What the RPCs need of the endpoint that serves them
+    (:class:`txmq.broker.grpc.endpoint.GrpcEndpoint`)."""
+
+    core: BrokerCore
+    pop: PopPort
+    sessions: Sessions
+    routes: Routes
+
+    def address(self) -> str: ...
+
+    def endpoints(self, address: str = "") -> Any: ...
+
+    def group_policy(self, group: str) -> tuple[bool, int]: ...
+
+    def retry_policy(self, max_attempts: int) -> Any: ...
+
+
 class MessagingService(spb_grpc.MessagingServiceServicer):  # type: ignore[misc]
-    def __init__(self, endpoint: GrpcEndpoint) -> None:
+    def __init__(self, endpoint: Endpoint) -> None:
         self.ep = endpoint
         self.core = endpoint.core
         #: access control (checks that all pass when it is off)
@@ -525,6 +543,6 @@ def _not_served(rpc: str) -> Any:
 
 
 def _new_id() -> str:
-    from txmq.message import new_message_id
+    from txmq.protocol.message import new_message_id
 
     return new_message_id()

@@ -24,9 +24,9 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 
 from txmq.broker.grpc.convert import message_of
 from txmq.broker.grpc.ports import ProducerRegistry
-from txmq.codec import decode_record
-from txmq.message import Prop
-from txmq.wire import CheckTransactionState
+from txmq.protocol.codec import decode_record
+from txmq.protocol.message import Prop
+from txmq.protocol.wire import CheckTransactionState
 
 __all__ = ["Session", "Sessions", "transaction_id"]
 
@@ -80,7 +80,7 @@ class Session:
             self.queue.get_nowait()
         self.queue.put_nowait(None)
 
-    # -- what the transaction checker calls (like txmq.remoting.Connection) ---------------
+    # -- what the transaction checker calls (like txmq.protocol.connection.Connection) ----
 
     def send_oneway(self, request: Any, body: bytes = b"") -> None:
         """A check-back: the half message as a RecoverOrphanedTransactionCommand."""

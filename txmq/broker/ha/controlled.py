@@ -18,10 +18,10 @@ from contextlib import AsyncExitStack
 
 import anyio
 
-from txmq.errors import TxmqError
-from txmq.remoting import RemotingClient
-from txmq.security import ClientSecurity
-from txmq.wire import ControllerAnswer, ControllerHeartbeat
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import ControllerAnswer, ControllerHeartbeat
+from txmq.protocol.wire.errors import TxmqError
+from txmq.security.client import ClientSecurity
 
 __all__ = ["ControllerLink"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import msgspec
 
-from txmq.jsonfile import load_json, write_json_atomic
-from txmq.wire import EpochEntry
+from txmq.protocol.wire import EpochEntry
+from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = ["FIRST_EPOCH", "EpochLog", "cut_point"]
 

@@ -23,9 +23,8 @@ import anyio
 from txmq.broker.ha.epochs import EpochLog, cut_point
 from txmq.broker.ha.role import Role
 from txmq.broker.store import MessageStore, ReplicaError
-from txmq.errors import BadRequest, NotMaster
-from txmq.rpc import Call, Router
-from txmq.wire import (
+from txmq.protocol.rpc import Call, Router
+from txmq.protocol.wire import (
     HaBatch,
     HaGetMetadata,
     HaHandBackOffsets,
@@ -35,6 +34,7 @@ from txmq.wire import (
     HaWelcome,
     WithBody,
 )
+from txmq.protocol.wire.errors import BadRequest, NotMaster
 
 __all__ = ["HaService", "SlaveLink"]
 

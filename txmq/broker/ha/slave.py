@@ -19,10 +19,8 @@ import anyio.abc
 
 from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store import MessageStore, ReplicaError
-from txmq.errors import NotMaster, TxmqError
-from txmq.remoting import RemotingClient
-from txmq.security import ClientSecurity
-from txmq.wire import (
+from txmq.protocol.peer import RemotingClient
+from txmq.protocol.wire import (
     EpochEntry,
     HaGetMetadata,
     HaHandBackOffsets,
@@ -30,6 +28,8 @@ from txmq.wire import (
     HaMetadata,
     HaTransfer,
 )
+from txmq.protocol.wire.errors import NotMaster, TxmqError
+from txmq.security.client import ClientSecurity
 
 __all__ = ["HaClient"]
 

@@ -20,7 +20,7 @@ import os
 import threading
 from pathlib import Path
 
-from txmq.codec import (
+from txmq.protocol.codec import (
     MESSAGE_MAGIC,
     PREFIX,
     CorruptRecord,

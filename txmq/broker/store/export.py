@@ -51,8 +51,8 @@ import msgpack
 
 from txmq.broker.store.commitlog import segment_paths
 from txmq.broker.store.exporting import EXPORT_DIR, export_file
-from txmq.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX
-from txmq.message import (
+from txmq.protocol.codec import BLANK_MAGIC, HEADER, MESSAGE_MAGIC, PREFIX
+from txmq.protocol.message import (
     HALF_TOPIC,
     OP_TOPIC,
     Prop,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from txmq.codec import (
+from txmq.protocol.codec import (
     HEADER,
     MESSAGE_MAGIC,
     PREFIX,
@@ -13,7 +13,7 @@ from txmq.codec import (
     read_header,
     record_topic_and_props,
 )
-from txmq.message import Prop
+from txmq.protocol.message import Prop
 
 from .commitlog import CommitLog
 from .consumequeue import CQ_ENTRY, ConsumeQueue

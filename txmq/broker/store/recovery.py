@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from txmq.codec import HEADER, read_header, record_topic_and_props
-from txmq.message import Prop, tag_hash
+from txmq.protocol.codec import HEADER, read_header, record_topic_and_props
+from txmq.protocol.message import Prop, tag_hash
 
 from .checkpoint import Checkpoint, read_checkpoint
 from .commitlog import CommitLog

@@ -13,7 +13,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from txmq.codec import PREFIX, CorruptRecord, check_record, read_header, record_topic_and_props
+from txmq.protocol.codec import (
+    PREFIX,
+    CorruptRecord,
+    check_record,
+    read_header,
+    record_topic_and_props,
+)
 
 from .recovery import tag_code_of
 from .types import StoreError

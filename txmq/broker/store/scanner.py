@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from txmq.codec import (
+from txmq.protocol.codec import (
     BLANK_MAGIC,
     MESSAGE_MAGIC,
     MIN_RECORD_SIZE,

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from txmq.codec import HEADER, PREFIX, encode_record
-from txmq.errors import MessageTooLarge
-from txmq.message import Prop, tag_hash, validate_topic_name
+from txmq.protocol.codec import HEADER, PREFIX, encode_record
+from txmq.protocol.message import Prop, tag_hash, validate_topic_name
+from txmq.protocol.wire.errors import MessageTooLarge
 
 from .checkpoint import Checkpoint, write_checkpoint
 from .commitlog import CommitLog, fsync_dir
@@ -532,6 +532,15 @@ class MessageStore(StoreReads, ReplicaWrites):
     @property
     def root(self) -> Path:
         return self._root
+
+    @property
+    def commit_log(self) -> CommitLog:
+        """The commit log itself (for readers that scan it, and for timing its flushes)."""
+        return self._cl
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The consume queue of ``topic``/``queue_id``, if it has one."""
+        return self._cqs.get((topic, queue_id))
 
     # -- retention -------------------------------------------------------------------------
 

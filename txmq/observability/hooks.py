@@ -1,0 +1,540 @@
+"""Client metrics (``prometheus_client``) and traces (the OpenTelemetry API), in one place.
+
+The client core calls the hooks below at a few points — a send (plain, batch or the half
+message of a transaction), a listener's run, a check-back's answer, a duplicate skipped by
+``txmq.idempotent``, the outbox relay's view of its table — whatever the transport.
+
+**Metrics** go to ``prometheus_client.REGISTRY`` unless :func:`use_registry` says otherwise
+(once per process: a private ``CollectorRegistry``, or ``None`` to turn them off)::
+
+    txmq_client_send_seconds{topic, result="ok"|"error"}            histogram
+    txmq_client_send_errors_total{topic, error}                      counter (error class)
+    txmq_client_consume_seconds{group, topic, result}                histogram
+        result: "success", "reconsume_later" (asked for), "dead_letter" (sent to the DLQ on
+        purpose) or "error" (the listener raised)
+    txmq_client_checkback_total{group, state}                        counter
+        state: COMMIT, ROLLBACK, UNKNOWN or ERROR (the checker raised)
+    txmq_idempotent_duplicates_total{group}                          counter
+    txmq_outbox_backlog_rows, txmq_outbox_lag_seconds, txmq_outbox_parked_rows   gauges
+
+**Traces**: with ``opentelemetry-api`` installed (``pip install txmq[otel]``) and a tracer
+provider configured (the SDK's, or one given to :func:`use_tracer_provider`), a send makes
+a PRODUCER span ``send <topic>`` and writes its W3C trace context (``traceparent``,
+``tracestate``) into the message's user properties; a push consumer runs the listener inside
+a CONSUMER span ``process <topic>`` whose parent is that context (OpenTelemetry's
+recommendation for a single message's processing), so producer and consumer share one
+trace, through retries (``%RETRY%``) and into the DLQ, which keep user properties.  A
+message that already carries a trace context (an outbox row: ``outbox.add`` captures the
+context current when it is called) continues that trace: the relay's send is its child.
+Spans follow OpenTelemetry's messaging semantic conventions with ``messaging.system`` =
+``"rocketmq"``: txmq speaks RocketMQ's model (topics, queues, tags, keys, consumer groups,
+transactional messages), so the ``messaging.rocketmq.*`` attributes apply as they are.
+
+Without ``opentelemetry-api``, or with no provider configured, the hooks skip tracing after
+one check (no span objects, nothing written into the properties).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, MutableMapping
+from types import TracebackType
+from typing import Any
+
+from txmq.observability.dist import DistCollector
+
+__all__ = [
+    "SYSTEM",
+    "TRACE_PROPERTIES",
+    "capture",
+    "checkback",
+    "consuming",
+    "duplicate_skipped",
+    "metrics",
+    "outbox_stats",
+    "sending",
+    "tracer",
+    "tracer_provider",
+    "use_registry",
+    "use_tracer_provider",
+]
+
+_perf_counter = time.perf_counter
+SYSTEM = "rocketmq"
+"""``messaging.system`` of txmq's spans (see the module documentation)."""
+TRACE_PROPERTIES = ("traceparent", "tracestate")
+"""The user properties a W3C trace context travels in."""
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+# -- metrics --------------------------------------------------------------------------------
+
+_DEFAULT: Any = object()
+_registry: Any = _DEFAULT
+_metrics: tuple[Any, _Metrics] | None = None
+_lock = threading.Lock()
+
+
+def use_registry(registry: Any) -> None:
+    """Where the client metrics go from now on: a ``prometheus_client.CollectorRegistry``,
+    or ``None`` (no client metrics).  Default: ``prometheus_client.REGISTRY`` when
+    ``prometheus_client`` is installed."""
+    global _registry, _metrics
+    with _lock:
+        _registry, _metrics = registry, None
+
+
+class _Metrics:
+    """The client's collectors in one registry."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        def made(name: str) -> Any:
+            """The collector an earlier use of this registry registered ``name`` by."""
+            names = getattr(registry, "_names_to_collectors", {})
+            return names.get(name) or names.get(name + "_total")
+
+        def make(kind: Any, name: str, doc: str, labels: Iterable[str] = ()) -> Any:
+            try:
+                return kind(name, doc, list(labels), registry=registry)
+            except ValueError:  # already there
+                found = made(name)
+                if found is None:
+                    raise
+                return found
+
+        def histogram(name: str, doc: str, labels: Iterable[str]) -> DistCollector:
+            # a DistCollector, not prometheus_client's Histogram: these two run for every
+            # message, and its observe() costs several times as much (txmq/dist.py)
+            found = made(name)
+            if isinstance(found, DistCollector):
+                return found
+            if found is not None:
+                raise ValueError(f"the registry has a {name} of its own: txmq cannot use it")
+            collector = DistCollector(name, doc, labels, _LATENCY_BUCKETS)
+            registry.register(collector)
+            return collector
+
+        self.send_seconds = histogram(
+            "txmq_client_send_seconds",
+            "Sends (a message, a batch or a transaction's half message): time to the broker's "
+            "answer, by topic and result (ok, error)",
+            ("topic", "result"),
+        )
+        self.send_errors = make(
+            Counter,
+            "txmq_client_send_errors_total",
+            "Sends that failed, by topic and error class",
+            ("topic", "error"),
+        )
+        self.consume_seconds = histogram(
+            "txmq_client_consume_seconds",
+            "Listener runs, by consumer group, topic and result (success, reconsume_later, "
+            "dead_letter, error)",
+            ("group", "topic", "result"),
+        )
+        self.checkbacks = make(
+            Counter,
+            "txmq_client_checkback_total",
+            "Answers to the broker's transaction check-backs, by producer group and state",
+            ("group", "state"),
+        )
+        self.duplicates = make(
+            Counter,
+            "txmq_idempotent_duplicates_total",
+            "Messages skipped by txmq.idempotent as already consumed, by dedupe group",
+            ("group",),
+        )
+        self.outbox_backlog = make(
+            Gauge, "txmq_outbox_backlog_rows", "Outbox rows waiting to be sent (the relay's view)"
+        )
+        self.outbox_lag = make(
+            Gauge, "txmq_outbox_lag_seconds", "Age of the oldest unsent outbox row (0: none)"
+        )
+        self.outbox_parked = make(
+            Gauge, "txmq_outbox_parked_rows", "Outbox rows parked after their last attempt"
+        )
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered (labels() takes a lock and builds a key)."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+
+def metrics() -> _Metrics | None:
+    """The client's collectors in the registry in use; None when metrics are off."""
+    global _registry, _metrics
+    made = _metrics
+    if made is not None and made[0] is _registry:
+        return made[1]
+    if _registry is None:
+        return None
+    with _lock:
+        if _registry is _DEFAULT:
+            try:
+                import prometheus_client
+            except ImportError:
+                _registry = None
+                return None
+            _registry = prometheus_client.REGISTRY
+        if _metrics is None or _metrics[0] is not _registry:
+            _metrics = (_registry, _Metrics(_registry))
+        return _metrics[1]
+
+
+# -- tracing --------------------------------------------------------------------------------
+
+
+class _Otel:
+    """The parts of the OpenTelemetry API the hooks use (imported on first use)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, propagate, trace
+
+        self.context = context
+        self.propagate = propagate
+        self.trace = trace
+        #: set from the environment: the global provider is made on first ask
+        self.from_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+        self.inactive = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self.producer = trace.SpanKind.PRODUCER
+        self.consumer = trace.SpanKind.CONSUMER
+        self.error = trace.Status(trace.StatusCode.ERROR)
+
+
+_otel: _Otel | None = None
+_otel_missing = False
+_provider: Any = None
+_tracer: tuple[Any, Any] | None = None
+
+
+def use_tracer_provider(provider: Any) -> None:
+    """Trace with ``provider`` (an OpenTelemetry ``TracerProvider``) instead of the global
+    one; ``None``: the global one again (``opentelemetry.trace.set_tracer_provider``)."""
+    global _provider, _tracer
+    _provider, _tracer = provider, None
+
+
+def _api() -> _Otel | None:
+    global _otel, _otel_missing
+    if _otel is None and not _otel_missing:
+        try:
+            _otel = _Otel()
+        except ImportError:
+            _otel_missing = True
+    return _otel
+
+
+def tracer_provider() -> Any:
+    """The tracer provider txmq traces with (the one given to :func:`use_tracer_provider`,
+    else the global one), or None when there is none (or no OpenTelemetry API): for an
+    application's own spans beside txmq's."""
+    api = _otel if _otel is not None else _api()
+    if api is None:
+        return None
+    provider = _provider
+    if provider is None:
+        # the global provider as set_tracer_provider left it (what get_tracer_provider
+        # answers, without its look at os.environ on every call while none is set)
+        provider = api.trace._TRACER_PROVIDER
+        if provider is None:
+            if not api.from_env:
+                return None
+            provider = api.trace.get_tracer_provider()
+    return None if isinstance(provider, api.inactive) else provider
+
+
+def tracer() -> Any:
+    """txmq's OpenTelemetry tracer, or None when nothing would record its spans (the API is
+    not installed, or no tracer provider is configured)."""
+    global _tracer
+    provider = tracer_provider()
+    if provider is None:
+        return None
+    made = _tracer
+    if made is not None and made[0] is provider:
+        return made[1]
+    made = _tracer = (provider, provider.get_tracer("txmq", _version()))
+    return made[1]
+
+
+def _version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("txmq")
+    except PackageNotFoundError:
+        return None
+
+
+def capture(properties: MutableMapping[str, str]) -> None:
+    """Write the current trace context into ``properties`` (what ``outbox.add`` keeps with
+    the row, for the relay's send to continue), unless they already carry one."""
+    if TRACE_PROPERTIES[0] in properties or tracer() is None:
+        return
+    assert _otel is not None
+    _otel.propagate.inject(properties)
+
+
+def _parent(api: _Otel, properties: Mapping[str, str]) -> Any:
+    """The context a span continues: the one ``properties`` carry, else the current one."""
+    if TRACE_PROPERTIES[0] in properties:
+        return api.propagate.extract(properties)
+    return None
+
+
+class _Nothing:
+    """What the hooks give when neither metrics nor traces are on."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Nothing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def sent(self, queue_id: int, broker_name: str) -> None:
+        return None
+
+    def result(self, result: str) -> None:
+        return None
+
+    def failed(self, exc: BaseException) -> None:
+        return None
+
+
+_NOTHING = _Nothing()
+
+
+class _Sending:
+    """One send: its spans (one per message), its latency and result."""
+
+    __slots__ = ("began", "m", "spans", "topic")
+
+    def __init__(self, topic: str, m: _Metrics | None, spans: list[Any]) -> None:
+        self.topic, self.m, self.spans = topic, m, spans
+        self.began = _perf_counter()
+
+    def __enter__(self) -> _Sending:
+        return self
+
+    def sent(self, queue_id: int, broker_name: str) -> None:
+        """Where the broker stored it."""
+        for span in self.spans:
+            span.set_attribute("messaging.destination.partition.id", str(queue_id))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        m = self.m
+        if m is not None:
+            took = _perf_counter() - self.began
+            m.send_seconds.observe((self.topic, "ok" if exc is None else "error"), took)
+            if exc is not None:
+                m.child(m.send_errors, self.topic, type(exc).__name__).inc()
+        for span in self.spans:
+            if exc is not None:
+                _failed_span(span, exc)
+            span.end()
+
+
+def _failed_span(span: Any, exc: BaseException) -> None:
+    assert _otel is not None
+    span.record_exception(exc)
+    span.set_attribute("error.type", type(exc).__name__)
+    span.set_status(_otel.trace.Status(_otel.trace.StatusCode.ERROR, str(exc) or None))
+
+
+def sending(
+    topic: str,
+    group: str,
+    messages: list[dict[str, str]],
+    body_size: int,
+    message_type: str = "normal",
+) -> _Sending | _Nothing:
+    """The hook around a send of ``messages`` (their wire properties, which get the trace
+    context of their ``send <topic>`` span): use as ``with ...: ...``."""
+    m = metrics()
+    t = tracer()
+    if t is None:
+        return _NOTHING if m is None else _Sending(topic, m, [])
+    assert _otel is not None
+    api = _otel
+    spans = []
+    for props in messages:
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.destination.name": topic,
+            "messaging.rocketmq.client_group": group,
+            "messaging.rocketmq.message.type": message_type,
+        }
+        if len(messages) > 1:
+            attributes["messaging.batch.message_count"] = len(messages)
+        _message_attributes(attributes, props)
+        span = t.start_span(
+            f"send {topic}", context=_parent(api, props), kind=api.producer, attributes=attributes
+        )
+        api.propagate.inject(props, context=api.trace.set_span_in_context(span))
+        spans.append(span)
+    return _Sending(topic, m, spans)
+
+
+def _message_attributes(attributes: dict[str, Any], props: Mapping[str, str]) -> None:
+    msg_id = props.get("UNIQ_KEY")
+    if msg_id:
+        attributes["messaging.message.id"] = msg_id
+    tag = props.get("TAGS")
+    if tag:
+        attributes["messaging.rocketmq.message.tag"] = tag
+    keys = props.get("KEYS")
+    if keys:
+        attributes["messaging.rocketmq.message.keys"] = [k for k in keys.split(" ") if k]
+    group = props.get("SHARDING_KEY")
+    if group:
+        attributes["messaging.rocketmq.message.group"] = group
+
+
+class _Consuming:
+    """One listener run: inside a ``process <topic>`` span (current while it runs)."""
+
+    __slots__ = ("began", "group", "m", "outcome", "span", "token", "topic")
+
+    def __init__(self, group: str, topic: str, m: _Metrics | None, span: Any) -> None:
+        self.group, self.topic, self.m, self.span = group, topic, m, span
+        self.outcome = "success"
+        self.token: Any = None
+        self.began = 0.0
+
+    def __enter__(self) -> _Consuming:
+        if self.span is not None:
+            assert _otel is not None
+            self.token = _otel.context.attach(_otel.trace.set_span_in_context(self.span))
+        self.began = _perf_counter()
+        return self
+
+    def result(self, result: str) -> None:
+        """``"success"``, ``"reconsume_later"`` or ``"dead_letter"``."""
+        self.outcome = result
+
+    def failed(self, exc: BaseException) -> None:
+        """The listener raised ``exc``."""
+        self.outcome = "error"
+        if self.span is not None:
+            _failed_span(self.span, exc)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        m = self.m
+        if m is not None:
+            took = _perf_counter() - self.began
+            m.consume_seconds.observe((self.group, self.topic, self.outcome), took)
+        span = self.span
+        if span is not None:
+            assert _otel is not None
+            _otel.context.detach(self.token)
+            if self.outcome != "success":
+                span.set_attribute("txmq.consume.result", self.outcome)
+            if exc is not None:
+                _failed_span(span, exc)
+            span.end()
+
+
+def consuming(
+    group: str,
+    topic: str,
+    msg_id: str,
+    properties: Mapping[str, str],
+    *,
+    queue_id: int = -1,
+    reconsume_times: int = 0,
+    body_size: int = 0,
+    model: str = "clustering",
+) -> _Consuming | _Nothing:
+    """The hook around a listener's run on one message: use as ``with ... as c:`` and tell
+    it ``c.result(...)`` or ``c.failed(exc)``."""
+    m = metrics()
+    t = tracer()
+    if t is None:
+        return _NOTHING if m is None else _Consuming(group, topic, m, None)
+    assert _otel is not None
+    api = _otel
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": topic,
+        "messaging.consumer.group.name": group,
+    }
+    if queue_id >= 0:
+        attributes["messaging.destination.partition.id"] = str(queue_id)
+    if reconsume_times:
+        attributes["txmq.reconsume_times"] = reconsume_times
+    if model != "clustering":
+        attributes["messaging.rocketmq.consumption_model"] = model
+    _message_attributes(attributes, properties)
+    attributes["messaging.message.id"] = msg_id
+    # the message's context, or none: a message sent untraced starts a trace of its own
+    parent = api.propagate.extract(properties)
+    span = t.start_span(
+        f"process {topic}", context=parent, kind=api.consumer, attributes=attributes
+    )
+    return _Consuming(group, topic, m, span)
+
+
+# -- counters and gauges --------------------------------------------------------------------
+
+
+def checkback(group: str, state: str) -> None:
+    """A check-back was answered ``state`` (COMMIT, ROLLBACK, UNKNOWN; ERROR: it raised)."""
+    m = metrics()
+    if m is not None:
+        m.child(m.checkbacks, group, state).inc()
+
+
+def duplicate_skipped(group: str) -> None:
+    """``txmq.idempotent`` skipped a message already consumed by ``group``."""
+    m = metrics()
+    if m is not None:
+        m.child(m.duplicates, group).inc()
+
+
+def outbox_stats(backlog: int, lag_seconds: float, parked: int) -> None:
+    """The outbox as its relay last saw it."""
+    m = metrics()
+    if m is not None:
+        m.outbox_backlog.set(backlog)
+        m.outbox_lag.set(lag_seconds)
+        m.outbox_parked.set(parked)
