@@ -236,8 +236,8 @@ def in_process(args: argparse.Namespace) -> dict[str, float]:
     """Median CPU µs per SendService.put of brokers with dedupe on, off and off."""
     import random
 
-    from txmq.broker.config import BrokerConfig
     from txmq.broker.server import Broker
+    from txmq.broker.state.config import BrokerConfig
     from txmq.protocol.message import Message, new_message_id
     from txmq.protocol.wire import SendMessage
 

@@ -24,8 +24,8 @@ import anyio.from_thread
 import msgpack
 import pytest
 
-from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
+from txmq.broker.state.config import BrokerConfig
 from txmq.client.core import BrokerClient
 from txmq.protocol.peer import RemotingClient
 from txmq.protocol.wire import Frame, Request

@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import BrokerProcess, PeakRss, wait_for
 from tests.raw_client import RawClient, still_serving
 from txmq import Message
-from txmq.broker.config import BrokerConfig
+from txmq.broker.state.config import BrokerConfig
 from txmq.namesrv.config import NamesrvConfig
 from txmq.protocol.connection import error_message
 from txmq.protocol.flow import ConnectionLimits

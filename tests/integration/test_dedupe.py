@@ -1,5 +1,5 @@
 """No duplicates from send retries: a send of a message id the broker stored moments ago is
-answered with the original's result and stores nothing (broker/dedupe.py) — single sends,
+answered with the original's result and stores nothing (broker/state/dedupe.py) — single sends,
 batches, delayed and half messages, across a SIGKILL and restart."""
 
 from __future__ import annotations

@@ -35,7 +35,9 @@ def test_a_promoted_slave_answers_retries_of_what_its_old_master_stored(
         firsts = [producer.send(m) for m in msgs]
     assert {r.status for r in firsts} == {"SEND_OK"}  # on a slave too (SYNC_MASTER)
     rs.kill(first)  # the acknowledgements of a resend of these would be lost with it
-    wait_for(lambda: rs.master() not in (-1, first), timeout=30)
+    # (an election takes seconds; under the suite's four workers on 2 cores it once took
+    # more than 30 s: the controller waits for the in-sync slaves' reports, issue 32)
+    wait_for(lambda: rs.master() not in (-1, first), timeout=90)
     new = rs.wait_healthy()
     assert "dedupe window: 200 key hashes" in rs.brokers[new].output()
     with Producer(namesrv=namesrv, retry_times=2) as producer:

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from txmq import AdminClient, Message, Producer, PullConsumer, PullStatus
-from txmq.broker.config import BrokerConfig
 from txmq.broker.server import Broker, EmbeddedBroker
+from txmq.broker.state.config import BrokerConfig
 from txmq.protocol.wire import (
     Frame,
     FrameKind,

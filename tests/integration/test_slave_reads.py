@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tests.conftest import ask, wait_for
 from txmq import Message
-from txmq.broker.offsets import ConsumerOffsetManager
 from txmq.broker.server import Broker, EmbeddedBroker
+from txmq.broker.state.offsets import ConsumerOffsetManager
 from txmq.namesrv import EmbeddedNamesrv
 from txmq.protocol.wire import HaHandBackOffsets
 from txmq.sync import AdminClient, Producer, PullConsumer

@@ -17,7 +17,7 @@ from tests.conftest import ROOT, BrokerProcess
 from tests.integration.test_transactions import Listener, end_raw, pending, read_topic, until
 from txmq import AdminClient, LocalTransactionState, Message, TransactionProducer
 from txmq.broker.server import EmbeddedBroker
-from txmq.broker.transaction_operator import OperatorDecisions
+from txmq.broker.transactions.operator import OperatorDecisions
 from txmq.client.producer import SendResult
 from txmq.protocol.wire.errors import BadRequest, TransactionNotFound
 
@@ -195,7 +195,7 @@ async def test_a_commit_cut_by_a_crash_is_finished_once_on_restart(
     b.stop()
     monkeypatch.setattr(OperatorDecisions, "_record", record)
 
-    caplog.set_level(logging.WARNING, "txmq.broker.transaction")
+    caplog.set_level(logging.WARNING, "txmq.broker.transactions.service")
     b = embedded_broker(store=store, **PARK_FAST)
     assert "operator decision(s) finished after a crash" in caplog.text
     async with AdminClient(b.address) as admin:

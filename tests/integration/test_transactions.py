@@ -30,9 +30,9 @@ from txmq import (
     TransactionProducer,
 )
 from txmq import sync as txsync
-from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
-from txmq.broker.transaction import COMMIT, TransactionService
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.transactions.service import COMMIT, TransactionService
 from txmq.client.producer import SendResult
 from txmq.protocol.message import MessageExt, Prop, SysFlag
 from txmq.protocol.settings import SettingsError
@@ -675,7 +675,7 @@ async def test_commit_cut_between_message_and_op_record_is_not_repeated(
     b.stop()  # the half is still pending in the saved offsets, as after a crash
     monkeypatch.setattr(TransactionService, "settle", settle)
 
-    caplog.set_level(logging.INFO, "txmq.broker.transaction")
+    caplog.set_level(logging.INFO, "txmq.broker.transactions.service")
     b = embedded_broker(store=store, **FAST)
     assert "was COMMIT before a crash but its op record is missing" in caplog.text
     listener = Listener(answers={"X1": S.COMMIT})

@@ -22,8 +22,8 @@ from sqlalchemy import Engine, create_engine, insert
 
 import txmq.sqla
 from tests.conftest import wait_for
-from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
+from txmq.broker.state.config import BrokerConfig
 from txmq.client.producer import SendResult
 from txmq.client.transaction import LocalTransactionState
 from txmq.consumer.pull import PullConsumer

@@ -212,7 +212,7 @@ def _seed_faults(w: World) -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    from txmq.broker.config import BrokerConfig
+    from txmq.broker.state.config import BrokerConfig
 
     folder = tmp_path_factory.mktemp("reconcile")
     with pg_schema() as orders_db, pg_schema() as inventory_db:

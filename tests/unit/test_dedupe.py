@@ -1,4 +1,4 @@
-"""The dedupe window (broker/dedupe.py): the window, its bound, its memory, loading it from a
+"""The dedupe window (broker/state/dedupe.py): the window, its bound, its memory, loading it from a
 store's key index, and which records count as a client's send."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-from txmq.broker.dedupe import DedupeWindow, client_topic
+from txmq.broker.state.dedupe import DedupeWindow, client_topic
 from txmq.broker.store import MessageStore, PutResult
 from txmq.broker.store.index import uniq_key_hash
 from txmq.protocol.message import HALF_TOPIC, SCHEDULE_TOPIC, Prop, SysFlag, new_message_id

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from txmq.broker.config import DEFAULT_DELAY_LEVELS, BrokerConfig, parse_delay_levels
-from txmq.broker.locks import RebalanceLockManager
+from txmq.broker.state.config import DEFAULT_DELAY_LEVELS, BrokerConfig, parse_delay_levels
+from txmq.broker.state.locks import RebalanceLockManager
 from txmq.protocol.settings import SettingsError
 
 

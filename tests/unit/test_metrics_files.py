@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from txmq.broker.config import BrokerConfig
 from txmq.broker.metrics import registry_for
 from txmq.broker.server import Broker
-from txmq.broker.stats import Dist
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.state.stats import Dist
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "txmq-dashboard.json"

@@ -13,16 +13,16 @@ from typing import Any
 import anyio
 import pytest
 
-from txmq.broker.config import BrokerConfig
-from txmq.broker.consumers import ConsumerManager, ProducerManager
-from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
-from txmq.broker.locks import RebalanceLockManager
-from txmq.broker.offsets import ConsumerOffsetManager
-from txmq.broker.pop import MAX_POP_BATCH, Popped, PopService
-from txmq.broker.retry import RetryService
-from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.consumption.pop import MAX_POP_BATCH, Popped, PopService
+from txmq.broker.consumption.retry import RetryService
+from txmq.broker.delivery.schedule import ScheduleMessageService
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.state.context import Arrivals, BrokerContext, FlushAcks
+from txmq.broker.state.groups import ConsumerManager, ProducerManager
+from txmq.broker.state.locks import RebalanceLockManager
+from txmq.broker.state.offsets import ConsumerOffsetManager
+from txmq.broker.state.topics import TopicManager
 from txmq.broker.store import GetStatus, MessageStore
-from txmq.broker.topics import TopicManager
 from txmq.protocol.codec import decode_records
 from txmq.protocol.message import MessageExt, Prop, dlq_topic, new_message_id, retry_topic, tag_hash
 from txmq.protocol.wire.errors import BadRequest, InvalidReceiptHandle, NotMaster, TopicNotFound

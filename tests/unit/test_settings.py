@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from txmq.broker.config import BrokerConfig
+from txmq.broker.state.config import BrokerConfig
 from txmq.broker.store import FlushMode
 from txmq.namesrv import ControllerConfig
 from txmq.protocol.settings import SettingsError

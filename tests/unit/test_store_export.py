@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from txmq.broker.config import BrokerConfig
+from txmq.broker.state.config import BrokerConfig
 from txmq.broker.store import MessageStore, PutResult, StoreConfig, export, exporting
 from txmq.broker.store.exporting import SegmentExporter
 from txmq.protocol.message import HALF_TOPIC, Prop, SysFlag

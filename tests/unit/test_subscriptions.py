@@ -1,5 +1,6 @@
-"""Consumer-group configs (broker/subscriptions.py): defaults, changes, groups.json across a
-reopen, a damaged file salvaged, bad names and values refused, a slave's copy."""
+"""Consumer-group configs (broker/state/subscriptions.py): defaults, changes,
+groups.json across a reopen, a damaged file salvaged, bad names and values refused, a
+slave's copy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from txmq.broker.subscriptions import (
+from txmq.broker.state.subscriptions import (
     GroupConfig,
     GroupsFile,
     SubscriptionGroupManager,
@@ -147,7 +148,7 @@ def test_a_failed_save_leaves_the_table_as_the_file_says(
     def full_disk(path: Path, data: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("txmq.broker.subscriptions.write_json_atomic", full_disk)
+    monkeypatch.setattr("txmq.broker.state.subscriptions.write_json_atomic", full_disk)
     with pytest.raises(DiskFull, match="disk is full"):
         groups.update("billing", fifo=False)
     with pytest.raises(DiskFull, match="disk is full"):

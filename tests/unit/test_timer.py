@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from txmq.broker.config import BrokerConfig
-from txmq.broker.timer import TimerWheel
+from txmq.broker.delivery.timer import TimerWheel
+from txmq.broker.state.config import BrokerConfig
 from txmq.protocol.message import Message, Prop
 from txmq.protocol.settings import SettingsError
 

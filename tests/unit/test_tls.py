@@ -19,7 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from tests.tls_support import certs, other
 from txmq.admin.client import AdminClient
-from txmq.broker.config import BrokerConfig
+from txmq.broker.state.config import BrokerConfig
 from txmq.cli.main import build_parser, main
 from txmq.cli.options import tls_overrides
 from txmq.client.core import BrokerClient

@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.subscriptions import GroupConfig
-from txmq.broker.topics import check_queue_id
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.subscriptions import GroupConfig
+from txmq.broker.state.topics import check_queue_id
 from txmq.protocol.codec import read_header, record_topic_and_props
 from txmq.protocol.rpc import Call
 from txmq.protocol.wire import (

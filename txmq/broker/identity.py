@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from txmq.broker.config import BrokerConfig
+from txmq.broker.state.config import BrokerConfig
 from txmq.broker.store import StoreError
 from txmq.server.jsonfile import load_json, write_json_atomic
 

@@ -3,7 +3,7 @@
 Names and labels are RocketMQ 5's where it has them (``rocketmq_messages_in_total``,
 ``rocketmq_consumer_lag_messages``, ...) and txmq's for the rest (half messages, check-backs,
 retries and dead letters, the commit log, replication).  Nothing here runs per message: the
-services bump plain counters in a :class:`~txmq.broker.stats.Tally` (only while metrics are
+services bump plain counters in a :class:`~txmq.broker.state.stats.Tally` (only while metrics are
 on), and :class:`BrokerCollector` turns them, and the broker's own state (store offsets,
 committed offsets, pending halves, pop in-flight entries, replication lag), into metric
 families when scraped.  The endpoint is an HTTP handler on the broker's own event loop, so
@@ -35,8 +35,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.stats import RPC_BUCKETS_MS, Tally
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.stats import RPC_BUCKETS_MS, Tally
 from txmq.broker.store import MessageStore
 from txmq.observability.dist import Dist, histogram_family
 from txmq.protocol.connection import Connection, Handler, HandlerResult
@@ -67,7 +67,8 @@ _READ_TIMEOUT_S = 10.0
 
 
 class Half(Protocol):
-    """A pending half message as the metrics read it (txmq.broker.transaction.PendingHalf)."""
+    """A pending half message as the metrics read it
+    (txmq.broker.transactions.service.PendingHalf)."""
 
     @property
     def group(self) -> str: ...

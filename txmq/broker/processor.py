@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from txmq.broker.admin import AdminService
-from txmq.broker.consumers import GroupService
-from txmq.broker.locks import LockService
-from txmq.broker.pulling import PullService
-from txmq.broker.retry import RetryService
+from txmq.broker.consumption.pulling import PullService
+from txmq.broker.consumption.retry import RetryService
 from txmq.broker.sending import SendService
-from txmq.broker.transaction import TransactionService
-from txmq.broker.transaction_check import TransactionChecker
-from txmq.broker.transaction_operator import OperatorDecisions
-from txmq.protocol.rpc import Router
+from txmq.broker.state.groups import GroupService
+from txmq.broker.state.locks import LockService
+from txmq.broker.transactions.check import TransactionChecker
+from txmq.broker.transactions.operator import OperatorDecisions
+from txmq.broker.transactions.service import TransactionService
+from txmq.protocol.rpc import Gate, Router
 from txmq.protocol.wire import (
     ConsumerSendMsgBack,
     DecideTransaction,
@@ -69,9 +69,9 @@ class Services:
     acl: AclService
 
 
-def request_router(s: Services) -> Router:
-    """Every request a broker answers, and who answers it."""
-    r = Router("this broker")
+def request_router(s: Services, guard: Gate | None = None) -> Router:
+    """Every request a broker answers, and who answers it (``guard``: its access control)."""
+    r = Router("this broker", guard)
     # messages
     r.route(SendMessage, s.sending.send_message)
     r.route(SendBatchMessage, s.sending.send_batch)

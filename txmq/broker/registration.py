@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from txmq.broker.config import BrokerConfig
-from txmq.broker.topics import TopicConfig, TopicManager
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.state.topics import TopicConfig, TopicManager
 from txmq.protocol.connection import Connection
 from txmq.protocol.peer import RemotingClient
 from txmq.protocol.wire import RegisterBroker, TopicConfigData, UnregisterBroker

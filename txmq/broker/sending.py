@@ -1,7 +1,7 @@
 """SEND_MESSAGE and SEND_BATCH_MESSAGE: store messages (half messages go to the transaction
 service, delayed ones through the schedule topic) and acknowledge them.  A send of a
 message id stored moments ago (a producer's retry after a lost acknowledgement) is answered
-with the original's result and stores nothing (:mod:`txmq.broker.dedupe`)."""
+with the original's result and stores nothing (:mod:`txmq.broker.state.dedupe`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import msgpack
 import msgspec
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.dedupe import Original
-from txmq.broker.putting import check_put, put_or_raise
-from txmq.broker.schedule import Delayed, ScheduleMessageService
+from txmq.broker.delivery.schedule import Delayed, ScheduleMessageService
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.dedupe import Original
+from txmq.broker.state.putting import check_put, put_or_raise
+from txmq.broker.state.topics import check_queue_id
 from txmq.broker.store import MAX_PROPERTIES_SIZE, PutResult
-from txmq.broker.topics import check_queue_id
-from txmq.broker.transaction import TransactionService
+from txmq.broker.transactions.service import TransactionService
 from txmq.protocol.message import Prop
 from txmq.protocol.rpc import Call
 from txmq.protocol.wire import BatchResult, SendBatchMessage, SendMessage, Sent
@@ -88,7 +88,7 @@ class SendService:
         if half:  # a half message
             return self.transactions.prepare(req, body)
         topic, queue_id = req.topic, req.queue_id
-        # a delayed message goes to the schedule topic (broker/schedule.py) first
+        # a delayed message goes to the schedule topic (broker/delivery/schedule.py) first
         delayed = self._delayed(topic, queue_id, props)
         r = put_or_raise(
             self.store,

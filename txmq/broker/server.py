@@ -18,17 +18,13 @@ import anyio.abc
 from anyio.abc import SocketAttribute
 
 from txmq.broker.admin import AdminService
-from txmq.broker.config import BrokerConfig
-from txmq.broker.consumers import (
-    ConsumerManager,
-    GroupService,
-    ProducerManager,
-    run_expiry_scan,
-)
-from txmq.broker.context import Arrivals, BrokerContext, FlushAcks
-from txmq.broker.dedupe import DedupeWindow
+from txmq.broker.consumption.pop import PopService
+from txmq.broker.consumption.pulling import PullService
+from txmq.broker.consumption.retry import FIRST_RETRY_LEVEL, RetryService
+from txmq.broker.delivery.schedule import ScheduleMessageService
+from txmq.broker.ha.info import with_replication
+from txmq.broker.ha.replication import Replication
 from txmq.broker.identity import claim_store
-from txmq.broker.locks import LockService, RebalanceLockManager
 from txmq.broker.metrics import (
     MetricsSources,
     registry_for,
@@ -36,24 +32,28 @@ from txmq.broker.metrics import (
     time_flushes,
     timed_handler,
 )
-from txmq.broker.offsets import ConsumerOffsetManager
-from txmq.broker.pop import PopService
 from txmq.broker.processor import Services, request_router
-from txmq.broker.pulling import PullService
 from txmq.broker.registration import Registration, is_registered_topic
-from txmq.broker.replica_info import with_replication
-from txmq.broker.replication import Replication
-from txmq.broker.retry import FIRST_RETRY_LEVEL, RetryService
-from txmq.broker.schedule import ScheduleMessageService
 from txmq.broker.sending import SendService
-from txmq.broker.stats import Tally
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.state.context import Arrivals, BrokerContext, FlushAcks
+from txmq.broker.state.dedupe import DedupeWindow
+from txmq.broker.state.groups import (
+    ConsumerManager,
+    GroupService,
+    ProducerManager,
+    run_expiry_scan,
+)
+from txmq.broker.state.locks import LockService, RebalanceLockManager
+from txmq.broker.state.offsets import ConsumerOffsetManager
+from txmq.broker.state.stats import Tally, Throughput
+from txmq.broker.state.subscriptions import SubscriptionGroupManager
+from txmq.broker.state.topics import TopicManager
 from txmq.broker.store import MessageStore
 from txmq.broker.store.disk import is_disk_full
-from txmq.broker.subscriptions import SubscriptionGroupManager
-from txmq.broker.topics import TopicManager
-from txmq.broker.transaction import TransactionService
-from txmq.broker.transaction_check import TransactionChecker
-from txmq.broker.transaction_operator import OperatorDecisions
+from txmq.broker.transactions.check import TransactionChecker
+from txmq.broker.transactions.operator import OperatorDecisions
+from txmq.broker.transactions.service import TransactionService
 from txmq.observability.fmt import ms_time
 from txmq.protocol.connection import Handler
 from txmq.protocol.wire import RuntimeInfo
@@ -103,6 +103,10 @@ class Broker(Stoppable):
         self.producers = ProducerManager()
         self.locks = RebalanceLockManager(config.lock_expiry_s)
         self.arrivals = Arrivals()
+        #: access control (--acl FILE): None when off
+        self.guard = guard = config.guard(f"broker {config.broker_name}")
+        #: per topic and group, for the metrics endpoint (counted only while metrics are on)
+        tally = Tally() if config.metrics_port != 0 else None
         ctx = self.context = BrokerContext(
             config=config,
             store=self.store,
@@ -117,13 +121,13 @@ class Broker(Stoppable):
             dedupe=DedupeWindow(config.dedupe_window_s, config.dedupe_max_entries)
             if config.dedupe_window_s > 0
             else None,
+            guard=guard,
+            throughput=Throughput(tally=tally),
         )
         self.schedule = ScheduleMessageService(ctx)
         self.transactions = TransactionService(ctx)
         self.transaction_checker = TransactionChecker(ctx, self.transactions)
         self.decisions = OperatorDecisions(ctx, self.transactions)
-        #: access control (--acl FILE): None when off
-        guard = config.guard(f"broker {config.broker_name}")
         self.services = Services(
             sending=SendService(ctx, self.schedule, self.transactions),
             pulling=PullService(ctx),
@@ -136,19 +140,25 @@ class Broker(Stoppable):
             admin=AdminService(ctx, self.runtime_info),
             acl=AclService(guard, f"broker {config.broker_name}"),
         )
-        self.router = request_router(self.services)
-        self.router.guard = ctx.guard = self.guard = guard
+        self.router = request_router(self.services, guard)
         #: RocketMQ 5's pop consumption (the gRPC endpoint's ReceiveMessage and acks)
         self.pop = PopService(ctx, self.services.retry)
         #: the RocketMQ 5 gRPC endpoint, once started (txmq.broker.grpc)
         self.grpc: GrpcEndpoint | None = None
         self.replication = Replication(
-            config, ctx, self.schedule, self.transactions, lambda: self.address, self
+            config,
+            ctx,
+            self.schedule,
+            self.transactions,
+            lambda: self.address,
+            self,
+            guard=guard,
+            on_change=self._role_changed,
+            rediscover=self._register_now,
         )
-        self.replication.service.router.guard = self.guard
         self.registration: Registration | None = None
         if config.namesrv_addresses:
-            registration = self.registration = Registration(
+            self.registration = Registration(
                 config,
                 self.topics,
                 lambda: self.address,
@@ -158,15 +168,12 @@ class Broker(Stoppable):
                 broker_id=lambda: self.replication.registered_id,
                 epoch=lambda: self.replication.role.epoch,
             )
-            self.replication.on_change.append(registration.refresh)
-            self.replication.rediscover = registration.register_now
         self._tg: anyio.abc.TaskGroup | None = None
         self._duties: anyio.CancelScope | None = None
         handle: Handler = self.router.handle
         #: the port /metrics is served on, once started (0: off)
         self.metrics_port = 0
-        if config.metrics_port != 0:  # counted only while metrics are on
-            tally = ctx.throughput.tally = Tally()
+        if tally is not None:
             handle = timed_handler(handle, tally)
             time_flushes(self.store, tally.flush)
         self.acceptor = Acceptor(
@@ -179,6 +186,16 @@ class Broker(Stoppable):
         self.connections = self.acceptor.connections
         self.port = config.port
         self.started_at = 0.0
+
+    def _role_changed(self) -> None:
+        """This broker's role or registered id changed: the name servers are told."""
+        if self.registration is not None:
+            self.registration.refresh()
+
+    def _register_now(self) -> None:
+        """Register with the name servers now (their answer names the set's master)."""
+        if self.registration is not None:
+            self.registration.register_now()
 
     @property
     def address(self) -> str:

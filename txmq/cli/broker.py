@@ -122,9 +122,9 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def start_broker(args: argparse.Namespace) -> int:
-    from txmq.broker.config import BrokerConfig
     from txmq.broker.resources import prepare_process
     from txmq.broker.server import Broker
+    from txmq.broker.state.config import BrokerConfig
     from txmq.broker.store import StoreError
     from txmq.broker.store.disk import check_writable
 

@@ -12,8 +12,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from txmq.broker.config import BrokerConfig
 from txmq.broker.server import EmbeddedBroker
+from txmq.broker.state.config import BrokerConfig
 from txmq.cli.options import SubParsers, add_command, positive_int
 from txmq.consumer.pull import PullStatus
 from txmq.protocol.message import Message

@@ -74,7 +74,14 @@ class Puller:
         long_poll: float = 15.0,
         broker_name: str | None = None,
     ) -> PullResult:
-        """See :meth:`PullConsumer.pull`."""
+        """Fetch up to ``max_msgs`` messages from ``offset`` (of the queue of broker set
+        ``broker_name``: see :meth:`~txmq.client.core.BrokerClient.message_queues`; None:
+        the broker given directly).
+
+        With nothing to read, the broker holds the request up to ``long_poll`` seconds and
+        answers as soon as a message arrives (0 answers at once).  Tags are filtered on the
+        broker by hash and confirmed here by name.
+        """
         client = self.client
         request = PullMessage(
             group=self.group,
@@ -157,57 +164,12 @@ def _corrupt(topic: str, queue_id: int) -> Callable[[int, CorruptRecord], None]:
     return skip
 
 
-class PullConsumer(BrokerClient):
-    """Pull batches from queues and manage the offsets of consumer group ``group``."""
+class PullConsumer(BrokerClient, Puller):
+    """Pull batches from queues and manage the offsets of consumer group ``group``: a
+    client that is its own puller (see :class:`Puller` for its methods)."""
 
     def __init__(
         self, address: str | None = None, group: str = "DEFAULT_CONSUMER", **kwargs: Any
     ) -> None:
-        super().__init__(address, **kwargs)
-        self.group = group
-        self.puller = Puller(self, group)
-
-    async def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        *,
-        max_msgs: int = 32,
-        subscription: str = "*",
-        long_poll: float = 15.0,
-        broker_name: str | None = None,
-    ) -> PullResult:
-        """Fetch up to ``max_msgs`` messages from ``offset`` (of the queue of broker set
-        ``broker_name``: see :meth:`message_queues`; None: the broker given directly).
-
-        With nothing to read, the broker holds the request up to ``long_poll`` seconds and
-        answers as soon as a message arrives (0 answers at once).  Tags are filtered on the
-        broker by hash and confirmed here by name.
-        """
-        return await self.puller.pull(
-            topic,
-            queue_id,
-            offset,
-            max_msgs=max_msgs,
-            subscription=subscription,
-            long_poll=long_poll,
-            broker_name=broker_name,
-        )
-
-    async def commit_offset(
-        self, topic: str, queue_id: int, offset: int, *, broker_name: str | None = None
-    ) -> None:
-        await self.puller.commit_offset(topic, queue_id, offset, broker_name=broker_name)
-
-    async def fetch_offset(
-        self, topic: str, queue_id: int, *, broker_name: str | None = None
-    ) -> int:
-        """The group's committed offset, or -1 if it never committed one."""
-        return await self.puller.fetch_offset(topic, queue_id, broker_name=broker_name)
-
-    async def max_offset(self, topic: str, queue_id: int, *, broker_name: str | None = None) -> int:
-        return await self.puller.max_offset(topic, queue_id, broker_name=broker_name)
-
-    async def min_offset(self, topic: str, queue_id: int, *, broker_name: str | None = None) -> int:
-        return await self.puller.min_offset(topic, queue_id, broker_name=broker_name)
+        BrokerClient.__init__(self, address, **kwargs)
+        Puller.__init__(self, self, group)

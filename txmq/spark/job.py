@@ -57,7 +57,7 @@ BROADCAST_BYTES = 320
 
 #: where a store may record its broker set's name: ``{"broker_name": "broker-a", ...}``
 BROKER_FILE = Path("config") / "broker.json"
-#: a broker name as the broker accepts one (broker/config.py)
+#: a broker name as the broker accepts one (broker/state/config.py)
 _BROKER_NAME = re.compile(r"^[^/\\;:%\s=]{1,255}$")
 
 

@@ -9,13 +9,14 @@ where plugins are not loaded automatically)::
         place_order(...)                        # your code: txmq.sync.Producer() etc.
         assert [m.body for m in txmq_broker.messages("orders")] == [b"..."]
 
-The fixture ``txmq_broker`` is a real broker (:class:`InProcessBroker`: its store in the
-test's temporary folder) reached through the loopback transport: while the test runs,
+The fixture ``txmq_broker`` is a real broker (:class:`InProcessBroker`: its store in
+memory, ``/dev/shm``, where there is one, else in the test's temporary folder) reached
+through the loopback transport: while the test runs,
 clients given no address and no transport reach it (``$TXMQ_TRANSPORT`` and
 ``$TXMQ_BROKER_ADDRESS`` point there), and push consumers commit their offsets every
 0.05 s (``$TXMQ_PERSIST_INTERVAL_S``), so that :meth:`~InProcessBroker.wait_consumed`
 returns soon.  Give the broker other settings by overriding the fixture
-``txmq_broker_settings`` (a dict of :class:`txmq.broker.config.BrokerConfig` fields).
+``txmq_broker_settings`` (a dict of :class:`txmq.broker.state.config.BrokerConfig` fields).
 
 What a test can ask of it: :meth:`~InProcessBroker.messages` of a topic,
 :meth:`~InProcessBroker.wait_consumed` / :meth:`~InProcessBroker.wait_consumed_async`

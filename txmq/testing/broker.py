@@ -18,8 +18,8 @@ from typing import Any, Self, TypeVar
 
 import anyio
 
-from txmq.broker.config import BrokerConfig
 from txmq.broker.server import Broker, EmbeddedBroker
+from txmq.broker.state.config import BrokerConfig
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import MessageExt
 from txmq.protocol.wire.base import Request
@@ -41,7 +41,7 @@ class ConsumeTimeout(AssertionError):
 class InProcessBroker:
     """A broker served in this process (see the module's documentation).
 
-    ``settings``: any :class:`~txmq.broker.config.BrokerConfig` field (``delay_levels``,
+    ``settings``: any :class:`~txmq.broker.state.config.BrokerConfig` field (``delay_levels``,
     ``transaction_timeout_s``, ``default_queue_nums``, ...).  Start it with :meth:`start`
     or ``with``; it runs on a thread and event loop of its own.  ``listen``: also on a TCP
     port of its own (``tcp_address``), for clients of other transports and processes."""

@@ -25,7 +25,7 @@ __all__ = ["BrokerCore", "PopPort", "Popped", "ProducerRegistry"]
 
 
 class Popped(Protocol):
-    """A message handed out by a pop (``txmq.broker.pop.Popped``)."""
+    """A message handed out by a pop (``txmq.broker.consumption.pop.Popped``)."""
 
     @property
     def msg(self) -> MessageExt: ...
@@ -38,7 +38,7 @@ class Popped(Protocol):
 
 
 class PopPort(Protocol):
-    """RocketMQ 5's pop consumption (``txmq.broker.pop.PopService``)."""
+    """RocketMQ 5's pop consumption (``txmq.broker.consumption.pop.PopService``)."""
 
     async def pop(
         self,

@@ -1,7 +1,7 @@
 """``apache.rocketmq.v2.MessagingService`` over the broker's own services.
 
 Every RPC calls the same typed services txmq's own protocol does (sending, transactions,
-the pop consumption of :mod:`txmq.broker.pop`); this module only translates.  A failed
+the pop consumption of :mod:`txmq.broker.consumption.pop`); this module only translates.  A failed
 request answers a RocketMQ status code (:func:`txmq.broker.grpc.convert.status_of`), never
 a gRPC error; the RPCs txmq does not serve answer ``NOT_IMPLEMENTED`` saying so.
 

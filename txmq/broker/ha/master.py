@@ -23,7 +23,7 @@ import anyio
 from txmq.broker.ha.epochs import EpochLog, cut_point
 from txmq.broker.ha.role import Role
 from txmq.broker.store import MessageStore, ReplicaError
-from txmq.protocol.rpc import Call, Router
+from txmq.protocol.rpc import Call, Gate, Router
 from txmq.protocol.wire import (
     HaBatch,
     HaGetMetadata,
@@ -83,9 +83,13 @@ class HaService:
         *,
         in_sync_lag_s: float = 15.0,
         take_offsets: Callable[[dict[str, dict[str, dict[int, int]]]], object],
+        on_caught_up: Callable[[], object] = lambda: None,
+        guard: Gate | None = None,
     ) -> None:
         """``metadata()``: what slaves copy; ``take_offsets``: keep the consumer offsets a
-        slave took while this broker was away, where further than its own."""
+        slave took while this broker was away, where further than its own;
+        ``on_caught_up``: under a controller, a slave outside the proposed sync state set
+        caught up; ``guard``: the broker's access control, on its HA port too."""
         self.store = store
         self.role = role
         self.epochs = epochs
@@ -100,8 +104,7 @@ class HaService:
         self.promoted_at = 0.0
         #: grows with every change of the metadata slaves copy at once (topics)
         self.meta_version = 0
-        #: under a controller: a slave outside the proposed sync state set caught up
-        self.on_caught_up: Callable[[], object] = lambda: None
+        self.on_caught_up = on_caught_up
         #: writes waiting for a slave: (end offset, seq, what to call with the outcome —
         #: "" copied, else the status to answer —, deadline); one timer for the earliest
         self._waiters: list[tuple[int, int, Callable[[str], None], float]] = []
@@ -110,7 +113,7 @@ class HaService:
         self._written: anyio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self.router = Router("this broker's HA port")
+        self.router = Router("this broker's HA port", guard)
         self.router.route(HaHello, self.hello)
         self.router.route(HaTransfer, self.transfer)
         self.router.route(HaGetMetadata, self.get_metadata)

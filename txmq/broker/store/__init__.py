@@ -1,7 +1,8 @@
 """The broker's storage engine: commit log, consume queues, key index, checkpoint.
 
 See :class:`MessageStore`; the layout and recovery rules follow Apache RocketMQ's
-``DefaultMessageStore`` (DESIGN.md, "Storage").
+``DefaultMessageStore`` (the README's broker section says what it keeps and how it
+recovers).
 """
 
 from .recovery import CQ_TAG_PROPERTY

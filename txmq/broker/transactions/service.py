@@ -12,7 +12,7 @@ then on.  END_TRANSACTION resolves it:
 * ROLLBACK stores the op record only; UNKNOWN changes nothing.
 
 A half that stays undecided is checked back with a live producer of its group
-(broker/transaction_check.py) and parked in ``TRANS_CHECK_MAX_TIME_TOPIC`` after the last
+(broker/transactions/check.py) and parked in ``TRANS_CHECK_MAX_TIME_TOPIC`` after the last
 check (op record ``PARKED``).
 
 Exactness.  The broker keeps the *pending* halves in memory; every other half in the store
@@ -38,8 +38,8 @@ from typing import Annotated
 
 import msgspec
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.putting import put_or_raise
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.putting import put_or_raise
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult, PutStatus
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import (
@@ -100,7 +100,7 @@ _Offset = Annotated[int, msgspec.Meta(ge=0)]
 
 class TransactionOffsetsFile(msgspec.Struct):
     """``transaction_offsets.json``: where the check rounds resume (written by
-    :class:`txmq.broker.transaction_check.TransactionChecker`)."""
+    :class:`txmq.broker.transactions.check.TransactionChecker`)."""
 
     check_offset: _Offset = 0
     op_offset: _Offset = 0
@@ -181,7 +181,7 @@ class TransactionService:
         #: pending halves by commit-log offset, in store order
         self.pending: dict[int, PendingHalf] = {}
         self._resolved: OrderedDict[int, str] = OrderedDict()
-        #: operators' decisions by the half's offset (broker/transaction_operator.py)
+        #: operators' decisions by the half's offset (broker/transactions/operator.py)
         self.decided: dict[int, DecisionRow] = {}
         #: called at the end of :meth:`recover`
         self.recovered: list[Callable[[], None]] = []

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.offsets import OffsetsFile
-from txmq.broker.schedule import DelayOffsetsFile, ScheduleMessageService
-from txmq.broker.subscriptions import GroupsFile
-from txmq.broker.topics import TopicEntry, TopicsFile, has_queue
-from txmq.broker.transaction import TransactionOffsetsFile, TransactionService
+from txmq.broker.delivery.schedule import DelayOffsetsFile, ScheduleMessageService
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.offsets import OffsetsFile
+from txmq.broker.state.subscriptions import GroupsFile
+from txmq.broker.state.topics import TopicEntry, TopicsFile, has_queue
+from txmq.broker.transactions.service import TransactionOffsetsFile, TransactionService
 from txmq.protocol.wire import HaMetadata
 from txmq.server.jsonfile import write_json_atomic
 

@@ -7,9 +7,9 @@ from collections.abc import Awaitable
 
 import anyio
 
-from txmq.broker.context import BrokerContext
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.topics import check_queue_id
 from txmq.broker.store import GetResult, GetStatus
-from txmq.broker.topics import check_queue_id
 from txmq.protocol.message import parse_subscription
 from txmq.protocol.rpc import Call
 from txmq.protocol.wire import (

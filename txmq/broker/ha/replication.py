@@ -26,18 +26,19 @@ import anyio.abc
 import msgspec
 from anyio.abc import SocketAttribute
 
-from txmq.broker.config import BrokerConfig
-from txmq.broker.context import BrokerContext
+from txmq.broker.delivery.schedule import ScheduleMessageService
 from txmq.broker.ha.controlled import ControllerLink
 from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.ha.master import HaService
+from txmq.broker.ha.metadata import Metadata
 from txmq.broker.ha.role import Role
 from txmq.broker.ha.slave import HaClient
-from txmq.broker.replica_metadata import Metadata
-from txmq.broker.schedule import ScheduleMessageService
-from txmq.broker.topics import has_queue
-from txmq.broker.transaction import TransactionService
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.topics import has_queue
+from txmq.broker.transactions.service import TransactionService
 from txmq.protocol.peer import ask_controller
+from txmq.protocol.rpc import Gate
 from txmq.protocol.wire import ControllerAnswer, ControllerHeartbeat
 from txmq.protocol.wire.errors import TxmqError
 from txmq.server.serving import Acceptor
@@ -74,7 +75,15 @@ class Replication:
         transactions: TransactionService,
         address: Callable[[], str],
         duties: MasterDuties,
+        *,
+        guard: Gate | None = None,
+        on_change: Callable[[], object] = lambda: None,
+        rediscover: Callable[[], object] = lambda: None,
     ) -> None:
+        """``guard``: the broker's access control (its HA port's too); ``on_change``: told
+        when this broker's role or registered id changed (the registration);
+        ``rediscover``: register with the name servers now (their answer names the set's
+        master)."""
         self.config = config
         self.ctx = ctx
         self.store = ctx.store
@@ -89,6 +98,15 @@ class Replication:
             controlled=controlled,
         )
         self.metadata = Metadata(ctx, schedule, transactions)
+        self.link: ControllerLink | None = None
+        if controlled:
+            self.link = ControllerLink(
+                config.controller_addresses,
+                config.controller_heartbeat_interval_s,
+                self._heartbeat,
+                self._apply,
+                security=config.peer_security(),
+            )
         self.service = HaService(
             ctx.store,
             self.role,
@@ -96,6 +114,8 @@ class Replication:
             self.metadata.take,
             in_sync_lag_s=config.ha_in_sync_lag_s,
             take_offsets=self._take_offsets,
+            on_caught_up=self.link.poke if self.link is not None else lambda: None,
+            guard=guard,
         )
         self.client = HaClient(
             ctx.store,
@@ -110,16 +130,6 @@ class Replication:
             pending_offsets=ctx.offsets.pending,
             security=config.peer_security(),
         )
-        self.link: ControllerLink | None = None
-        if controlled:
-            self.link = ControllerLink(
-                config.controller_addresses,
-                config.controller_heartbeat_interval_s,
-                self._heartbeat,
-                self._apply,
-                security=config.peer_security(),
-            )
-            self.service.on_caught_up = self.link.poke
         self.acceptor = Acceptor(
             self.service.router.handle,
             max_frame_size=config.max_frame_size,
@@ -137,12 +147,10 @@ class Replication:
         #: memory: its pull answer sends it to a slave (RocketMQ's
         #: accessMessageInMemoryMaxRatio of the machine's memory)
         self.slow_read_bytes = int(config.access_message_in_memory_max_ratio * physical_memory())
-        #: told when this broker's role or registered id changed (the registration)
-        self.on_change: list[Callable[[], object]] = []
+        self.on_change = on_change
         #: set when another broker is the master (a clean stop waits for it)
         self._successor = anyio.Event()
-        #: register with the name servers now (their answer names the set's master)
-        self.rediscover: Callable[[], object] | None = None
+        self.rediscover = rediscover
 
     @property
     def ha_address(self) -> str:
@@ -248,7 +256,7 @@ class Replication:
         name servers every REDISCOVER_S seconds rather than at the next registration."""
         while True:
             await anyio.sleep(REDISCOVER_S)
-            if not self.role.is_master and not self.client.connected and self.rediscover:
+            if not self.role.is_master and not self.client.connected:
                 self.rediscover()
 
     def registered(self, master_address: str, master_ha_address: str) -> None:
@@ -316,8 +324,7 @@ class Replication:
         if changed and self.link is not None:
             self.link.poke()  # tell the controller at once
         if (role.is_master, self.registered_id) != before:
-            for hook in self.on_change:
-                hook()
+            self.on_change()
 
     async def _promote(self, answer: ControllerAnswer) -> None:
         role = self.role

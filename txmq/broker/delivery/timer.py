@@ -38,9 +38,9 @@ import anyio.abc
 import anyio.lowlevel
 import msgspec
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.persisting import SavedState
-from txmq.broker.putting import WAITING_PROPS, real_destination
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.persisting import SavedState
+from txmq.broker.state.putting import WAITING_PROPS, real_destination
 from txmq.broker.store import PutResult, PutStatus
 from txmq.broker.store.consumequeue import CQ_ENTRY
 from txmq.broker.store.scanner import Scanner

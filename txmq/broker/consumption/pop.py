@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.retry import ON_PURPOSE, RetryService
+from txmq.broker.consumption.retry import ON_PURPOSE, RetryService
+from txmq.broker.state.context import BrokerContext
 from txmq.broker.store import GetStatus
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import MessageExt, Prop, retry_topic

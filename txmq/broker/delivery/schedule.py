@@ -29,11 +29,11 @@ import anyio.abc
 import anyio.lowlevel
 import msgspec
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.persisting import SavedState
-from txmq.broker.putting import WAITING_PROPS, real_destination
+from txmq.broker.delivery.timer import TimerService
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.persisting import SavedState
+from txmq.broker.state.putting import WAITING_PROPS, real_destination
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutStatus
-from txmq.broker.timer import TimerService
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import SCHEDULE_TOPIC, MessageExt, Prop
 from txmq.protocol.wire.errors import BadRequest, MessageTooLarge

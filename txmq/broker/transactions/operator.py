@@ -31,9 +31,9 @@ import time
 
 import msgspec
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.putting import put_or_raise
-from txmq.broker.transaction import COMMIT, ROLLBACK, PendingHalf, TransactionService
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.putting import put_or_raise
+from txmq.broker.transactions.service import COMMIT, ROLLBACK, PendingHalf, TransactionService
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import DECISION_TOPIC, HALF_TOPIC, MessageExt, Prop, SysFlag
 from txmq.protocol.rpc import Call

@@ -25,10 +25,10 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from txmq.broker.consumers import channel_user
-from txmq.broker.context import BrokerContext
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.groups import channel_user
 from txmq.broker.store import CQ_TAG_PROPERTY, PutStatus
-from txmq.broker.transaction import (
+from txmq.broker.transactions.service import (
     PARKED,
     PendingHalf,
     TransactionOffsetsFile,

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import anyio
 import msgspec
 
-from txmq.broker.config import BrokerConfig
-from txmq.broker.consumers import ConsumerManager, ProducerManager
-from txmq.broker.dedupe import DedupeWindow
-from txmq.broker.locks import RebalanceLockManager
-from txmq.broker.offsets import ConsumerOffsetManager
-from txmq.broker.stats import Throughput
+from txmq.broker.state.config import BrokerConfig
+from txmq.broker.state.dedupe import DedupeWindow
+from txmq.broker.state.groups import ConsumerManager, ProducerManager
+from txmq.broker.state.locks import RebalanceLockManager
+from txmq.broker.state.offsets import ConsumerOffsetManager
+from txmq.broker.state.stats import Throughput
+from txmq.broker.state.subscriptions import SubscriptionGroupManager
+from txmq.broker.state.topics import TopicManager
 from txmq.broker.store import MessageStore
-from txmq.broker.subscriptions import SubscriptionGroupManager
-from txmq.broker.topics import TopicManager
 from txmq.protocol.wire.errors import (
     FlushDiskTimeout,
     FlushSlaveTimeout,

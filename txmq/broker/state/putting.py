@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from txmq.broker.state.topics import TopicManager
 from txmq.broker.store import (
     CQ_TAG_PROPERTY,
     MAX_PROPERTIES_SIZE,
@@ -13,7 +14,6 @@ from txmq.broker.store import (
     PutResult,
     PutStatus,
 )
-from txmq.broker.topics import TopicManager
 from txmq.protocol.message import MessageExt, Prop, is_system_topic
 from txmq.protocol.wire.errors import BadRequest, BrokerBusy, DiskFull, NotMaster, TxmqError
 

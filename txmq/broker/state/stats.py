@@ -18,12 +18,12 @@ class Throughput:
     """Counters the request services bump, and rates from samples taken as they are read
     (and by :meth:`sample`, which the broker calls every few seconds)."""
 
-    def __init__(self, window: float = 60.0) -> None:
+    def __init__(self, window: float = 60.0, *, tally: Tally | None = None) -> None:
         self.window = window
         self.put = 0
         self.got = 0
         #: per topic and group, for the metrics endpoint (None: metrics are off)
-        self.tally: Tally | None = None
+        self.tally = tally
         self._samples: deque[tuple[float, int, int]] = deque()
 
     def sample(self) -> None:

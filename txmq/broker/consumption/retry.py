@@ -19,9 +19,9 @@ import logging
 
 import msgpack
 
-from txmq.broker.context import BrokerContext
-from txmq.broker.putting import WAITING_PROPS, put_or_raise
-from txmq.broker.schedule import ScheduleMessageService
+from txmq.broker.delivery.schedule import ScheduleMessageService
+from txmq.broker.state.context import BrokerContext
+from txmq.broker.state.putting import WAITING_PROPS, put_or_raise
 from txmq.broker.store import MAX_PROPERTIES_SIZE, GetStatus, PutResult
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import (
@@ -135,7 +135,7 @@ class RetryService:
         0, else after delay level ``level`` (through the schedule topic).  A dead-letter copy
         keeps ``reason`` (default: its retries are used up when ``times`` > ``max_times``,
         else its consumer sent it).  Shared by :meth:`send_back` and the pop service
-        (:mod:`txmq.broker.pop`)."""
+        (:mod:`txmq.broker.consumption.pop`)."""
         stored = self._store_copy(
             msg, group, times=times, max_times=max_times, level=level, origin=origin, reason=reason
         )

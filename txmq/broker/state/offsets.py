@@ -9,7 +9,7 @@ from typing import Annotated
 
 import msgspec
 
-from txmq.broker.topics import TopicName
+from txmq.broker.state.topics import TopicName
 from txmq.server.jsonfile import load_json, write_json_atomic
 
 __all__ = ["ConsumerOffsetManager", "OffsetsFile"]
@@ -29,8 +29,8 @@ class ConsumerOffsetManager:
     """Offsets by ``group`` and ``topic`` and queue id, in ``<store>/config/offsets.json``.
 
     Only what the broker checked is committed (an existing topic, a queue id it has, an
-    offset >= 0: :meth:`txmq.broker.pulling.PullService.update_offset`); a damaged file is
-    salvaged on start (:func:`txmq.server.jsonfile.load_json`)."""
+    offset >= 0: :meth:`txmq.broker.consumption.pulling.PullService.update_offset`); a
+    damaged file is salvaged on start (:func:`txmq.server.jsonfile.load_json`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

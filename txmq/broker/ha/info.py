@@ -10,7 +10,7 @@ import msgspec
 from txmq.protocol.wire import RuntimeInfo
 
 if TYPE_CHECKING:
-    from txmq.broker.replication import Replication
+    from txmq.broker.ha.replication import Replication
 
 __all__ = ["with_replication"]
 

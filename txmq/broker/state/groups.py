@@ -31,7 +31,7 @@ from txmq.protocol.wire import (
 from txmq.protocol.wire.errors import BadRequest, TxmqError
 
 if TYPE_CHECKING:
-    from txmq.broker.topics import TopicManager
+    from txmq.broker.state.topics import TopicManager
 
 __all__ = [
     "CheckChannel",
