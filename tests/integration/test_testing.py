@@ -55,12 +55,16 @@ def handler(engine):
 """
 
 PROJECT_TEST = """\
+import time
+
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
+
 import txmq
 import txmq.sqla
 import txmq.sync
-from txmq import ConsumeFrom
+from txmq import ConsumeFrom, outbox
 
 from service import handler, metadata, orders, place_order
 
@@ -85,6 +89,33 @@ def test_billing_applies_each_order_once(txmq_broker, tmp_path):
         txmq_broker.wait_consumed("billing", "orders")
     with engine.connect() as conn:
         assert sorted(conn.execute(sa.select(orders.c.id)).scalars()) == ["o-1", "o-2"]
+
+
+def test_an_order_and_its_messages_commit_together(txmq_broker, tmp_path):
+    url = f"sqlite:///{tmp_path / 'orders.db'}"
+    engine = sa.create_engine(url)
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        txmq.sqla.upgrade(conn)
+    sessions = sessionmaker(engine)
+    checker = txmq.sqla.SqlTransactionChecker(engine)
+    with txmq.sync.TransactionProducer(group="orders", listener=checker) as producer:
+        with sessions() as session, txmq.sqla.transaction(producer, session) as tx:
+            session.execute(orders.insert().values(id="o-9"))
+            tx.send(txmq.Message("orders", b"o-9"))
+        with pytest.raises(ValueError), sessions() as session:
+            with txmq.sqla.transaction(producer, session) as tx:
+                session.execute(orders.insert().values(id="o-10"))
+                tx.send(txmq.Message("orders", b"o-10"))
+                raise ValueError("the order is refused: nothing commits")
+    assert txmq_broker.bodies("orders") == [b"o-9"]
+    with sessions() as session, session.begin():
+        outbox.add(session, txmq.Message("shipments", b"s-1"), sharding_key="o-9")
+    with outbox.sync.OutboxRelay(url) as relay:
+        deadline = time.monotonic() + 10
+        while txmq_broker.bodies("shipments") != [b"s-1"]:
+            assert time.monotonic() < deadline, relay.stats()
+            time.sleep(0.01)
 
 
 @pytest.fixture
@@ -127,7 +158,7 @@ def test_a_projects_own_tests_run_against_the_in_process_broker(tmp_path: Path) 
         timeout=120,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "3 passed" in r.stdout, r.stdout[-2000:]
+    assert "4 passed" in r.stdout, r.stdout[-2000:]
     assert time.monotonic() - began < 60
 
 
