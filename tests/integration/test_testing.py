@@ -271,3 +271,13 @@ def test_the_plugin_is_registered_for_pytest() -> None:
     names = {ep.name: ep.value for ep in entry_points(group="pytest11")}
     assert names.get("txmq.testing") == "txmq.testing"
     assert textwrap.dedent(PROJECT_CONFTEST).strip() == 'pytest_plugins = ["txmq.testing"]'
+
+
+def test_a_client_of_a_stopped_in_process_broker_is_told_so(tmp_path: Path) -> None:
+    broker = InProcessBroker(tmp_path / "store").start()
+    with txmq.sync.Producer(broker.address, transport="loopback") as producer:
+        producer.send(Message("s", b"before"))
+        broker.stop()
+        # (as from a broker process that is gone: unavailable, nothing sent)
+        with pytest.raises(txmq.BrokerUnavailable):
+            producer.send(Message("s", b"after"), timeout=0.5)

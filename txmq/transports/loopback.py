@@ -109,7 +109,12 @@ class Served:
                 except RuntimeError:  # the client's loop is closed: nobody waits
                     pass
 
-            self.loop.call_soon_threadsafe(_handle, self, peer, request, body, back)
+            try:
+                self.loop.call_soon_threadsafe(_handle, self, peer, request, body, back)
+            except RuntimeError:  # its loop has ended: the broker stopped
+                gone = BrokerUnavailable(f"the broker served at {self.address} has stopped")
+                gone.sent = False
+                raise gone from None
         return await answered
 
 
