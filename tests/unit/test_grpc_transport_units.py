@@ -183,5 +183,11 @@ def test_transport_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TXMQ_TRANSPORT", "carrier-pigeon")
     with pytest.raises(ValueError, match="TXMQ_TRANSPORT"):
         Producer("127.0.0.1:8081")
+    with pytest.raises(ValueError, match="no transport is called 'pigeon': the transports are"):
+        Producer("127.0.0.1:8081", transport="pigeon")
+    with pytest.raises(ValueError, match="a name or a transport, not 42"):
+        Producer("127.0.0.1:8081", transport=42)  # type: ignore[arg-type]
+    monkeypatch.setenv("TXMQ_TRANSPORT", "loopback")  # every client may use it
+    assert AdminClient("127.0.0.1:10911").transport == "loopback"
     monkeypatch.delenv("TXMQ_TRANSPORT")
     assert Producer("127.0.0.1:10911").transport == "txmq"

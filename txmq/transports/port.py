@@ -43,7 +43,9 @@ __all__ = [
     "Remote",
     "Serve",
     "Transport",
+    "known",
     "names",
+    "require",
     "transport",
 ]
 
@@ -218,14 +220,18 @@ def names() -> list[str]:
     return sorted(_registered())
 
 
+def known() -> str:
+    """The names of the transports installed, as an error message lists them."""
+    return ", ".join(repr(n) for n in names()) or "none (is txmq installed?)"
+
+
 @functools.cache
 def transport(name: str) -> Transport:
     """The transport registered as ``name``.  ValueError for a name no distribution
     registers; ImportError (naming what to install) for one that cannot run here."""
     entry = _registered().get(name)
     if entry is None:
-        known = ", ".join(repr(n) for n in names()) or "none (is txmq installed?)"
-        raise ValueError(f"no transport is called {name!r}: the transports are {known}")
+        raise ValueError(f"no transport is called {name!r}: the transports are {known()}")
     found = entry.load()
     if not isinstance(found, Transport):
         raise TypeError(f"the {ENTRY_POINTS} entry point {name!r} is not a transport: {found!r}")
