@@ -281,3 +281,21 @@ def test_a_client_of_a_stopped_in_process_broker_is_told_so(tmp_path: Path) -> N
         # (as from a broker process that is gone: unavailable, nothing sent)
         with pytest.raises(txmq.BrokerUnavailable):
             producer.send(Message("s", b"after"), timeout=0.5)
+
+
+def test_bad_settings_and_arguments_are_refused_with_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match=r"unknown broker setting 'delay_level'.*did you mean"):
+        InProcessBroker(tmp_path / "s", delay_level="1s")
+    with pytest.raises(ValueError, match="transaction_timeout_s"):
+        InProcessBroker(tmp_path / "s", transaction_timeout_s=-1)
+    with InProcessBroker(tmp_path / "s") as broker:
+        with pytest.raises(ValueError, match="times must be at least 1"):
+            broker.fail_next(times=0)
+    monkeypatch.setenv("TXMQ_PERSIST_INTERVAL_S", "soon")
+    with pytest.raises(ValueError, match=r"\$TXMQ_PERSIST_INTERVAL_S is 'soon': give seconds"):
+        txmq.PushConsumer("127.0.0.1:1")
+    monkeypatch.setenv("TXMQ_PERSIST_INTERVAL_S", "0")
+    with pytest.raises(ValueError, match="must be a positive number of seconds"):
+        txmq.PushConsumer("127.0.0.1:1")

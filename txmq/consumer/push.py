@@ -77,6 +77,21 @@ def _client_id(instance_name: str) -> str:
     return f"{socket.gethostname()}@{instance_name}"
 
 
+def _seconds(name: str, given: float | None, default: float) -> float:
+    """A positive number of seconds: ``given``, else ``$TXMQ_<NAME>_S``, else ``default``."""
+    if given is None:
+        variable = f"TXMQ_{name.upper()}_S"
+        text = os.environ.get(variable, "").strip()
+        try:
+            given = float(text) if text else default
+        except ValueError:
+            raise ValueError(f"${variable} is {text!r}: give seconds, e.g. 0.5") from None
+        name = f"${variable}"
+    if not given > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {given!r}")
+    return given
+
+
 class PushConsumer(BrokerClient):
     """Consumes subscribed topics for ``group`` and calls the listener for each message.
 
@@ -144,11 +159,7 @@ class PushConsumer(BrokerClient):
                     "group FIFO on the endpoint instead (it then delivers a message group in "
                     "order)"
                 )
-        if invisible_time is None:
-            invisible_time = float(os.environ.get("TXMQ_INVISIBLE_TIME_S") or 15.0)
-        if not invisible_time > 0:
-            raise ValueError("invisible_time must be positive")
-        self.invisible_time = invisible_time
+        self.invisible_time = _seconds("invisible_time", invisible_time, 15.0)
         self.listener = listener
         self.message_model = MessageModel(message_model)
         self.orderly = orderly
@@ -158,11 +169,7 @@ class PushConsumer(BrokerClient):
         self.pull_batch_size = pull_batch_size
         self.rebalance_interval = rebalance_interval
         self.heartbeat_interval = heartbeat_interval
-        if persist_interval is None:
-            persist_interval = float(os.environ.get("TXMQ_PERSIST_INTERVAL_S") or 5.0)
-        if not persist_interval > 0:
-            raise ValueError("persist_interval must be positive")
-        self.persist_interval = persist_interval
+        self.persist_interval = _seconds("persist_interval", persist_interval, 5.0)
         self.lock_renew_interval = lock_renew_interval
         self.lock_max_live = lock_max_live
         self.suspend_time = suspend_time

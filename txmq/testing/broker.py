@@ -10,6 +10,8 @@ reach it, because :meth:`InProcessBroker.environment` says so (``TXMQ_TRANSPORT=
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 import itertools
 import time
 from collections.abc import Callable
@@ -47,6 +49,15 @@ class InProcessBroker:
     port of its own (``tcp_address``), for clients of other transports and processes."""
 
     def __init__(self, store: str | Path, *, listen: bool = False, **settings: Any) -> None:
+        known = {f.name for f in dataclasses.fields(BrokerConfig)} - {"store"}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"unknown broker setting {unknown[0]!r}{hint}: the settings are "
+                "txmq.broker.BrokerConfig's fields"
+            )
         settings.setdefault("port", 0)
         settings.setdefault("grpc_port", 0)
         settings.setdefault("metrics_port", 0)
