@@ -23,6 +23,7 @@ from txmq.broker.consumption.pulling import PullService
 from txmq.broker.consumption.retry import FIRST_RETRY_LEVEL, RetryService
 from txmq.broker.delivery.schedule import ScheduleMessageService
 from txmq.broker.ha.info import with_replication
+from txmq.broker.ha.replica import Replica
 from txmq.broker.ha.replication import Replication
 from txmq.broker.identity import claim_store
 from txmq.broker.metrics import (
@@ -107,6 +108,18 @@ class Broker(Stoppable):
         self.guard = guard = config.guard(f"broker {config.broker_name}")
         #: per topic and group, for the metrics endpoint (counted only while metrics are on)
         tally = Tally() if config.metrics_port != 0 else None
+        #: this broker's role in its set, its epochs and the HA service its slaves copy from
+        #: (what the metadata slaves copy and the controller link are replication's, built
+        #: below from the context: reached late, when a slave asks)
+        self.replica = replica = Replica(
+            config,
+            self.store,
+            self.topics,
+            self.offsets,
+            metadata=lambda: self.replication.metadata.take(),
+            on_caught_up=lambda: self.replication.caught_up(),
+            guard=guard,
+        )
         ctx = self.context = BrokerContext(
             config=config,
             store=self.store,
@@ -116,7 +129,8 @@ class Broker(Stoppable):
             producers=self.producers,
             locks=self.locks,
             arrivals=self.arrivals,
-            acks=FlushAcks(self.store, config),
+            acks=FlushAcks(self.store, config, gate=replica),
+            replica=replica,
             groups=SubscriptionGroupManager(config.store / "config" / "groups.json"),
             dedupe=DedupeWindow(config.dedupe_window_s, config.dedupe_max_entries)
             if config.dedupe_window_s > 0
@@ -148,11 +162,11 @@ class Broker(Stoppable):
         self.replication = Replication(
             config,
             ctx,
+            replica,
             self.schedule,
             self.transactions,
             lambda: self.address,
             self,
-            guard=guard,
             on_change=self._role_changed,
             rediscover=self._register_now,
         )

@@ -90,9 +90,7 @@ class Served:
                     return fault
         return None
 
-    async def request(
-        self, peer: _Peer, request: Request[Any], body: bytes
-    ) -> WithBody[Any]:
+    async def request(self, peer: _Peer, request: Request[Any], body: bytes) -> WithBody[Any]:
         """``request`` through the broker's router, on the broker's loop: its answer, or the
         error the client of a real connection would get.  Between threads the request and
         its answer cross by a callback each (no task, no concurrent future: half the

@@ -16,7 +16,6 @@ broker's tables.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -28,22 +27,18 @@ from anyio.abc import SocketAttribute
 
 from txmq.broker.delivery.schedule import ScheduleMessageService
 from txmq.broker.ha.controlled import ControllerLink
-from txmq.broker.ha.epochs import EpochLog
-from txmq.broker.ha.master import HaService
 from txmq.broker.ha.metadata import Metadata
-from txmq.broker.ha.role import Role
+from txmq.broker.ha.replica import Replica
 from txmq.broker.ha.slave import HaClient
 from txmq.broker.state.config import BrokerConfig
 from txmq.broker.state.context import BrokerContext
-from txmq.broker.state.topics import has_queue
 from txmq.broker.transactions.service import TransactionService
 from txmq.protocol.peer import ask_controller
-from txmq.protocol.rpc import Gate
 from txmq.protocol.wire import ControllerAnswer, ControllerHeartbeat
 from txmq.protocol.wire.errors import TxmqError
 from txmq.server.serving import Acceptor
 
-__all__ = ["MasterDuties", "Replication", "physical_memory"]
+__all__ = ["MasterDuties", "Replication"]
 
 log = logging.getLogger("txmq.broker.ha")
 
@@ -52,11 +47,6 @@ UNKNOWN_SLOT = 1024
 #: without a controller, a slave that cannot reach its master asks the name servers where
 #: the master is (a registration) this often
 REDISCOVER_S = 2.0
-
-
-def physical_memory() -> int:
-    """The machine's memory in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class MasterDuties(Protocol):
@@ -71,35 +61,31 @@ class Replication:
         self,
         config: BrokerConfig,
         ctx: BrokerContext,
+        replica: Replica,
         schedule: ScheduleMessageService,
         transactions: TransactionService,
         address: Callable[[], str],
         duties: MasterDuties,
         *,
-        guard: Gate | None = None,
         on_change: Callable[[], object] = lambda: None,
         rediscover: Callable[[], object] = lambda: None,
     ) -> None:
-        """``guard``: the broker's access control (its HA port's too); ``on_change``: told
-        when this broker's role or registered id changed (the registration);
-        ``rediscover``: register with the name servers now (their answer names the set's
-        master)."""
+        """``replica``: this broker's role, epochs and HA service (built before ``ctx``,
+        which holds it); ``on_change``: told when this broker's role or registered id
+        changed (the registration); ``rediscover``: register with the name servers now
+        (their answer names the set's master)."""
         self.config = config
         self.ctx = ctx
         self.store = ctx.store
         self.duties = duties
         self._address = address
-        self.epochs = EpochLog(config.store / "config" / "epochs.json")
-        controlled = bool(config.controller_addresses)
-        self.role = Role(
-            replication=config.replication,
-            is_master=not controlled and config.broker_id == 0,
-            epoch=self.epochs.last.epoch,
-            controlled=controlled,
-        )
+        self.replica = replica
+        self.epochs = replica.epochs
+        self.role = replica.role
+        self.service = replica.service
         self.metadata = Metadata(ctx, schedule, transactions)
         self.link: ControllerLink | None = None
-        if controlled:
+        if self.role.controlled:
             self.link = ControllerLink(
                 config.controller_addresses,
                 config.controller_heartbeat_interval_s,
@@ -107,22 +93,12 @@ class Replication:
                 self._apply,
                 security=config.peer_security(),
             )
-        self.service = HaService(
-            ctx.store,
-            self.role,
-            self.epochs,
-            self.metadata.take,
-            in_sync_lag_s=config.ha_in_sync_lag_s,
-            take_offsets=self._take_offsets,
-            on_caught_up=self.link.poke if self.link is not None else lambda: None,
-            guard=guard,
-        )
         self.client = HaClient(
             ctx.store,
             self.epochs,
             broker_name=config.broker_name,
             broker_id=config.broker_id,
-            master=config.ha_master_address if not controlled else "",
+            master=config.ha_master_address if not self.role.controlled else "",
             metadata_interval_s=config.ha_metadata_sync_interval_s,
             notify=ctx.arrivals.notify,
             apply_metadata=self.metadata.apply,
@@ -140,17 +116,16 @@ class Replication:
         ctx.topics.on_change.append(self._metadata_changed)
         ctx.topics.on_delete.append(self._metadata_changed)
         self.ha_port = 0
-        self.store.writable = self.role.is_master
-        ctx.acks.gate = self
-        ctx.replica = self
-        #: a reader this far behind the log's end reads what the master no longer has in
-        #: memory: its pull answer sends it to a slave (RocketMQ's
-        #: accessMessageInMemoryMaxRatio of the machine's memory)
-        self.slow_read_bytes = int(config.access_message_in_memory_max_ratio * physical_memory())
         self.on_change = on_change
         #: set when another broker is the master (a clean stop waits for it)
         self._successor = anyio.Event()
         self.rediscover = rediscover
+
+    def caught_up(self) -> None:
+        """Under a controller: a slave outside the proposed sync state set caught up (the
+        controller hears at once)."""
+        if self.link is not None:
+            self.link.poke()
 
     @property
     def ha_address(self) -> str:
@@ -171,41 +146,6 @@ class Replication:
         if own:
             return own
         return self.role.master_id if self.role.master_id > 0 else UNKNOWN_SLOT
-
-    # -- what the pulls ask (broker.context.ReplicaView) ----------------------------------
-
-    def is_master(self) -> bool:
-        return self.role.is_master
-
-    def read_from(self, behind: int) -> int:
-        """Where a reader ``behind`` bytes before the log's end pulls next: 0 the master, 1 a
-        slave (RocketMQ's suggestWhichBrokerId)."""
-        slow = behind > self.slow_read_bytes
-        if self.role.is_master:
-            return 1 if slow and self.service.slaves else 0
-        return 1 if slow else 0  # a slave sends a reader that caught up back to the master
-
-    def committable(self, group: str, topic: str, queue_id: int) -> bool:
-        """Whether a consumer offset may be kept here (a group, a queue this broker has)."""
-        return bool(group) and has_queue(self.ctx.topics, topic, queue_id)
-
-    def _take_offsets(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
-        taken = self.ctx.offsets.commit_larger(offsets, self.committable)
-        if taken:
-            log.info("took %d consumer offset(s) a slave kept while this broker was away", taken)
-
-    # -- the gate of acknowledgements (broker.context.ReplicationGate) ---------------------
-
-    def may_acknowledge(self, confirmed: bool = False) -> bool:
-        return self.role.may_acknowledge(confirmed)
-
-    def sync_replication(self) -> bool:
-        return self.role.is_master and self.role.replication == "sync"
-
-    def when_copied(
-        self, end_offset: int, done: Callable[[str], None], timeout_s: float
-    ) -> str | None:
-        return self.service.when_copied(end_offset, done, timeout_s)
 
     # -- running ----------------------------------------------------------------------------
 

@@ -137,13 +137,16 @@ class FlushAcks:
     that is no longer the master (or, under a controller, whose lease ran out) answers
     :class:`NotMaster` instead of acknowledging."""
 
-    def __init__(self, store: MessageStore, config: BrokerConfig) -> None:
+    def __init__(
+        self, store: MessageStore, config: BrokerConfig, gate: ReplicationGate | None = None
+    ) -> None:
+        """``gate``: replication's say in the answers (None: a broker without replication,
+        as in the tests of the store and the services)."""
         self.store = store
         self.sync = config.flush.value == "sync"
         self.timeout_s = config.sync_flush_timeout_s
         self.replication_timeout_s = config.sync_replication_timeout_s
-        #: set by the broker when it belongs to a replicated broker set
-        self.gate: ReplicationGate | None = None
+        self.gate = gate
 
     def after_flush(self, end_offset: int, answer: T) -> T | asyncio.Future[T]:
         """``answer`` now, or a future of it that resolves when ``end_offset`` is on disk
