@@ -180,7 +180,8 @@ class Demo:
             for key, value in self.secure.client_env(OPERATOR).items():
                 self._saved_env[key] = os.environ.get(key)
                 os.environ[key] = value
-        taken: set[int] = set()  # (ports are picked before anyone binds them)
+        #: the ports picked so far (they are picked before anyone binds them)
+        self._taken = taken = set[int]()
         self.namesrv = "" if self.single else f"127.0.0.1:{_port(taken)}"
         self.namesrv_proc: Proc | None = None
         self.brokers = {
@@ -248,7 +249,13 @@ class Demo:
         args += ["--controller-store", str(self.folder / "controller")]
         args += self.secure.server_args() if self.secure else []
         self.namesrv_proc = Proc("namesrv", args, self.folder / "namesrv.log")
-        self.namesrv_proc.wait_line("txmq namesrv listening on ")
+        try:
+            self.namesrv_proc.wait_line("txmq namesrv listening on ")
+        except RuntimeError:
+            if not _lost_its_port(self.namesrv_proc):
+                raise
+            self.namesrv = f"127.0.0.1:{_port(self._taken)}"
+            self.start_namesrv()
 
     def launch_broker(self, name: str | None = None) -> BrokerNode:
         """Start (or restart, on its store and ports) one broker process, without waiting
@@ -284,9 +291,17 @@ class Demo:
         master registered (the replicated one: elected, its slave in sync)."""
         for name in self.brokers:
             self.launch_broker(name)
-        for node in self.brokers.values():
-            assert node.proc is not None
-            node.proc.wait_line("txmq broker listening on ")
+        for name, node in self.brokers.items():
+            for again in (True, True, False):
+                assert node.proc is not None
+                try:
+                    node.proc.wait_line("txmq broker listening on ")
+                    break
+                except RuntimeError:
+                    if not (again and _lost_its_port(node.proc)):
+                        raise
+                    node.port, node.ha_port = _port(self._taken), _port(self._taken)
+                    self.launch_broker(name)
         if self.single:
             return
         wait_set_healthy(self.namesrv, self.nodes(REPLICATED), 60)
@@ -415,6 +430,13 @@ def _port(taken: set[int]) -> int:
         pass
     taken.add(port)
     return port
+
+
+def _lost_its_port(proc: Proc) -> bool:
+    """Whether ``proc`` ended at its start because a port picked for it was bound by another
+    program between the pick and the start (the demo then picks another: a first start
+    only, a restart keeps its ports)."""
+    return not proc.alive and "already in use" in proc.log_tail(3)
 
 
 def _check_fresh(url: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from examples.orders import db as dbs
 from examples.orders.checker import check
-from examples.orders.demo import ALL_FAULTS, DemoConfig, default_faults, run_demo
+from examples.orders.demo import ALL_FAULTS, Demo, DemoConfig, default_faults, run_demo
 from examples.orders.inventory_service import InventoryService
 from examples.orders.models import (
     CANCELLED,
@@ -226,9 +227,13 @@ def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
     """``secure``: the cluster with access control (a user per service) and mutual TLS on
     every port, and no request of the demo refused by them."""
     args = {"cluster": [], "single": ["--single-broker"], "secure": ["--secure"]}[layout]
-    r = subprocess.run(
-        ["bash", "scripts/demo.sh", *args], capture_output=True, text=True, cwd=ROOT, timeout=280
-    )
+    command = ["bash", "scripts/demo.sh", *args]
+    try:
+        r = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=280)
+    except subprocess.TimeoutExpired as exc:  # where it was, in its own words
+        seen = exc.stdout or b""
+        out = seen.decode(errors="replace") if isinstance(seen, bytes) else seen
+        pytest.fail(f"the demo did not end in {exc.timeout} s; its output:\n{out}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     assert "== txmq orders demo ==" in out
@@ -258,3 +263,22 @@ def test_master_failover_needs_a_cluster() -> None:
     config = DemoConfig(single_broker=True, faults=("master-failover",))
     with pytest.raises(ValueError, match="master-failover needs a cluster"):
         run_demo(config)
+
+
+def test_a_port_taken_between_its_pick_and_the_start_is_picked_again(tmp_path: Path) -> None:
+    """The demo picks its ports before its processes bind them; another program (a demo run
+    beside it) may bind one meanwhile: the broker ends at once and the demo starts it on
+    another pair of ports instead of failing."""
+    demo = Demo(DemoConfig(single_broker=True), tmp_path, lambda line: None)
+    node = next(iter(demo.brokers.values()))
+    picked = node.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", picked))
+        squatter.listen()
+        try:
+            demo.start_brokers()
+            assert node.port != picked and node.alive
+            assert "already in use" in (tmp_path / "broker.log").read_text()
+            assert demo.broker_address == f"127.0.0.1:{node.port}"
+        finally:
+            demo.close()

@@ -9,10 +9,11 @@ id) — and requests go to the master of the queue's broker set.
 Routes are cached for ``ttl`` seconds (RocketMQ refreshes every 30 s) and fetched again
 after a failure.  When every name server is down, the routes already known are kept.
 
-Fault avoidance (RocketMQ's ``LatencyFaultTolerance``): after each send the broker set's
-latency decides how long it is left out of queue selection — 50/100/550/1000/2000/3000/
-15000 ms give 0/0/30/60/120/180/600 s; a failed send counts as :data:`FAILURE_LATENCY_MS`.
-When every broker set is left out, the one available soonest is used anyway.
+Fault avoidance (RocketMQ's ``LatencyFaultTolerance``, with RocketMQ 5's table): after each
+send the broker set's latency decides how long it is left out of queue selection —
+50/100/550/1800/3000/5000/15000 ms give 0/0/2/5/6/10/30 s; a failed send counts as
+:data:`FAILURE_LATENCY_MS` (30 s).  When every broker set is left out, the one available
+soonest is used anyway.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ __all__ = ["FAILURE_LATENCY_MS", "LatencyFaultTolerance", "MessageQueue", "Route
 
 log = logging.getLogger("txmq.route")
 
-#: RocketMQ's latencyMax (ms) and notAvailableDuration (s) for each of them
-LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
-NOT_AVAILABLE_S = (0.0, 0.0, 30.0, 60.0, 120.0, 180.0, 600.0)
+#: RocketMQ 5's latencyMax (ms) and notAvailableDuration (s) for each of them (RocketMQ 4's
+#: 30 s to 600 s left a broker set out of sends for minutes after one slow send — a new
+#: SYNC_MASTER's first send waits for its rejoining slave — far beyond a failover's time)
+LATENCY_MAX_MS = (50, 100, 550, 1800, 3000, 5000, 15000)
+NOT_AVAILABLE_S = (0.0, 0.0, 2.0, 5.0, 6.0, 10.0, 30.0)
 #: a failed send counts as this latency: left out for 30 s, then tried again
-FAILURE_LATENCY_MS = 550
+FAILURE_LATENCY_MS = 15000
 #: how often a send waiting out a failover fetches the route again
 WAIT_FOR_MASTER_S = 0.1
 
@@ -123,9 +126,9 @@ class LatencyFaultTolerance:
             if until > self._until.get(broker_name, 0.0):
                 self._until[broker_name] = until
                 # a failure says so in the send's own warning; a send slow enough to leave
-                # the set out for a minute or more is worth an operator's look
+                # the set out for 10 s or more (5 s and longer) is worth an operator's look
                 severity = logging.INFO if failed else logging.DEBUG
-                if not failed and pause >= 60:
+                if not failed and pause >= 10:
                     severity = logging.WARNING
                 log.log(
                     severity,
