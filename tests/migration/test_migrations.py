@@ -24,7 +24,7 @@ from tests.sqla_support import PG_URL, pg_unreachable
 from txmq.sqla import VERSION_TABLE, alembic_config, current, downgrade, metadata, upgrade
 
 TXMQ_TABLES = set(metadata.tables)
-HEAD = "0003"  # the newest txmq revision
+HEAD = "0004"  # the newest txmq revision
 
 
 @pytest.fixture
@@ -116,11 +116,12 @@ def test_upgrade_builds_exactly_the_metadata_then_downgrade_removes_it(empty_db_
 
 
 def test_revisions_one_step_at_a_time(empty_db_url: str) -> None:
-    """0001 -> 0002 (outbox) -> 0003 (consumed keys) and back, each step on its own; the
+    """0001 -> 0002 (outbox) -> 0003 (consumed keys) -> 0004 (sagas) and back, each step on its own; the
     transaction log keeps its rows throughout."""
     engine = create_engine(empty_db_url)
     steps = [("0001", {"txmq_transaction_log"}), ("0002", {"txmq_outbox"})]
     steps.append(("0003", {"txmq_consumed_keys"}))
+    steps.append(("0004", {"txmq_sagas", "txmq_saga_steps", "txmq_saga_barrier"}))
     try:
         with engine.connect() as conn:
             upgrade(conn, "0001")

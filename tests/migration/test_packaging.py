@@ -161,14 +161,14 @@ def test_db_upgrade_from_a_project_with_its_own_migrations_package(
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert "-> 0003 (head)" in r.stdout
+    assert "-> 0004 (head)" in r.stdout
     engine = create_engine(f"sqlite:///{db}")
     try:
         with engine.connect() as conn:
             tables = set(inspect(conn).get_table_names())
     finally:
         engine.dispose()
-    assert {"txmq_transaction_log", "txmq_outbox", "txmq_consumed_keys"} <= tables
+    assert {"txmq_transaction_log", "txmq_outbox", "txmq_consumed_keys", "txmq_sagas"} <= tables
     if install == "wheel":
         where = subprocess.run(
             [sys.executable, "-c", "import txmq.migrations; print(txmq.migrations.__file__)"],

@@ -58,6 +58,7 @@ PLACES = {
     "txmq.admin": "admin",
     "txmq.sqla": "application",
     "txmq.outbox": "application",
+    "txmq.saga": "application",
     "txmq.migrations": "application",
     "txmq.broker": "broker",
     "txmq.broker.store": "store",

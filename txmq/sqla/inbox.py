@@ -35,15 +35,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, delete, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import sessionmaker
 
 from txmq.consumer.push import ConsumeResult
 from txmq.observability import hooks as observe
 from txmq.protocol.message import MessageExt
-from txmq.sqla.tables import CONSUMING, DONE, consumed_keys
+from txmq.sqla.tables import CONSUMING, DONE, consumed_keys, insert_if_absent, inserted
 
 __all__ = [
     "DEFAULT_EXPIRY",
@@ -162,37 +160,17 @@ _INSERTS: dict[str, Any] = {}
 
 def _insert(dialect: str) -> Any:
     """INSERT a key unless it is there (parameters g, k, s, e, c: group, key, state,
-    expires_at, created_at), built once per dialect. PostgreSQL returns the key when
-    inserted (its driver reports no row count for an INSERT), SQLite gives the row count."""
+    expires_at, created_at), built once per dialect."""
     stmt = _INSERTS.get(dialect)
-    if stmt is not None:
-        return stmt
-    if dialect not in ("postgresql", "sqlite"):
-        raise ValueError(f"idempotent consumers support postgresql and sqlite, not {dialect}")
-    t = consumed_keys
-    ins = pg_insert if dialect == "postgresql" else sqlite_insert
-    stmt = (
-        ins(t)
-        .values(
+    if stmt is None:
+        stmt = _INSERTS[dialect] = insert_if_absent(consumed_keys, dialect).values(
             consumer_group=bindparam("g"),
             key=bindparam("k"),
             state=bindparam("s"),
             expires_at=bindparam("e"),
             created_at=bindparam("c"),
         )
-        .on_conflict_do_nothing(index_elements=[t.c.consumer_group, t.c.key])
-    )
-    if dialect == "postgresql":
-        stmt = stmt.returning(t.c.key)
-    _INSERTS[dialect] = stmt
     return stmt
-
-
-def _inserted(result: Any) -> bool:
-    """Whether :func:`_insert` inserted the row."""
-    if result.returns_rows:
-        return result.first() is not None
-    return bool(result.rowcount == 1)
 
 
 def _now(dialect: str) -> datetime:
@@ -249,7 +227,7 @@ class _Guard:
             with factory() as session:
                 try:
                     conn = session.connection()  # Core: lighter than the ORM's execute
-                    if not _inserted(conn.execute(*self._done_row(conn, k))):
+                    if not inserted(conn.execute(*self._done_row(conn, k))):
                         session.rollback()
                         return self.duplicate(msg, k)
                     failed = _failed(handler(msg, session))
@@ -272,7 +250,7 @@ class _Guard:
                 try:
                     conn = await session.connection()  # Core: lighter than the ORM's
                     stmt, params = self._done_row(conn.sync_connection, k)  # type: ignore[arg-type]
-                    if not _inserted(await conn.execute(stmt, params)):
+                    if not inserted(await conn.execute(stmt, params)):
                         await session.rollback()
                         return self.duplicate(msg, k)
                     failed = _failed(await handler(msg, session))
@@ -297,7 +275,7 @@ class _Guard:
         expires = now + self.ttl
         with conn.begin():
             row = {"g": self.group, "k": k, "s": CONSUMING, "e": expires, "c": now}
-            if _inserted(conn.execute(_insert(dialect), row)):
+            if inserted(conn.execute(_insert(dialect), row)):
                 return expires
             taken = conn.execute(
                 update(t)

@@ -6,6 +6,8 @@ exactly these tables (``tests/migration`` checks that the two never drift apart)
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -23,6 +25,8 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 __all__ = [
     "COMMITTED",
@@ -32,10 +36,16 @@ __all__ = [
     "OUTBOX_PENDING",
     "OUTBOX_SENT",
     "ROLLED_BACK",
+    "SAGA_STATES",
     "TABLE_PREFIX",
     "consumed_keys",
+    "insert_if_absent",
+    "inserted",
     "metadata",
     "outbox",
+    "saga_barrier",
+    "saga_steps",
+    "sagas",
     "transaction_log",
 ]
 
@@ -155,3 +165,97 @@ consumed_keys = Table(
 Transaction mode inserts ``done`` in the handler's own database transaction; mark mode
 inserts ``consuming`` with ``expires_at`` first, then sets ``done`` when the handler ends.
 """
+
+# -- sagas and TCC (txmq.saga) ------------------------------------------------------------
+
+SAGA_STATES = ("RUNNING", "COMPENSATING", "PARKED", "COMPLETED", "COMPENSATED")
+"""A saga runs its actions (``RUNNING``), then ends ``COMPLETED``; a refusal or a step out of
+retries turns it back (``COMPENSATING``) to ``COMPENSATED``; a compensation out of retries
+``PARKED`` it for an operator (retry, or resolve by hand and go on)."""
+
+sagas = Table(
+    "txmq_sagas",
+    metadata,
+    Column("saga_id", String(64)),
+    Column("name", String(255), nullable=False),
+    Column("state", String(16), nullable=False),
+    #: the step the saga waits on (its action while RUNNING, its compensation after)
+    Column("step", Integer, nullable=False),
+    #: the command it waits an answer to (an answer to any other is stale)
+    Column("command_id", String(64), nullable=True),
+    #: the saga's data: the payload it started with, updated with each step's result
+    Column("data", JSON, nullable=False),
+    #: the steps whose actions took effect, in order (what a compensation undoes)
+    Column("effected", JSON, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("deadline_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("saga_id", name="pk_txmq_sagas"),
+    CheckConstraint(
+        "state IN (" + ", ".join(f"'{s}'" for s in SAGA_STATES) + ")", name="ck_txmq_sagas_state"
+    ),
+    Index("ix_txmq_sagas_state_updated_at", "state", "updated_at"),
+)
+"""The coordinator's sagas, in the database of the service that started them: a row is
+inserted, and each of its changes made, in a local transaction with the command it causes."""
+
+saga_steps = Table(
+    "txmq_saga_steps",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), autoincrement=True),
+    Column("saga_id", String(64), nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("branch", String(255), nullable=False),
+    #: action / compensation, or operator (an operator's retry or resolve)
+    Column("op", String(16), nullable=False),
+    #: sent, done, refused, failed; retried, resolved (an operator's)
+    Column("event", String(16), nullable=False),
+    Column("command_id", String(64), nullable=True),
+    #: the participant's attempts (1 + its retries) for an answer
+    Column("attempts", Integer, nullable=True),
+    Column("detail", Text, nullable=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("id", name="pk_txmq_saga_steps"),
+    Index("ix_txmq_saga_steps_saga_id", "saga_id", "id"),
+)
+"""The step log of each saga: every command sent, every answer taken, every operator's
+action (with who and why), in order."""
+
+saga_barrier = Table(
+    "txmq_saga_barrier",
+    metadata,
+    Column("saga_id", String(64), nullable=False),
+    Column("branch", String(255), nullable=False),
+    #: the operation the row stands for: action (try in TCC) or compensation (cancel)
+    Column("op", String(16), nullable=False),
+    #: what inserted it: the operation itself (action, compensation), a compensation that
+    #: came first (a "null compensation": the late action is then a no-op), or an action
+    #: that was refused or ran out of retries (it had no effect)
+    Column("reason", String(16), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("saga_id", "branch", "op", name="pk_txmq_saga_barrier"),
+    Index("ix_txmq_saga_barrier_created_at", "created_at"),
+)
+"""The sub-transaction barrier (DTM's) in each participant's database: a row per (saga,
+branch, operation), inserted in the same local transaction as the operation's effect."""
+
+
+def insert_if_absent(table: Table, dialect: str) -> Any:
+    """``INSERT … ON CONFLICT (primary key) DO NOTHING`` into ``table`` (PostgreSQL and
+    SQLite): the dedupe of idempotent consumers and the saga barrier.  On PostgreSQL it
+    returns the row's first key column when it inserted (its driver reports no row count
+    for an INSERT); see :func:`inserted`."""
+    if dialect not in ("postgresql", "sqlite"):
+        raise ValueError(f"txmq's consumers and sagas support postgresql and sqlite, not {dialect}")
+    keys = list(table.primary_key.columns)
+    ins = pg_insert if dialect == "postgresql" else sqlite_insert
+    stmt = ins(table).on_conflict_do_nothing(index_elements=keys)
+    return stmt.returning(keys[0]) if dialect == "postgresql" else stmt
+
+
+def inserted(result: Any) -> bool:
+    """Whether an :func:`insert_if_absent` inserted its row."""
+    if result.returns_rows:
+        return result.first() is not None
+    return bool(result.rowcount == 1)

@@ -1,0 +1,497 @@
+"""Sagas across three services (orders coordinates; inventory and payment take part), each
+with its own database and producer, over an in-process broker: success, a refusal at each
+step, transient failures then success, retries exhausted, a compensation that fails until
+an operator steps in, repeated commands — on PostgreSQL and SQLite, async and sync."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+import txmq
+import txmq.sync
+from tests.sqla_support import pg_schema
+from txmq import Message
+from txmq.saga import Coordinator, Participant, Refuse, Saga, State, Step, command_topic
+from txmq.sqla import SqlTransactionChecker
+from txmq.sqla.tables import metadata as txmq_metadata
+from txmq.sqla.tables import saga_barrier, saga_steps, sagas
+from txmq.testing import InProcessBroker
+
+pytestmark = pytest.mark.anyio
+
+app = sa.MetaData()
+stock = sa.Table(
+    "stock",
+    app,
+    sa.Column("product", sa.String(32), primary_key=True),
+    sa.Column("available", sa.Integer, nullable=False),
+    sa.Column("reserved", sa.Integer, nullable=False),
+)
+accounts = sa.Table(
+    "accounts",
+    app,
+    sa.Column("customer", sa.String(32), primary_key=True),
+    sa.Column("balance", sa.Integer, nullable=False),
+)
+orders = sa.Table(
+    "orders",
+    app,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+)
+
+CHECKOUT = Saga(
+    "checkout",
+    [
+        Step("reserve-stock", service="inventory", compensation="release-stock"),
+        Step("charge", service="payment", compensation="refund", compensation_retries=1),
+        Step("confirm-order", service="orders"),
+    ],
+)
+SERVICES = ("orders", "inventory", "payment")
+
+
+@pytest.fixture
+def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessBroker]:
+    b = InProcessBroker(tmp_path / "store")
+    for key, value in b.environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
+    monkeypatch.setenv("TXMQ_PERSIST_INTERVAL_S", "0.05")
+    b.start()
+    yield b
+    b.stop()
+
+
+@contextmanager
+def _urls(backend: str, tmp_path: Path) -> Iterator[dict[str, tuple[str, str]]]:
+    """A database per service: (sync url, async url)."""
+    if backend == "sqlite":
+        paths = {s: tmp_path / f"{s}.db" for s in SERVICES}
+        yield {s: (f"sqlite:///{p}", f"sqlite+aiosqlite:///{p}") for s, p in paths.items()}
+        return
+    with ExitStack() as stack:
+        urls = {s: stack.enter_context(pg_schema()) for s in SERVICES}
+        yield {s: (u, u) for s, u in urls.items()}
+
+
+@dataclass
+class Faults:
+    """What the services' handlers are told to do wrong (set by a test)."""
+
+    charge_fails: int = 0  # the next n charges raise
+    refund_fails: int = 0  # the next n refunds raise
+    seen: list[str] = field(default_factory=list)
+
+
+def _seed(url: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        txmq_metadata.create_all(conn)
+        app.create_all(conn)
+        conn.execute(stock.insert(), [{"product": "apple", "available": 10, "reserved": 0}])
+        conn.execute(accounts.insert(), [{"customer": "ann", "balance": 100}])
+    engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, tuple[str, str]]]:
+    with _urls(request.param, tmp_path) as u:
+        for url, _ in u.values():
+            _seed(url)
+        yield u
+
+
+def _async_handlers(inv: Participant, pay: Participant, orders_p: Participant, f: Faults) -> None:
+    @inv.action("reserve-stock")
+    async def reserve(data: dict[str, Any], session: AsyncSession) -> dict[str, Any]:
+        f.seen.append("reserve")
+        q = data["quantity"]
+        row = (
+            await session.execute(sa.select(stock).where(stock.c.product == data["product"]))
+        ).one()
+        if row.available < q:
+            raise Refuse(f"only {row.available} {data['product']} left")
+        await session.execute(
+            stock.update()
+            .where(stock.c.product == data["product"])
+            .values(available=stock.c.available - q, reserved=stock.c.reserved + q)
+        )
+        return {"reserved": q}
+
+    @inv.compensation("release-stock")
+    async def release(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("release")
+        q = data["reserved"]
+        await session.execute(
+            stock.update()
+            .where(stock.c.product == data["product"])
+            .values(available=stock.c.available + q, reserved=stock.c.reserved - q)
+        )
+
+    @pay.action("charge")
+    async def charge(data: dict[str, Any], session: AsyncSession) -> dict[str, Any]:
+        f.seen.append("charge")
+        if f.charge_fails > 0:
+            f.charge_fails -= 1
+            raise ConnectionError("the card network is down")
+        row = (
+            await session.execute(
+                sa.select(accounts).where(accounts.c.customer == data["customer"])
+            )
+        ).one()
+        if row.balance < data["amount"]:
+            return Refuse("card declined")  # type: ignore[return-value]  (returned, not raised)
+        await session.execute(
+            accounts.update()
+            .where(accounts.c.customer == data["customer"])
+            .values(balance=accounts.c.balance - data["amount"])
+        )
+        return {"charged": data["amount"]}
+
+    @pay.compensation("refund")
+    async def refund(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("refund")
+        if f.refund_fails > 0:
+            f.refund_fails -= 1
+            raise ConnectionError("the bank is down")
+        await session.execute(
+            accounts.update()
+            .where(accounts.c.customer == data["customer"])
+            .values(balance=accounts.c.balance + data["charged"])
+        )
+
+    @orders_p.action("confirm-order")
+    async def confirm(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("confirm")
+        if data.get("confirm_refused"):
+            raise Refuse("the order was cancelled meanwhile")
+        await session.execute(
+            orders.update().where(orders.c.id == data["order"]).values(state="CONFIRMED")
+        )
+
+
+@dataclass
+class World:
+    coordinator: Coordinator
+    engines: dict[str, sa.Engine]
+    faults: Faults
+    broker: InProcessBroker
+
+    def saga(self, saga_id: str) -> Any:
+        with self.engines["orders"].connect() as conn:
+            return conn.execute(sa.select(sagas).where(sagas.c.saga_id == saga_id)).one()
+
+    def steps(self, saga_id: str) -> list[tuple[str, str, str]]:
+        with self.engines["orders"].connect() as conn:
+            q = (
+                sa.select(saga_steps)
+                .where(saga_steps.c.saga_id == saga_id)
+                .order_by(saga_steps.c.id)
+            )
+            return [(r.branch, r.op, r.event) for r in conn.execute(q)]
+
+    def stock(self) -> tuple[int, int]:
+        with self.engines["inventory"].connect() as conn:
+            row = conn.execute(sa.select(stock)).one()
+            return row.available, row.reserved
+
+    def balance(self) -> int:
+        with self.engines["payment"].connect() as conn:
+            return int(conn.execute(sa.select(accounts.c.balance)).scalar_one())
+
+    def order(self, order_id: str) -> str | None:
+        with self.engines["orders"].connect() as conn:
+            return conn.execute(sa.select(orders.c.state).where(orders.c.id == order_id)).scalar()
+
+    async def until(self, saga_id: str, *states: str, timeout: float = 30) -> Any:
+        """Poll (with a deadline) until the saga is in one of ``states``; the broker's clock
+        is moved on meanwhile, so that retries on delay levels come due at once."""
+        with anyio.fail_after(timeout):
+            while (row := self.saga(saga_id)).state not in states:
+                self.broker.advance(3600)
+                await anyio.sleep(0.05)
+        return row
+
+
+@pytest.fixture
+async def world(broker: InProcessBroker, urls: dict[str, tuple[str, str]]) -> AsyncIterator[World]:
+    faults = Faults()
+    async with AsyncExitStack() as stack:
+        engines = {s: sa.create_engine(u) for s, (u, _) in urls.items()}
+        aengines = {s: create_async_engine(a) for s, (_, a) in urls.items()}
+        for e in engines.values():
+            stack.callback(e.dispose)
+        for ae in aengines.values():
+            stack.push_async_callback(ae.dispose)
+        sessions = {s: async_sessionmaker(e, expire_on_commit=False) for s, e in aengines.items()}
+        producers = {
+            s: txmq.TransactionProducer(
+                group=f"{s}-tx", listener=SqlTransactionChecker(aengines[s])
+            )
+            for s in SERVICES
+        }
+        for p in producers.values():
+            await stack.enter_async_context(p)
+        coordinator = Coordinator("orders", producers["orders"], sessions["orders"], [CHECKOUT])
+        parts = {s: Participant(s, producers[s], sessions[s]) for s in SERVICES}
+        _async_handlers(parts["inventory"], parts["payment"], parts["orders"], faults)
+        for runner in [coordinator, *parts.values()]:
+            consumer = txmq.PushConsumer(**runner.consumer_options())
+            consumer.subscribe(runner.topic)
+            await stack.enter_async_context(consumer)
+        yield World(coordinator, engines, faults, broker)
+
+
+async def _checkout(
+    w: World, order_id: str, *, quantity: int = 2, amount: int = 30, **extra: Any
+) -> str:
+    data = {
+        "order": order_id,
+        "product": "apple",
+        "quantity": quantity,
+        "customer": "ann",
+        "amount": amount,
+        **extra,
+    }
+    async with w.coordinator.sessions() as session:
+        async with w.coordinator.start(session, CHECKOUT, data) as saga:
+            await session.execute(orders.insert().values(id=order_id, state="PENDING"))
+    return saga.saga_id
+
+
+async def test_a_saga_runs_every_step_and_completes(world: World) -> None:
+    saga_id = await _checkout(world, "o-1")
+    row = await world.until(saga_id, State.COMPLETED)
+    assert row.data["reserved"] == 2 and row.data["charged"] == 30 and row.effected == [0, 1, 2]
+    assert world.stock() == (8, 2) and world.balance() == 70 and world.order("o-1") == "CONFIRMED"
+    assert world.steps(saga_id) == [
+        ("reserve-stock", "action", "sent"),
+        ("reserve-stock", "action", "done"),
+        ("charge", "action", "sent"),
+        ("charge", "action", "done"),
+        ("confirm-order", "action", "sent"),
+        ("confirm-order", "action", "done"),
+    ]
+
+
+async def test_a_start_that_raises_leaves_no_saga_and_sends_nothing(world: World) -> None:
+    with pytest.raises(RuntimeError, match="changed my mind"):
+        async with world.coordinator.sessions() as session:
+            async with world.coordinator.start(session, CHECKOUT, {"order": "o-x"}) as saga:
+                raise RuntimeError("changed my mind")
+    with world.engines["orders"].connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(sagas)).scalar_one() == 0
+    assert world.broker.messages(command_topic("inventory")) == []
+    assert saga.saga_id
+
+
+@pytest.mark.parametrize("where", ["reserve-stock", "charge", "confirm-order"])
+async def test_a_refusal_at_each_step_compensates_the_steps_before_it(
+    world: World, where: str
+) -> None:
+    quantity, amount, extra = 2, 30, {}
+    if where == "reserve-stock":
+        quantity = 11  # more than the stock
+    elif where == "charge":
+        amount = 101  # more than the balance
+    else:
+        extra = {"confirm_refused": True}
+    saga_id = await _checkout(world, "o-2", quantity=quantity, amount=amount, **extra)
+    row = await world.until(saga_id, State.COMPENSATED)
+    assert row.effected == [] and where in row.error and "refused" in row.error
+    assert world.stock() == (10, 0) and world.balance() == 100
+    events = world.steps(saga_id)
+    assert (where, "action", "refused") in events
+    undone = [b for b, op, e in events if op == "compensation" and e == "done"]
+    assert (
+        undone
+        == {
+            "reserve-stock": [],
+            "charge": ["reserve-stock"],
+            "confirm-order": ["charge", "reserve-stock"],
+        }[where]
+    )
+
+
+async def test_a_failing_step_is_retried_then_succeeds(world: World) -> None:
+    world.faults.charge_fails = 2  # the step allows 3 retries
+    saga_id = await _checkout(world, "o-3")
+    await world.until(saga_id, State.COMPLETED)
+    assert world.faults.seen.count("charge") == 3 and world.balance() == 70
+    with world.engines["orders"].connect() as conn:
+        q = sa.select(saga_steps.c.attempts).where(
+            saga_steps.c.saga_id == saga_id,
+            saga_steps.c.branch == "charge",
+            saga_steps.c.event == "done",
+        )
+        assert conn.execute(q).scalar_one() == 3
+
+
+async def test_a_step_out_of_retries_compensates(world: World) -> None:
+    world.faults.charge_fails = 100
+    saga_id = await _checkout(world, "o-4")
+    row = await world.until(saga_id, State.COMPENSATED)
+    assert world.faults.seen.count("charge") == 4  # 1 + 3 retries
+    assert "charge failed: ConnectionError: the card network is down" in row.error
+    assert world.stock() == (10, 0) and world.balance() == 100
+    with world.engines["payment"].connect() as conn:  # the barrier says it had no effect
+        reason = conn.execute(
+            sa.select(saga_barrier.c.reason).where(
+                saga_barrier.c.saga_id == saga_id, saga_barrier.c.op == "action"
+            )
+        ).scalar_one()
+    assert reason == "failed"
+
+
+async def test_a_compensation_that_keeps_failing_parks_the_saga_for_an_operator(
+    world: World,
+) -> None:
+    # confirm refuses: charge and reserve are compensated; the refund fails twice (1 retry)
+    world.faults.refund_fails = 100
+    saga_id = await _checkout(world, "o-5", confirm_refused=True)
+    row = await world.until(saga_id, State.PARKED)
+    assert row.step == 1 and "refund failed" in row.error
+    assert world.balance() == 70 and world.stock() == (8, 2)  # nothing undone yet
+    # the bank is back: an operator retries, and the saga goes on to the end
+    world.faults.refund_fails = 0
+    await world.coordinator.retry(saga_id, operator="alice", reason="bank is back")
+    await world.until(saga_id, State.COMPENSATED)
+    assert world.balance() == 100 and world.stock() == (10, 0)
+    assert ("charge", "operator", "retried") in world.steps(saga_id)
+    with pytest.raises(ValueError, match="not PARKED"):
+        await world.coordinator.resolve(saga_id, operator="alice", reason="again")
+
+
+async def test_an_operator_resolves_a_parked_saga_by_hand(world: World) -> None:
+    world.faults.refund_fails = 100
+    saga_id = await _checkout(world, "o-6", confirm_refused=True)
+    await world.until(saga_id, State.PARKED)
+    with world.engines["payment"].begin() as conn:  # the operator refunds by hand
+        conn.execute(accounts.update().values(balance=accounts.c.balance + 30))
+    with pytest.raises(ValueError, match="reason"):
+        await world.coordinator.resolve(saga_id, operator="bob", reason="")
+    await world.coordinator.resolve(saga_id, operator="bob", reason="refunded by hand, ticket 7")
+    await world.until(saga_id, State.COMPENSATED)
+    assert world.balance() == 100 and world.stock() == (10, 0)
+    with world.engines["orders"].connect() as conn:
+        q = sa.select(saga_steps.c.detail).where(
+            saga_steps.c.saga_id == saga_id, saga_steps.c.op == "operator"
+        )
+        assert conn.execute(q).scalar_one() == "bob: refunded by hand, ticket 7"
+
+
+async def test_repeated_commands_have_no_second_effect(world: World) -> None:
+    saga_id = await _checkout(world, "o-7")
+    await world.until(saga_id, State.COMPLETED)
+    # every command the coordinator sent, delivered again
+    async with txmq.Producer() as producer:
+        for service in ("inventory", "payment", "orders"):
+            for m in world.broker.messages(command_topic(service)):
+                await producer.send(Message(m.topic, m.body, tags=m.tags, keys=list(m.keys)))
+    for service in ("inventory", "payment", "orders"):
+        await world.broker.wait_consumed_async(f"saga-{service}", command_topic(service))
+    assert world.stock() == (8, 2) and world.balance() == 70
+    assert world.faults.seen.count("reserve") == 1 and world.faults.seen.count("charge") == 1
+    assert world.saga(saga_id).state == State.COMPLETED
+
+
+def test_a_blocking_service_runs_sagas_the_same_way(
+    broker: InProcessBroker, urls: dict[str, tuple[str, str]]
+) -> None:
+    """Sync handlers with ``Session`` and ``txmq.sync`` clients: a saga completes, and a
+    refused one is compensated."""
+    with ExitStack() as stack:
+        engines = {s: sa.create_engine(u) for s, (u, _) in urls.items()}
+        for e in engines.values():
+            stack.callback(e.dispose)
+        sessions = {s: sessionmaker(e, expire_on_commit=False) for s, e in engines.items()}
+        producers = {
+            s: stack.enter_context(
+                txmq.sync.TransactionProducer(
+                    group=f"{s}-tx", listener=SqlTransactionChecker(engines[s])
+                )
+            )
+            for s in SERVICES
+        }
+        coordinator = Coordinator("orders", producers["orders"], sessions["orders"], [CHECKOUT])
+        parts = {s: Participant(s, producers[s], sessions[s]) for s in SERVICES}
+        inv, pay, orders_p = parts["inventory"], parts["payment"], parts["orders"]
+
+        def move(session: Session, product: str, q: int) -> None:
+            session.execute(
+                stock.update()
+                .where(stock.c.product == product)
+                .values(available=stock.c.available - q, reserved=stock.c.reserved + q)
+            )
+
+        @inv.action("reserve-stock")
+        def reserve(data: dict[str, Any], session: Session) -> dict[str, Any]:
+            move(session, data["product"], data["quantity"])
+            return {"reserved": data["quantity"]}
+
+        @inv.compensation("release-stock")
+        def release(data: dict[str, Any], session: Session) -> None:
+            move(session, data["product"], -data["reserved"])
+
+        @pay.action("charge")
+        def charge(data: dict[str, Any], session: Session) -> None:
+            if data["amount"] > 100:
+                raise Refuse("card declined")
+
+        @pay.compensation("refund")
+        def refund(data: dict[str, Any], session: Session) -> None:
+            pass
+
+        @orders_p.action("confirm-order")
+        def confirm(data: dict[str, Any], session: Session) -> None:
+            session.execute(
+                orders.update().where(orders.c.id == data["order"]).values(state="CONFIRMED")
+            )
+
+        with pytest.raises(TypeError, match="async handler"):
+
+            @inv.action("other")
+            async def other(data: dict[str, Any], session: AsyncSession) -> None: ...
+
+        for runner in [coordinator, *parts.values()]:
+            consumer = txmq.sync.PushConsumer(**runner.consumer_options())
+            consumer.subscribe(runner.topic)
+            stack.enter_context(consumer)
+        started = []
+        for order_id, amount in (("s-1", 30), ("s-2", 500)):
+            data = {"order": order_id, "product": "apple", "quantity": 2, "amount": amount}
+            with sessions["orders"]() as session:
+                with coordinator.start(session, "checkout", data) as saga:
+                    session.execute(orders.insert().values(id=order_id, state="PENDING"))
+            started.append(saga.saga_id)
+
+        def state(saga_id: str) -> str:
+            with engines["orders"].connect() as conn:
+                q = sa.select(sagas.c.state).where(sagas.c.saga_id == saga_id)
+                return str(conn.execute(q).scalar_one())
+
+        deadline = time.monotonic() + 30
+        while [state(s) for s in started] != [State.COMPLETED, State.COMPENSATED]:
+            assert time.monotonic() < deadline, [state(s) for s in started]
+            time.sleep(0.05)
+        with engines["inventory"].connect() as conn:
+            assert conn.execute(sa.select(stock.c.available, stock.c.reserved)).one() == (8, 2)
+        with engines["orders"].connect() as conn:
+            assert conn.execute(
+                sa.select(orders.c.id, orders.c.state).order_by(orders.c.id)
+            ).all() == [
+                ("s-1", "CONFIRMED"),
+                ("s-2", "PENDING"),
+            ]

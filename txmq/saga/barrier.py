@@ -1,0 +1,135 @@
+"""The sub-transaction barrier (DTM's), in a participant's database.
+
+Every operation a participant runs for a saga first inserts a row (saga id, branch,
+operation) in ``txmq_saga_barrier``, in the same local transaction as its effect, and runs
+only if the row was not there:
+
+- an action whose row is there already is a repeat: no second effect;
+- a compensation inserts its action's row too (reason ``compensation``).  If that insert
+  succeeds the action never took effect: the compensation has nothing to undo (a "null
+  compensation"), and the action, should it still arrive, finds the row and does nothing
+  (a "suspension");
+- a compensation of an action that was refused or ran out of retries (its row says so)
+  has nothing to undo either.
+
+Two operations racing on one branch: the second insert waits for the first transaction
+(PostgreSQL's primary-key lock; SQLite runs one writer at a time), then sees its row.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator
+from typing import Any
+
+from sqlalchemy import Connection, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from txmq.saga.model import ACTION, COMPENSATION
+from txmq.sqla.tables import insert_if_absent, inserted, saga_barrier
+
+__all__ = ["Entry", "enter", "enter_async", "record", "record_async"]
+
+#: the reasons of an action's row that mean it had no effect
+NO_EFFECT = ("refused", "failed")
+
+
+class Entry(enum.Enum):
+    """What the barrier lets an operation do."""
+
+    RUN = "run"
+    #: this operation ran before (its answer was sent then)
+    DUPLICATE = "duplicate"
+    #: a compensation whose action never took effect: nothing to undo
+    NULL = "null"
+    #: an action whose compensation came first: it must not take effect now
+    SUSPENDED = "suspended"
+
+
+_INSERTS: dict[str, Any] = {}
+
+
+def _insert(dialect: str) -> Any:
+    """INSERT a barrier row unless it is there (parameters: saga_id, branch, op, reason)."""
+    stmt = _INSERTS.get(dialect)
+    if stmt is None:
+        stmt = _INSERTS[dialect] = insert_if_absent(saga_barrier, dialect)
+    return stmt
+
+
+def _row(saga_id: str, branch: str, op: str, reason: str) -> dict[str, str]:
+    return {"saga_id": saga_id, "branch": branch, "op": op, "reason": reason}
+
+
+def _reason_of(saga_id: str, branch: str, op: str) -> Any:
+    t = saga_barrier
+    return select(t.c.reason).where(t.c.saga_id == saga_id, t.c.branch == branch, t.c.op == op)
+
+
+#: a barrier's decision as a series of statements: each yielded (statement, parameters) is
+#: executed by the driver, which sends its result back; the return value is the answer
+Plan = Generator[tuple[Any, Any], Any, Any]
+
+
+def _enter(dialect: str, saga_id: str, branch: str, op: str) -> Plan:
+    ins = _insert(dialect)
+    if op == ACTION:
+        if inserted((yield ins, _row(saga_id, branch, ACTION, ACTION))):
+            return Entry.RUN
+        reason = (yield _reason_of(saga_id, branch, ACTION), None).scalar()
+        return Entry.SUSPENDED if reason == COMPENSATION else Entry.DUPLICATE
+    origin = inserted((yield ins, _row(saga_id, branch, ACTION, COMPENSATION)))
+    if not inserted((yield ins, _row(saga_id, branch, COMPENSATION, COMPENSATION))):
+        return Entry.DUPLICATE
+    if origin:
+        return Entry.NULL
+    reason = (yield _reason_of(saga_id, branch, ACTION), None).scalar()
+    return Entry.NULL if reason in NO_EFFECT else Entry.RUN
+
+
+def _record(dialect: str, saga_id: str, branch: str, reason: str) -> Plan:
+    return inserted((yield _insert(dialect), _row(saga_id, branch, ACTION, reason)))
+
+
+def _run(conn: Connection, plan: Plan) -> Any:
+    result = None
+    try:
+        while True:
+            stmt, params = plan.send(result)
+            result = conn.execute(stmt, params)
+    except StopIteration as done:
+        return done.value
+
+
+async def _run_async(conn: AsyncConnection, plan: Plan) -> Any:
+    result = None
+    try:
+        while True:
+            stmt, params = plan.send(result)
+            result = await conn.execute(stmt, params)
+    except StopIteration as done:
+        return done.value
+
+
+def enter(conn: Connection, saga_id: str, branch: str, op: str) -> Entry:
+    """Pass the barrier for ``op`` (action or compensation) of a branch, in ``conn``'s
+    transaction (which then runs the operation's effect)."""
+    entry: Entry = _run(conn, _enter(conn.dialect.name, saga_id, branch, op))
+    return entry
+
+
+async def enter_async(conn: AsyncConnection, saga_id: str, branch: str, op: str) -> Entry:
+    """:func:`enter` on an async connection."""
+    entry: Entry = await _run_async(conn, _enter(conn.dialect.name, saga_id, branch, op))
+    return entry
+
+
+def record(conn: Connection, saga_id: str, branch: str, reason: str) -> bool:
+    """Record that a branch's action had no effect (``reason``: refused or failed);
+    False when its row is there already (another delivery answered)."""
+    return bool(_run(conn, _record(conn.dialect.name, saga_id, branch, reason)))
+
+
+async def record_async(conn: AsyncConnection, saga_id: str, branch: str, reason: str) -> bool:
+    """:func:`record` on an async connection."""
+    return bool(await _run_async(conn, _record(conn.dialect.name, saga_id, branch, reason)))

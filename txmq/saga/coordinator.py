@@ -1,0 +1,254 @@
+"""The coordinator of sagas, in the service that starts them: their state lives in its
+database, and each change of it commits together with the command it causes (txmq's
+transactional message: the broker checks back with the transaction log when in doubt).
+
+::
+
+    coordinator = Coordinator("orders", producer, async_sessionmaker(engine), [checkout])
+
+    async with coordinator.start(session, checkout, {"order": order_id}) as saga:
+        session.add(Order(id=order_id, saga_id=saga.saga_id))   # one local transaction
+
+    consumer = txmq.PushConsumer(**coordinator.consumer_options())   # the replies
+    consumer.subscribe(coordinator.topic)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from txmq.consumer.push import ConsumeResult
+from txmq.protocol.message import Message, MessageExt
+from txmq.saga import decide
+from txmq.saga.decide import Decision
+from txmq.saga.model import (
+    REPLY_TOPIC,
+    Command,
+    Saga,
+    command_topic,
+    decode_reply,
+    encode,
+)
+from txmq.saga.service import SagaService
+from txmq.sqla.local import AsyncLocalTransaction, LocalTransaction, transaction
+from txmq.sqla.tables import saga_steps, sagas
+
+__all__ = ["Coordinator", "SagaStart"]
+
+log = logging.getLogger("txmq.saga")
+
+
+def _message(cmd: Command) -> Message:
+    key = f"{cmd.saga_id}/{cmd.step}/{cmd.op}"
+    return Message(command_topic(cmd.service), encode(cmd), tags=cmd.op, keys=[key])
+
+
+class Coordinator(SagaService):
+    """Starts sagas of the definitions ``sagas`` and drives them on their participants'
+    answers (``producer`` and ``sessions``: see :class:`~txmq.saga.service.SagaService`;
+    in async mode :meth:`retry` and :meth:`resolve` are coroutines)."""
+
+    group_format = "saga-{}-coordinator"
+    topic_format = REPLY_TOPIC
+
+    def __init__(self, service: str, producer: Any, sessions: Any, sagas: Sequence[Saga]) -> None:
+        super().__init__(service, producer, sessions)
+        self.sagas = {s.name: s for s in sagas}
+        if len(self.sagas) != len(sagas):
+            raise ValueError("two sagas have the same name")
+
+    def definition(self, saga: Saga | str) -> Saga:
+        name = saga.name if isinstance(saga, Saga) else saga
+        found = self.sagas.get(name)
+        if found is None:
+            raise LookupError(
+                f"no saga {name!r} in coordinator {self.service!r}: {sorted(self.sagas)}"
+            )
+        return found
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def start(
+        self,
+        session: Session | AsyncSession,
+        saga: Saga | str,
+        data: dict[str, Any],
+        *,
+        saga_id: str | None = None,
+    ) -> SagaStart:
+        """Start a saga in ``session``'s local transaction (``with`` / ``async with``): the
+        saga's row and its first command commit together with what the block writes; an
+        exception in the block rolls all of it back."""
+        definition = self.definition(saga)
+        if not isinstance(data, dict):
+            raise TypeError(f"a saga's data is a dict, not {type(data).__name__}")
+        saga_id = saga_id or uuid.uuid4().hex
+        if not 0 < len(saga_id) <= 64:
+            raise ValueError("saga_id must be 1 to 64 characters")
+        tx = transaction(self.producer, session)
+        return SagaStart(tx, decide.first(definition, saga_id, data, self.service))
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def listener(self, msg: MessageExt) -> Any:
+        """The push consumer's listener of replies (a coroutine's result when async)."""
+        try:
+            reply = decode_reply(msg.body)
+        except Exception as exc:
+            log.error("saga reply %s is malformed (%s): dead-lettered", msg.msg_id, exc)
+            return ConsumeResult.DEAD_LETTER
+        if self.is_async:
+            return self._apply_async(
+                reply.saga_id, lambda s, row: decide.on_reply(s, row, reply, self.service)
+            )
+        return self._apply(
+            reply.saga_id, lambda s, row: decide.on_reply(s, row, reply, self.service)
+        )
+
+    # -- operators ---------------------------------------------------------------------------
+
+    def retry(self, saga_id: str, *, operator: str, reason: str) -> Any:
+        """Send a parked saga's failing compensation again."""
+        return self._operate(saga_id, decide.operator_retry, operator, reason)
+
+    def resolve(self, saga_id: str, *, operator: str, reason: str) -> Any:
+        """A parked saga's failing compensation was done by hand: go on with the steps
+        before it."""
+        return self._operate(saga_id, decide.operator_resolve, operator, reason)
+
+    def _operate(self, saga_id: str, how: Any, operator: str, reason: str) -> Any:
+        def choose(saga: Saga | None, row: Any) -> Decision:
+            if row is None or saga is None:
+                raise LookupError(f"no saga {saga_id} of this coordinator's in its database")
+            made: Decision = how(saga, row, operator, reason, self.service)
+            return made
+
+        return self._apply_async(saga_id, choose) if self.is_async else self._apply(saga_id, choose)
+
+    # -- one transaction of the coordinator -------------------------------------------------
+
+    def _select(self, saga_id: str) -> Any:
+        return select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
+
+    def _saga_of(self, row: Any) -> Saga | None:
+        if row is None:
+            return None
+        saga = self.sagas.get(row.name)
+        if saga is None:
+            log.error(
+                "saga %s is a %r, which this coordinator does not define", row.saga_id, row.name
+            )
+        return saga
+
+    async def _apply_async(self, saga_id: str, choose: Any) -> ConsumeResult:
+        async with transaction(self.producer, self.sessions) as tx:
+            row = (await tx.session.execute(self._select(saga_id))).first()
+            decision = choose(self._saga_of(row), row)
+            if decision is None:
+                return ConsumeResult.SUCCESS  # (the transaction commits its log row only)
+            for stmt, params in _writes(saga_id, decision):
+                await tx.session.execute(stmt, params)
+            if decision.command is not None:
+                await tx.send(_message(decision.command), sharding_key=saga_id)
+        return ConsumeResult.SUCCESS
+
+    def _apply(self, saga_id: str, choose: Any) -> ConsumeResult:
+        with transaction(self.producer, self.sessions) as tx:
+            row = tx.session.execute(self._select(saga_id)).first()
+            decision = choose(self._saga_of(row), row)
+            if decision is None:
+                return ConsumeResult.SUCCESS
+            for stmt, params in _writes(saga_id, decision):
+                tx.session.execute(stmt, params)
+            if decision.command is not None:
+                tx.send(_message(decision.command), sharding_key=saga_id)
+        return ConsumeResult.SUCCESS
+
+
+def _writes(saga_id: str, decision: Decision) -> list[tuple[Any, Any]]:
+    """The statements (and parameters) of a decision that changes a saga's row."""
+    out: list[tuple[Any, Any]] = []
+    if decision.values:
+        values = {**decision.values, "updated_at": func.now()}
+        out.append((update(sagas).where(sagas.c.saga_id == saga_id).values(**values), None))
+    if decision.log:
+        out.append((insert(saga_steps), decision.log))
+    return out
+
+
+class SagaStart:
+    """``with`` / ``async with coordinator.start(...)``: the local transaction a saga starts
+    in (``session``, ``saga_id``)."""
+
+    def __init__(self, tx: LocalTransaction | AsyncLocalTransaction, first: Decision) -> None:
+        self._tx = tx
+        self._first = first
+        self.saga_id: str = first.values["saga_id"]
+
+    @property
+    def session(self) -> Any:
+        return self._tx.session
+
+    def _row(self) -> Any:
+        values = {k: v for k, v in self._first.values.items()}
+        return insert(sagas).values(**values)
+
+    def __enter__(self) -> SagaStart:
+        tx = self._tx
+        assert isinstance(tx, LocalTransaction), "a sync session needs 'with', not 'async with'"
+        tx.__enter__()
+        try:
+            tx.session.execute(self._row())
+            tx.session.execute(insert(saga_steps), self._first.log)
+        except BaseException as exc:
+            tx.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tx = self._tx
+        assert isinstance(tx, LocalTransaction)
+        if exc is None:
+            try:
+                assert self._first.command is not None
+                tx.send(_message(self._first.command), sharding_key=self.saga_id)
+            except BaseException as err:
+                tx.__exit__(type(err), err, err.__traceback__)
+                raise
+        tx.__exit__(et, exc, tb)
+
+    async def __aenter__(self) -> SagaStart:
+        tx = self._tx
+        assert isinstance(tx, AsyncLocalTransaction), "an AsyncSession needs 'async with'"
+        await tx.__aenter__()
+        try:
+            await tx.session.execute(self._row())
+            await tx.session.execute(insert(saga_steps), self._first.log)
+        except BaseException as exc:
+            await tx.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tx = self._tx
+        assert isinstance(tx, AsyncLocalTransaction)
+        if exc is None:
+            try:
+                assert self._first.command is not None
+                await tx.send(_message(self._first.command), sharding_key=self.saga_id)
+            except BaseException as err:
+                await tx.__aexit__(type(err), err, err.__traceback__)
+                raise
+        await tx.__aexit__(et, exc, tb)

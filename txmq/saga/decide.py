@@ -1,0 +1,177 @@
+"""The coordinator's decisions, apart from its I/O: given a saga's row and an answer (or an
+operator's action), what the row becomes, what the step log records and which command goes
+out — all committed together in one local transaction by :mod:`txmq.saga.coordinator`."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from txmq.saga.model import ACTION, COMPENSATION, Command, Op, Reply, Saga, State, reply_topic
+
+__all__ = ["Decision", "first", "on_reply", "operator_resolve", "operator_retry"]
+
+
+@dataclass
+class Decision:
+    """What one transaction of the coordinator writes and sends."""
+
+    #: the saga row's new values (txmq_sagas)
+    values: dict[str, Any]
+    #: rows for txmq_saga_steps
+    log: list[dict[str, Any]] = field(default_factory=list)
+    #: the command to send (None: the saga ended, or waits for an operator)
+    command: Command | None = None
+
+
+def _command(
+    saga: Saga, saga_id: str, index: int, op: Op, data: dict[str, Any], coordinator: str
+) -> Command:
+    step = saga.steps[index]
+    retries = step.retries if op == ACTION else step.compensation_retries
+    handler = step.action if op == ACTION else step.compensation
+    assert handler is not None
+    return Command(
+        saga_id=saga_id,
+        saga=saga.name,
+        step=index,
+        service=step.service,
+        branch=step.action,
+        op=op,
+        handler=handler,
+        command_id=uuid.uuid4().hex,
+        data=data,
+        reply_to=reply_topic(coordinator),
+        retries=retries,
+    )
+
+
+def _sent(cmd: Command) -> dict[str, Any]:
+    return {
+        "saga_id": cmd.saga_id,
+        "step": cmd.step,
+        "branch": cmd.branch,
+        "op": cmd.op,
+        "event": "sent",
+        "command_id": cmd.command_id,
+        "attempts": None,
+        "detail": None,
+    }
+
+
+def _go(decision: Decision, cmd: Command, state: str) -> Decision:
+    decision.values.update(state=state, step=cmd.step, command_id=cmd.command_id)
+    decision.command = cmd
+    decision.log.append(_sent(cmd))
+    return decision
+
+
+def first(saga: Saga, saga_id: str, data: dict[str, Any], coordinator: str) -> Decision:
+    """A new saga: its row, and the command of its first action."""
+    cmd = _command(saga, saga_id, 0, ACTION, data, coordinator)
+    values: dict[str, Any] = {
+        "saga_id": saga_id,
+        "name": saga.name,
+        "data": data,
+        "effected": [],
+        "error": None,
+    }
+    return _go(Decision(values), cmd, State.RUNNING)
+
+
+def _compensate_next(
+    saga: Saga,
+    row: Any,
+    data: dict[str, Any],
+    effected: list[int],
+    decision: Decision,
+    coordinator: str,
+) -> Decision:
+    """Compensate the last step that took effect and has a compensation; COMPENSATED when
+    none is left (steps without a compensation have nothing to undo)."""
+    undoable = [i for i in effected if saga.steps[i].compensation is not None]
+    decision.values.update(data=data, effected=undoable)
+    if not undoable:
+        decision.values.update(state=State.COMPENSATED, command_id=None)
+        return decision
+    cmd = _command(saga, row.saga_id, undoable[-1], COMPENSATION, data, coordinator)
+    return _go(decision, cmd, State.COMPENSATING)
+
+
+def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision | None:
+    """The answer ``reply`` to the saga ``row`` waits on; None when it is not that answer (a
+    repeat, or an answer to a command it no longer waits for)."""
+    if row is None or row.command_id != reply.command_id or row.state in State.ENDED:
+        return None
+    step = saga.steps[row.step]
+    decision = Decision(
+        {},
+        [
+            {
+                "saga_id": row.saga_id,
+                "step": row.step,
+                "branch": step.action,
+                "op": reply.op,
+                "event": reply.outcome,
+                "command_id": reply.command_id,
+                "attempts": reply.attempts,
+                "detail": reply.detail or None,
+            }
+        ],
+    )
+    data = dict(row.data)
+    effected = list(row.effected)
+    if reply.op == ACTION:
+        if reply.outcome == "done":
+            data.update(reply.result or {})
+            effected.append(row.step)
+            decision.values.update(data=data, effected=effected)
+            if row.step + 1 < len(saga.steps):
+                cmd = _command(saga, row.saga_id, row.step + 1, ACTION, data, coordinator)
+                return _go(decision, cmd, State.RUNNING)
+            decision.values.update(state=State.COMPLETED, command_id=None)
+            return decision
+        decision.values["error"] = f"{step.action} {reply.outcome}: {reply.detail}"
+        return _compensate_next(saga, row, data, effected, decision, coordinator)
+    if reply.outcome == "done":
+        effected = [i for i in effected if i != row.step]
+        return _compensate_next(saga, row, data, effected, decision, coordinator)
+    # a compensation out of retries: an operator retries it, or undoes it by hand (resolve)
+    decision.values.update(state=State.PARKED, error=f"{step.compensation} failed: {reply.detail}")
+    return decision
+
+
+def _operator(row: Any, saga: Saga, event: str, operator: str, reason: str) -> Decision:
+    if row.state != State.PARKED:
+        raise ValueError(f"saga {row.saga_id} is {row.state}, not PARKED: nothing to {event}")
+    if not operator or not reason:
+        raise ValueError("an operator's action needs the operator's name and a reason")
+    entry = {
+        "saga_id": row.saga_id,
+        "step": row.step,
+        "branch": saga.steps[row.step].action,
+        "op": "operator",
+        "event": event,
+        "command_id": None,
+        "attempts": None,
+        "detail": f"{operator}: {reason}",
+    }
+    return Decision({"error": None}, [entry])
+
+
+def operator_retry(saga: Saga, row: Any, operator: str, reason: str, coordinator: str) -> Decision:
+    """An operator sends a parked saga's failing compensation again."""
+    decision = _operator(row, saga, "retried", operator, reason)
+    cmd = _command(saga, row.saga_id, row.step, COMPENSATION, dict(row.data), coordinator)
+    return _go(decision, cmd, State.COMPENSATING)
+
+
+def operator_resolve(
+    saga: Saga, row: Any, operator: str, reason: str, coordinator: str
+) -> Decision:
+    """An operator undid a parked saga's step by hand: the saga goes on compensating the
+    steps before it."""
+    decision = _operator(row, saga, "resolved", operator, reason)
+    effected = [i for i in row.effected if i != row.step]
+    return _compensate_next(saga, row, dict(row.data), effected, decision, coordinator)

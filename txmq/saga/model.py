@@ -1,0 +1,166 @@
+"""What a saga is (its definition) and what its coordinator and participants say to each
+other (commands and replies, JSON in message bodies)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ACTION",
+    "COMMAND_TOPIC",
+    "COMPENSATION",
+    "REPLY_TOPIC",
+    "Command",
+    "Op",
+    "Outcome",
+    "Refuse",
+    "Reply",
+    "Saga",
+    "State",
+    "Step",
+    "check_name",
+    "command_topic",
+    "reply_topic",
+]
+
+Op = Literal["action", "compensation"]
+ACTION: Literal["action"] = "action"
+COMPENSATION: Literal["compensation"] = "compensation"
+#: a participant's answer: the operation took effect (done), said no (refused: a business
+#: refusal, nothing changed) or ran out of retries (failed: nothing changed)
+Outcome = Literal["done", "refused", "failed"]
+
+#: RocketMQ's delay levels reach 16 retries (the last one two hours after the first try)
+MAX_RETRIES = 16
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class State:
+    """A saga's states (``txmq_sagas.state``)."""
+
+    RUNNING = "RUNNING"
+    COMPENSATING = "COMPENSATING"
+    PARKED = "PARKED"
+    COMPLETED = "COMPLETED"
+    COMPENSATED = "COMPENSATED"
+    ENDED = frozenset({COMPLETED, COMPENSATED})
+
+
+class Refuse(Exception):
+    """A participant's business "no" (out of stock, card declined): raise it (or return it)
+    from a step's action; its writes are rolled back, and the saga compensates the steps
+    before it."""
+
+    def __init__(self, reason: str = "refused") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def check_name(what: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"{what} {name!r} must be 1 to 64 letters, digits, '-' or '_' (it names topics "
+            "and barrier rows)"
+        )
+    return name
+
+
+def check_retries(what: str, retries: int) -> int:
+    if not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise ValueError(f"{what} must be 0 to {MAX_RETRIES} (RocketMQ's delay levels)")
+    return retries
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a saga: ``action``, run by the participant ``service``, and optionally
+    its ``compensation`` there.  A failing action is retried ``retries`` times on the
+    delay levels (10 s, 30 s, 1 min, …) before the saga compensates; a failing
+    compensation ``compensation_retries`` times before the saga is parked for an
+    operator."""
+
+    action: str
+    service: str
+    compensation: str | None = None
+    retries: int = 3
+    compensation_retries: int = 5
+
+    def __post_init__(self) -> None:
+        check_name("a step's action", self.action)
+        check_name("a step's service", self.service)
+        if self.compensation is not None:
+            check_name("a step's compensation", self.compensation)
+        check_retries("retries", self.retries)
+        check_retries("compensation_retries", self.compensation_retries)
+
+
+@dataclass(frozen=True)
+class Saga:
+    """A named, ordered list of steps."""
+
+    name: str
+    steps: Sequence[Step] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        check_name("a saga's name", self.name)
+        object.__setattr__(self, "steps", tuple(self.steps))
+        if not self.steps:
+            raise ValueError(f"saga {self.name!r} has no steps")
+        branches = [s.action for s in self.steps]
+        if len(set(branches)) != len(branches):
+            raise ValueError(f"saga {self.name!r} names a step twice: {branches}")
+
+
+COMMAND_TOPIC = "saga-{}"
+REPLY_TOPIC = "saga-{}-replies"
+
+
+def command_topic(service: str) -> str:
+    """The topic a participant service takes its commands from."""
+    return COMMAND_TOPIC.format(service)
+
+
+def reply_topic(service: str) -> str:
+    """The topic a coordinating service takes its participants' replies from."""
+    return REPLY_TOPIC.format(service)
+
+
+class Command(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """What a coordinator asks of a participant: run ``handler`` (an action or a
+    compensation) for step ``step`` (branch ``branch``) of saga ``saga_id``."""
+
+    saga_id: str
+    saga: str
+    step: int
+    #: the participant service that runs it
+    service: str
+    branch: str
+    op: Op
+    handler: str
+    command_id: str
+    data: dict[str, Any]
+    reply_to: str
+    retries: int
+
+
+class Reply(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """A participant's answer to one command."""
+
+    saga_id: str
+    command_id: str
+    step: int
+    op: Op
+    outcome: Outcome
+    result: dict[str, Any] | None = None
+    detail: str = ""
+    attempts: int = 1
+
+
+encode = msgspec.json.Encoder().encode
+decode_command = msgspec.json.Decoder(Command).decode
+decode_reply = msgspec.json.Decoder(Reply).decode

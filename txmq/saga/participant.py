@@ -1,0 +1,228 @@
+"""A service that takes part in sagas: its steps' actions and compensations, each run behind
+the barrier in the service's own local transaction, with its reply to the coordinator sent
+as a transactional message of that same transaction.
+
+::
+
+    inventory = Participant("inventory", producer, async_sessionmaker(engine))
+
+    @inventory.action("reserve-stock")
+    async def reserve(data: dict, session: AsyncSession) -> dict:
+        ...                               # raise Refuse("out of stock") to say no
+        return {"reservation": rid}       # merged into the saga's data
+
+    @inventory.compensation("release-stock")
+    async def release(data: dict, session: AsyncSession) -> None: ...
+
+    consumer = txmq.PushConsumer(**inventory.consumer_options())
+    consumer.subscribe(inventory.topic)
+
+An action that raises (anything but :class:`Refuse`) is rolled back and retried on the delay
+levels, its step's ``retries`` times; then it answers ``failed`` (recorded in the barrier:
+it had no effect) and the saga compensates.  A compensation that raises is retried its
+step's ``compensation_retries`` times, then answers ``failed`` and the saga is parked.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from txmq.consumer.push import ConsumeResult
+from txmq.protocol.message import Message, MessageExt
+from txmq.saga import barrier
+from txmq.saga.model import (
+    ACTION,
+    COMMAND_TOPIC,
+    COMPENSATION,
+    Command,
+    Outcome,
+    Refuse,
+    Reply,
+    check_name,
+    decode_command,
+    encode,
+)
+from txmq.saga.service import SagaService
+from txmq.sqla.local import transaction
+
+__all__ = ["NoHandler", "Participant"]
+
+log = logging.getLogger("txmq.saga")
+
+Handler = Callable[[dict[str, Any], Any], Any]
+
+
+class _Skip(Exception):
+    """Roll back: the barrier found nothing to do."""
+
+
+class NoHandler(LookupError):
+    """A command names an action or compensation this service does not have (answered
+    ``failed`` at once: a retry would not find it either)."""
+
+
+class Participant(SagaService):
+    """The steps a service runs for sagas (``producer`` and ``sessions``: see
+    :class:`~txmq.saga.service.SagaService`)."""
+
+    group_format = "saga-{}"
+    topic_format = COMMAND_TOPIC
+
+    def __init__(self, service: str, producer: Any, sessions: Any) -> None:
+        super().__init__(service, producer, sessions)
+        self.handlers: dict[tuple[str, str], Handler] = {}
+
+    # -- registering handlers ----------------------------------------------------------------
+
+    def action(self, name: str) -> Callable[[Handler], Handler]:
+        """Register a step's action: ``handler(data, session)`` returns None or a dict (the
+        saga's data is updated with it), or raises :class:`Refuse`."""
+        return self._register(ACTION, name)
+
+    def compensation(self, name: str) -> Callable[[Handler], Handler]:
+        """Register a compensation: ``handler(data, session)`` undoes its action's effect."""
+        return self._register(COMPENSATION, name)
+
+    def _register(self, op: str, name: str) -> Callable[[Handler], Handler]:
+        check_name(f"an {op}", name)
+
+        def decorate(handler: Handler) -> Handler:
+            if inspect.iscoroutinefunction(handler) != self.is_async:
+                raise TypeError(
+                    f"{handler.__qualname__} is {'a sync' if self.is_async else 'an async'} "
+                    f"handler, but participant {self.service!r} runs "
+                    f"{'async' if self.is_async else 'sync'} handlers (its sessions)"
+                )
+            if (op, name) in self.handlers:
+                raise ValueError(f"{op} {name!r} is registered twice in {self.service!r}")
+            self.handlers[op, name] = handler
+            return handler
+
+        return decorate
+
+    # -- running commands --------------------------------------------------------------------
+
+    def listener(self, msg: MessageExt) -> Any:
+        """The push consumer's listener (a coroutine function's result when async)."""
+        try:
+            cmd = decode_command(msg.body)
+        except Exception as exc:
+            log.error("saga command %s is malformed (%s): dead-lettered", msg.msg_id, exc)
+            return ConsumeResult.DEAD_LETTER
+        return self._run_async(cmd, msg) if self.is_async else self._run(cmd, msg)
+
+    def _handler(self, cmd: Command) -> Handler:
+        handler = self.handlers.get((cmd.op, cmd.handler))
+        if handler is None:
+            raise NoHandler(f"service {self.service!r} has no {cmd.op} {cmd.handler!r}")
+        return handler
+
+    async def _run_async(self, cmd: Command, msg: MessageExt) -> ConsumeResult:
+        attempts = msg.reconsume_times + 1
+        try:
+            async with transaction(self.producer, self.sessions) as tx:
+                conn = await tx.session.connection()
+                entry = await barrier.enter_async(conn, cmd.saga_id, cmd.branch, cmd.op)
+                result = None
+                if entry is barrier.Entry.RUN:
+                    result = _result(await self._handler(cmd)(dict(cmd.data), tx.session))
+                elif entry is not barrier.Entry.NULL:
+                    raise _Skip(entry.value)
+                await tx.send(
+                    _reply(cmd, "done", result, _detail(entry), attempts), sharding_key=cmd.saga_id
+                )
+        except _Skip as skip:
+            log.info("%s %s of saga %s: %s, skipped", cmd.op, cmd.branch, cmd.saga_id, skip)
+        except Exception as exc:
+            answer = _no_effect(cmd, exc, attempts)
+            if answer is None:
+                raise
+            async with transaction(self.producer, self.sessions) as tx:
+                if cmd.op == ACTION:
+                    conn = await tx.session.connection()
+                    if not await barrier.record_async(conn, cmd.saga_id, cmd.branch, answer[0]):
+                        return ConsumeResult.SUCCESS  # answered by another delivery
+                await tx.send(
+                    _reply(cmd, answer[0], None, answer[1], attempts), sharding_key=cmd.saga_id
+                )
+        return ConsumeResult.SUCCESS
+
+    def _run(self, cmd: Command, msg: MessageExt) -> ConsumeResult:
+        attempts = msg.reconsume_times + 1
+        try:
+            with transaction(self.producer, self.sessions) as tx:
+                conn = tx.session.connection()
+                entry = barrier.enter(conn, cmd.saga_id, cmd.branch, cmd.op)
+                result = None
+                if entry is barrier.Entry.RUN:
+                    result = _result(self._handler(cmd)(dict(cmd.data), tx.session))
+                elif entry is not barrier.Entry.NULL:
+                    raise _Skip(entry.value)
+                tx.send(
+                    _reply(cmd, "done", result, _detail(entry), attempts), sharding_key=cmd.saga_id
+                )
+        except _Skip as skip:
+            log.info("%s %s of saga %s: %s, skipped", cmd.op, cmd.branch, cmd.saga_id, skip)
+        except Exception as exc:
+            answer = _no_effect(cmd, exc, attempts)
+            if answer is None:
+                raise
+            with transaction(self.producer, self.sessions) as tx:
+                if cmd.op == ACTION:
+                    conn = tx.session.connection()
+                    if not barrier.record(conn, cmd.saga_id, cmd.branch, answer[0]):
+                        return ConsumeResult.SUCCESS  # answered by another delivery
+                tx.send(_reply(cmd, answer[0], None, answer[1], attempts), sharding_key=cmd.saga_id)
+        return ConsumeResult.SUCCESS
+
+
+def _result(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, Refuse):
+        raise value
+    if value is None or isinstance(value, dict):
+        return value
+    raise TypeError(
+        f"a saga step returns None or a dict (merged into the saga's data), not {value!r}"
+    )
+
+
+def _detail(entry: barrier.Entry) -> str:
+    return "null compensation: its action never took effect" if entry is barrier.Entry.NULL else ""
+
+
+def _no_effect(cmd: Command, exc: Exception, attempts: int) -> tuple[Outcome, str] | None:
+    """The answer of an operation that had no effect: refused (an action's business "no"),
+    or failed once out of retries; None: retry it (the exception goes to the consumer)."""
+    if isinstance(exc, Refuse) and cmd.op == ACTION:
+        return "refused", exc.reason
+    if attempts <= cmd.retries and not isinstance(exc, NoHandler):
+        log.warning(
+            "%s %s of saga %s failed (attempt %d of %d): %s",
+            cmd.op, cmd.branch, cmd.saga_id, attempts, cmd.retries + 1, exc,
+        )  # fmt: skip
+        return None
+    log.error(
+        "%s %s of saga %s failed after %d attempt(s): %s",
+        cmd.op, cmd.branch, cmd.saga_id, attempts, exc,
+    )  # fmt: skip
+    return "failed", f"{type(exc).__name__}: {exc}"
+
+
+def _reply(
+    cmd: Command, outcome: Outcome, result: dict[str, Any] | None, detail: str, attempts: int
+) -> Message:
+    reply = Reply(
+        saga_id=cmd.saga_id,
+        command_id=cmd.command_id,
+        step=cmd.step,
+        op=cmd.op,
+        outcome=outcome,
+        result=result,
+        detail=detail,
+        attempts=attempts,
+    )
+    key = f"{cmd.saga_id}/{cmd.step}/{cmd.op}"
+    return Message(cmd.reply_to, encode(reply), tags=outcome, keys=[key])
