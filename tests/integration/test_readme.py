@@ -550,6 +550,7 @@ PLAN: dict[str, Runner | str] = {
     "@txmq.idempotent(": run_idempotent_consumer,
     "raise txmq.DeadLetter(": run_dead_letter,
     'txmq_broker.wait_consumed("billing", "orders")': run_pytest_example,
+    "def test_a_declined_card_releases_the_stock": run_pytest_example,
     "books:     BALANCED": "the demo's output, not a command",
     "port (the seam": "the package's tree, not a command",
     "python -m examples.orders seed": "services started by hand that run until stopped; "

@@ -16,6 +16,7 @@ from txmq.saga.barrier import Entry
 from txmq.saga.coordinator import Coordinator, SagaStart
 from txmq.saga.model import Refuse, Saga, State, Step, command_topic, reply_topic
 from txmq.saga.participant import NoHandler, Participant
+from txmq.saga.views import SagaInfo, StepEntry, list_sagas, saga_info
 
 __all__ = [
     "Coordinator",
@@ -24,9 +25,13 @@ __all__ = [
     "Participant",
     "Refuse",
     "Saga",
+    "SagaInfo",
     "SagaStart",
     "State",
     "Step",
+    "StepEntry",
     "command_topic",
+    "list_sagas",
     "reply_topic",
+    "saga_info",
 ]

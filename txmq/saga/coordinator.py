@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -38,6 +38,7 @@ from txmq.saga.model import (
     encode,
 )
 from txmq.saga.service import SagaService
+from txmq.saga.views import saga_info
 from txmq.sqla.local import AsyncLocalTransaction, LocalTransaction, transaction
 from txmq.sqla.tables import saga_steps, sagas
 
@@ -112,6 +113,29 @@ class Coordinator(SagaService):
         return self._apply(
             reply.saga_id, lambda s, row: decide.on_reply(s, row, reply, self.service)
         )
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def saga(self, saga_id: str) -> Any:
+        """The saga with its step log (:class:`~txmq.saga.views.SagaInfo`, None when there
+        is none); a coroutine in async mode."""
+        return self._read(lambda conn: saga_info(conn, saga_id))
+
+    def state(self, saga_id: str) -> Any:
+        """The saga's state (None when there is no such saga); a coroutine in async mode."""
+        return self._read(lambda conn: getattr(saga_info(conn, saga_id), "state", None))
+
+    def _read(self, read: Callable[[Connection], Any]) -> Any:
+        if not self.is_async:
+            with self.sessions() as session:
+                return read(session.connection())
+
+        async def reading() -> Any:
+            async with self.sessions() as session:
+                conn = await session.connection()
+                return await conn.run_sync(read)
+
+        return reading()
 
     # -- operators ---------------------------------------------------------------------------
 
