@@ -22,7 +22,7 @@ import txmq
 import txmq.sync
 from tests.sqla_support import pg_schema
 from txmq import Message
-from txmq.saga import Coordinator, Participant, Refuse, Saga, State, Step, command_topic
+from txmq.saga import Coordinator, Participant, Refuse, Saga, State, Step, command_topic, tcc
 from txmq.sqla import SqlTransactionChecker
 from txmq.sqla.tables import metadata as txmq_metadata
 from txmq.sqla.tables import saga_barrier, saga_steps, sagas
@@ -60,6 +60,15 @@ CHECKOUT = Saga(
     ],
 )
 SERVICES = ("orders", "inventory", "payment")
+#: TCC: (service, try, confirm, cancel) per branch
+HOLD = tcc(
+    "hold",
+    [
+        ("inventory", "hold-stock", "ship-stock", "unhold-stock"),
+        ("payment", "hold-funds", "capture", "unhold-funds"),
+    ],
+    confirm_retries=1,
+)
 
 
 @pytest.fixture
@@ -92,6 +101,7 @@ class Faults:
 
     charge_fails: int = 0  # the next n charges raise
     refund_fails: int = 0  # the next n refunds raise
+    capture_fails: int = 0  # the next n captures (TCC confirms) raise
     seen: list[str] = field(default_factory=list)
 
 
@@ -182,6 +192,48 @@ def _async_handlers(inv: Participant, pay: Participant, orders_p: Participant, f
         )
 
 
+def _tcc_handlers(inv: Participant, pay: Participant, f: Faults) -> None:
+    async def move(session: AsyncSession, q: int, held: int) -> None:
+        await session.execute(
+            stock.update().values(available=stock.c.available - q, reserved=stock.c.reserved + held)
+        )
+
+    @inv.try_("hold-stock")
+    async def hold_stock(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("hold-stock")
+        await move(session, data["quantity"], data["quantity"])
+
+    @inv.confirm("ship-stock")
+    async def ship_stock(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("ship-stock")
+        await move(session, 0, -data["quantity"])
+
+    @inv.cancel("unhold-stock")
+    async def unhold_stock(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("unhold-stock")
+        await move(session, -data["quantity"], -data["quantity"])
+
+    @pay.try_("hold-funds")
+    async def hold_funds(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("hold-funds")
+        balance = (await session.execute(sa.select(accounts.c.balance))).scalar_one()
+        if balance < data["amount"]:
+            raise Refuse("insufficient funds")
+        await session.execute(accounts.update().values(balance=accounts.c.balance - data["amount"]))
+
+    @pay.confirm("capture")
+    async def capture(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("capture")
+        if f.capture_fails > 0:
+            f.capture_fails -= 1
+            raise ConnectionError("the acquirer is down")
+
+    @pay.cancel("unhold-funds")
+    async def unhold_funds(data: dict[str, Any], session: AsyncSession) -> None:
+        f.seen.append("unhold-funds")
+        await session.execute(accounts.update().values(balance=accounts.c.balance + data["amount"]))
+
+
 @dataclass
 class World:
     coordinator: Coordinator
@@ -244,9 +296,12 @@ async def world(broker: InProcessBroker, urls: dict[str, tuple[str, str]]) -> As
         }
         for p in producers.values():
             await stack.enter_async_context(p)
-        coordinator = Coordinator("orders", producers["orders"], sessions["orders"], [CHECKOUT])
+        coordinator = Coordinator(
+            "orders", producers["orders"], sessions["orders"], [CHECKOUT, HOLD]
+        )
         parts = {s: Participant(s, producers[s], sessions[s]) for s in SERVICES}
         _async_handlers(parts["inventory"], parts["payment"], parts["orders"], faults)
+        _tcc_handlers(parts["inventory"], parts["payment"], faults)
         for runner in [coordinator, *parts.values()]:
             consumer = txmq.PushConsumer(**runner.consumer_options())
             consumer.subscribe(runner.topic)
@@ -495,3 +550,44 @@ def test_a_blocking_service_runs_sagas_the_same_way(
                 ("s-1", "CONFIRMED"),
                 ("s-2", "PENDING"),
             ]
+
+
+async def _hold(w: World, *, amount: int) -> str:
+    async with w.coordinator.sessions() as session:
+        async with w.coordinator.start(session, HOLD, {"quantity": 2, "amount": amount}) as tx:
+            pass
+    return tx.saga_id
+
+
+async def test_tcc_confirms_every_branch_once_all_tries_took_effect(world: World) -> None:
+    saga_id = await _hold(world, amount=30)
+    await world.until(saga_id, State.COMPLETED)
+    assert world.stock() == (8, 0) and world.balance() == 70
+    assert world.faults.seen == ["hold-stock", "hold-funds", "ship-stock", "capture"]
+    assert [(b, op, e) for b, op, e in world.steps(saga_id) if e != "sent"] == [
+        ("hold-stock", "action", "done"),
+        ("hold-funds", "action", "done"),
+        ("hold-stock", "confirm", "done"),
+        ("hold-funds", "confirm", "done"),
+    ]
+
+
+async def test_tcc_cancels_every_try_that_took_effect_when_one_fails(world: World) -> None:
+    saga_id = await _hold(world, amount=500)
+    row = await world.until(saga_id, State.COMPENSATED)
+    assert "insufficient funds" in row.error
+    assert world.stock() == (10, 0) and world.balance() == 100
+    assert world.faults.seen == ["hold-stock", "hold-funds", "unhold-stock"]
+
+
+async def test_a_confirm_that_keeps_failing_parks_until_an_operator_retries(world: World) -> None:
+    world.faults.capture_fails = 100
+    saga_id = await _hold(world, amount=30)
+    row = await world.until(saga_id, State.PARKED)
+    assert row.op == "confirm" and "capture failed" in row.error
+    world.faults.capture_fails = 0
+    await world.coordinator.retry(saga_id, operator="carol", reason="acquirer back")
+    await world.until(saga_id, State.COMPLETED)
+    assert world.stock() == (8, 0) and world.balance() == 70
+    # a repeated confirm has no second effect
+    assert world.faults.seen.count("ship-stock") == 1

@@ -14,7 +14,7 @@ effect, in reverse order; a compensation out of retries parks the saga for an op
 
 from txmq.saga.barrier import Entry
 from txmq.saga.coordinator import Coordinator, SagaStart
-from txmq.saga.model import Refuse, Saga, State, Step, command_topic, reply_topic
+from txmq.saga.model import Refuse, Saga, State, Step, command_topic, reply_topic, tcc
 from txmq.saga.participant import NoHandler, Participant
 from txmq.saga.views import SagaInfo, StepEntry, list_sagas, saga_info
 
@@ -34,4 +34,5 @@ __all__ = [
     "list_sagas",
     "reply_topic",
     "saga_info",
+    "tcc",
 ]

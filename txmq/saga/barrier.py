@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from txmq.saga.model import ACTION, COMPENSATION
+from txmq.saga.model import ACTION, COMPENSATION, CONFIRM
 from txmq.sqla.tables import insert_if_absent, inserted, saga_barrier
 
 __all__ = ["Entry", "enter", "enter_async", "record", "record_async"]
@@ -73,6 +73,9 @@ Plan = Generator[tuple[Any, Any], Any, Any]
 
 def _enter(dialect: str, saga_id: str, branch: str, op: str) -> Plan:
     ins = _insert(dialect)
+    if op == CONFIRM:  # TCC's confirm follows a try that took effect: once is all it needs
+        done = inserted((yield ins, _row(saga_id, branch, CONFIRM, CONFIRM)))
+        return Entry.RUN if done else Entry.DUPLICATE
     if op == ACTION:
         if inserted((yield ins, _row(saga_id, branch, ACTION, ACTION))):
             return Entry.RUN
@@ -112,7 +115,7 @@ async def _run_async(conn: AsyncConnection, plan: Plan) -> Any:
 
 
 def enter(conn: Connection, saga_id: str, branch: str, op: str) -> Entry:
-    """Pass the barrier for ``op`` (action or compensation) of a branch, in ``conn``'s
+    """Pass the barrier for ``op`` (action, compensation or confirm) of a branch, in ``conn``'s
     transaction (which then runs the operation's effect)."""
     entry: Entry = _run(conn, _enter(conn.dialect.name, saga_id, branch, op))
     return entry

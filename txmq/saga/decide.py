@@ -8,7 +8,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from txmq.saga.model import ACTION, COMPENSATION, Command, Op, Reply, Saga, State, reply_topic
+from txmq.saga.model import (
+    ACTION,
+    COMPENSATION,
+    CONFIRM,
+    Command,
+    Op,
+    Reply,
+    Saga,
+    State,
+    reply_topic,
+)
 
 __all__ = ["Decision", "first", "on_reply", "operator_resolve", "operator_retry"]
 
@@ -30,7 +40,7 @@ def _command(
 ) -> Command:
     step = saga.steps[index]
     retries = step.retries if op == ACTION else step.compensation_retries
-    handler = step.action if op == ACTION else step.compensation
+    handler = {ACTION: step.action, COMPENSATION: step.compensation, CONFIRM: step.confirm}[op]
     assert handler is not None
     return Command(
         saga_id=saga_id,
@@ -61,7 +71,7 @@ def _sent(cmd: Command) -> dict[str, Any]:
 
 
 def _go(decision: Decision, cmd: Command, state: str) -> Decision:
-    decision.values.update(state=state, step=cmd.step, command_id=cmd.command_id)
+    decision.values.update(state=state, step=cmd.step, op=cmd.op, command_id=cmd.command_id)
     decision.command = cmd
     decision.log.append(_sent(cmd))
     return decision
@@ -99,6 +109,20 @@ def _compensate_next(
     return _go(decision, cmd, State.COMPENSATING)
 
 
+def _confirm_next(
+    saga: Saga, row: Any, after: int, decision: Decision, coordinator: str
+) -> Decision:
+    """TCC: confirm the next branch after ``after`` that has a confirm; COMPLETED when none
+    is left."""
+    later = [i for i, s in enumerate(saga.steps) if i > after and s.confirm is not None]
+    if not later:
+        decision.values.update(state=State.COMPLETED, command_id=None)
+        return decision
+    data = decision.values.get("data", row.data)
+    cmd = _command(saga, row.saga_id, later[0], CONFIRM, dict(data), coordinator)
+    return _go(decision, cmd, State.CONFIRMING)
+
+
 def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision | None:
     """The answer ``reply`` to the saga ``row`` waits on; None when it is not that answer (a
     repeat, or an answer to a command it no longer waits for)."""
@@ -130,10 +154,14 @@ def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision |
             if row.step + 1 < len(saga.steps):
                 cmd = _command(saga, row.saga_id, row.step + 1, ACTION, data, coordinator)
                 return _go(decision, cmd, State.RUNNING)
-            decision.values.update(state=State.COMPLETED, command_id=None)
-            return decision
+            return _confirm_next(saga, row, -1, decision, coordinator)
         decision.values["error"] = f"{step.action} {reply.outcome}: {reply.detail}"
         return _compensate_next(saga, row, data, effected, decision, coordinator)
+    if reply.op == CONFIRM:
+        if reply.outcome == "done":
+            return _confirm_next(saga, row, row.step, decision, coordinator)
+        decision.values.update(state=State.PARKED, error=f"{step.confirm} failed: {reply.detail}")
+        return decision
     if reply.outcome == "done":
         effected = [i for i in effected if i != row.step]
         return _compensate_next(saga, row, data, effected, decision, coordinator)
@@ -161,17 +189,19 @@ def _operator(row: Any, saga: Saga, event: str, operator: str, reason: str) -> D
 
 
 def operator_retry(saga: Saga, row: Any, operator: str, reason: str, coordinator: str) -> Decision:
-    """An operator sends a parked saga's failing compensation again."""
+    """An operator sends a parked saga's failing compensation (or confirm) again."""
     decision = _operator(row, saga, "retried", operator, reason)
-    cmd = _command(saga, row.saga_id, row.step, COMPENSATION, dict(row.data), coordinator)
-    return _go(decision, cmd, State.COMPENSATING)
+    cmd = _command(saga, row.saga_id, row.step, row.op, dict(row.data), coordinator)
+    return _go(decision, cmd, State.CONFIRMING if row.op == CONFIRM else State.COMPENSATING)
 
 
 def operator_resolve(
     saga: Saga, row: Any, operator: str, reason: str, coordinator: str
 ) -> Decision:
-    """An operator undid a parked saga's step by hand: the saga goes on compensating the
-    steps before it."""
+    """An operator did a parked saga's failing compensation (or confirm) by hand: the saga
+    goes on with the steps before it (after it)."""
     decision = _operator(row, saga, "resolved", operator, reason)
+    if row.op == CONFIRM:
+        return _confirm_next(saga, row, row.step, decision, coordinator)
     effected = [i for i in row.effected if i != row.step]
     return _compensate_next(saga, row, dict(row.data), effected, decision, coordinator)

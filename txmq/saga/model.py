@@ -14,6 +14,7 @@ __all__ = [
     "ACTION",
     "COMMAND_TOPIC",
     "COMPENSATION",
+    "CONFIRM",
     "REPLY_TOPIC",
     "Command",
     "Op",
@@ -26,11 +27,14 @@ __all__ = [
     "check_name",
     "command_topic",
     "reply_topic",
+    "tcc",
 ]
 
-Op = Literal["action", "compensation"]
+Op = Literal["action", "compensation", "confirm"]
 ACTION: Literal["action"] = "action"
 COMPENSATION: Literal["compensation"] = "compensation"
+#: TCC's second phase (try is the action, cancel the compensation)
+CONFIRM: Literal["confirm"] = "confirm"
 #: a participant's answer: the operation took effect (done), said no (refused: a business
 #: refusal, nothing changed) or ran out of retries (failed: nothing changed)
 Outcome = Literal["done", "refused", "failed"]
@@ -44,6 +48,8 @@ class State:
     """A saga's states (``txmq_sagas.state``)."""
 
     RUNNING = "RUNNING"
+    #: TCC: every try took effect; the confirms run
+    CONFIRMING = "CONFIRMING"
     COMPENSATING = "COMPENSATING"
     PARKED = "PARKED"
     COMPLETED = "COMPLETED"
@@ -81,20 +87,26 @@ class Step:
     """One step of a saga: ``action``, run by the participant ``service``, and optionally
     its ``compensation`` there.  A failing action is retried ``retries`` times on the
     delay levels (10 s, 30 s, 1 min, …) before the saga compensates; a failing
-    compensation ``compensation_retries`` times before the saga is parked for an
-    operator."""
+    compensation (or confirm) ``compensation_retries`` times before the saga is parked
+    for an operator.
+
+    With ``confirm`` it is a TCC branch (see :func:`tcc`): the action is its try, the
+    compensation its cancel, and ``confirm`` runs once every branch's try took effect."""
 
     action: str
     service: str
     compensation: str | None = None
     retries: int = 3
     compensation_retries: int = 5
+    confirm: str | None = None
 
     def __post_init__(self) -> None:
         check_name("a step's action", self.action)
         check_name("a step's service", self.service)
         if self.compensation is not None:
             check_name("a step's compensation", self.compensation)
+        if self.confirm is not None:
+            check_name("a step's confirm", self.confirm)
         check_retries("retries", self.retries)
         check_retries("compensation_retries", self.compensation_retries)
 
@@ -118,6 +130,33 @@ class Saga:
 
 COMMAND_TOPIC = "saga-{}"
 REPLY_TOPIC = "saga-{}-replies"
+
+
+def tcc(
+    name: str,
+    branches: Sequence[tuple[str, str, str, str]],
+    *,
+    retries: int = 3,
+    confirm_retries: int = 5,
+) -> Saga:
+    """A TCC transaction: ``branches`` are (service, try, confirm, cancel) names.  Every
+    branch's try runs (in order); when all took effect every confirm runs, else every try
+    that took effect is cancelled (in reverse order).  Tries are retried ``retries`` times,
+    confirms and cancels ``confirm_retries`` times before the transaction is parked."""
+    return Saga(
+        name,
+        [
+            Step(
+                try_,
+                service,
+                compensation=cancel,
+                confirm=confirm,
+                retries=retries,
+                compensation_retries=confirm_retries,
+            )
+            for service, try_, confirm, cancel in branches
+        ],
+    )
 
 
 def command_topic(service: str) -> str:

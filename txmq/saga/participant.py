@@ -37,6 +37,7 @@ from txmq.saga.model import (
     ACTION,
     COMMAND_TOPIC,
     COMPENSATION,
+    CONFIRM,
     Command,
     Outcome,
     Refuse,
@@ -85,6 +86,14 @@ class Participant(SagaService):
     def compensation(self, name: str) -> Callable[[Handler], Handler]:
         """Register a compensation: ``handler(data, session)`` undoes its action's effect."""
         return self._register(COMPENSATION, name)
+
+    def confirm(self, name: str) -> Callable[[Handler], Handler]:
+        """Register a TCC confirm: ``handler(data, session)`` makes its try final."""
+        return self._register(CONFIRM, name)
+
+    #: TCC's names: a try is an action, a cancel a compensation
+    try_ = action
+    cancel = compensation
 
     def _register(self, op: str, name: str) -> Callable[[Handler], Handler]:
         check_name(f"an {op}", name)

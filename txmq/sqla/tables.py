@@ -168,10 +168,11 @@ inserts ``consuming`` with ``expires_at`` first, then sets ``done`` when the han
 
 # -- sagas and TCC (txmq.saga) ------------------------------------------------------------
 
-SAGA_STATES = ("RUNNING", "COMPENSATING", "PARKED", "COMPLETED", "COMPENSATED")
-"""A saga runs its actions (``RUNNING``), then ends ``COMPLETED``; a refusal or a step out of
-retries turns it back (``COMPENSATING``) to ``COMPENSATED``; a compensation out of retries
-``PARKED`` it for an operator (retry, or resolve by hand and go on)."""
+SAGA_STATES = ("RUNNING", "CONFIRMING", "COMPENSATING", "PARKED", "COMPLETED", "COMPENSATED")
+"""A saga runs its actions (``RUNNING``; a TCC then its confirms, ``CONFIRMING``), then ends
+``COMPLETED``; a refusal or a step out of retries turns it back (``COMPENSATING``) to
+``COMPENSATED``; a compensation or confirm out of retries ``PARKED`` it for an operator
+(retry, or resolve by hand and go on)."""
 
 sagas = Table(
     "txmq_sagas",
@@ -179,8 +180,10 @@ sagas = Table(
     Column("saga_id", String(64)),
     Column("name", String(255), nullable=False),
     Column("state", String(16), nullable=False),
-    #: the step the saga waits on (its action while RUNNING, its compensation after)
+    #: the step the saga waits on, and which of its operations (action, confirm,
+    #: compensation)
     Column("step", Integer, nullable=False),
+    Column("op", String(16), nullable=False),
     #: the command it waits an answer to (an answer to any other is stale)
     Column("command_id", String(64), nullable=True),
     #: the saga's data: the payload it started with, updated with each step's result

@@ -18,7 +18,7 @@ down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-STATES = "'RUNNING', 'COMPENSATING', 'PARKED', 'COMPLETED', 'COMPENSATED'"
+STATES = "'RUNNING', 'CONFIRMING', 'COMPENSATING', 'PARKED', 'COMPLETED', 'COMPENSATED'"
 
 
 def _created_at(name: str = "created_at") -> sa.Column[object]:
@@ -34,6 +34,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(255), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
+        sa.Column("op", sa.String(16), nullable=False),
         sa.Column("command_id", sa.String(64), nullable=True),
         sa.Column("data", sa.JSON(), nullable=False),
         sa.Column("effected", sa.JSON(), nullable=False),
