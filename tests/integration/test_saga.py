@@ -5,6 +5,7 @@ an operator steps in, repeated commands — on PostgreSQL and SQLite, async and 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, ExitStack, contextmanager
@@ -22,6 +23,7 @@ import txmq
 import txmq.sync
 from tests.sqla_support import pg_schema
 from txmq import Message
+from txmq.cli.main import main
 from txmq.saga import Coordinator, Participant, Refuse, Saga, State, Step, command_topic, tcc
 from txmq.sqla import SqlTransactionChecker
 from txmq.sqla.tables import metadata as txmq_metadata
@@ -591,3 +593,38 @@ async def test_a_confirm_that_keeps_failing_parks_until_an_operator_retries(worl
     assert world.stock() == (8, 0) and world.balance() == 70
     # a repeated confirm has no second effect
     assert world.faults.seen.count("ship-stock") == 1
+
+
+async def test_txmq_admin_sagas_lists_shows_and_resolves_a_parked_saga(
+    world: World, urls: dict[str, tuple[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's commands on the coordinator's database, the command of a resolve
+    sent through the broker like the coordinator's own."""
+    world.faults.refund_fails = 100
+    saga_id = await _checkout(world, "o-8", confirm_refused=True)
+    await world.until(saga_id, State.PARKED)
+    db = urls["orders"][0]
+
+    async def txmq(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = await anyio.to_thread.run_sync(main, ["admin", "sagas", *argv, "--db", db])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = await txmq("list", "--state", "PARKED")
+    assert code == 0 and saga_id in out and "checkout" in out and "refund failed" in out
+    code, out, _ = await txmq("show", saga_id)
+    assert code == 0 and f"saga {saga_id} (checkout): PARKED at step 1" in out
+    assert "confirm-order" in out and "refused" in out and "ConnectionError" in out
+    code, out, _ = await txmq("list", "--json")
+    assert code == 0 and json.loads(out)[0]["state"] == "PARKED"
+    code, _, err = await txmq("retry", "nope", "--reason", "x")
+    assert code == 1 and "no saga nope" in err
+    with world.engines["payment"].begin() as conn:  # refunded by hand
+        conn.execute(accounts.update().values(balance=accounts.c.balance + 30))
+    code, out, _ = await txmq("resolve", saga_id, "--reason", "refunded", "--operator", "dan")
+    assert code == 0 and "resolve recorded (dan: refunded)" in out
+    await world.until(saga_id, State.COMPENSATED)
+    assert world.balance() == 100 and world.stock() == (10, 0)
+    code, _, err = await txmq("resolve", saga_id, "--reason", "again")
+    assert code == 1 and "not PARKED" in err

@@ -23,6 +23,7 @@ from txmq.cli.admin_ha import (
     cluster_output,
     run_switchover,
 )
+from txmq.cli.admin_sagas import add_sagas, run_sagas
 from txmq.cli.admin_transactions import add_transactions, run_decide
 from txmq.cli.admin_views import Rows, query
 from txmq.cli.options import (
@@ -71,6 +72,7 @@ def add_parser(sub: SubParsers) -> None:
         "  txmq admin dlq list --group billing\n"
         "  txmq admin transactions --parked\n"
         "  txmq admin transactions commit --id 7F0000010A2B... --reason 'order 42 was paid'\n"
+        "  txmq admin sagas list --db sqlite:///orders.db --state PARKED\n"
         "  txmq admin user create orders-service       # as TXMQ_ACCESS_KEY, a super user\n"
         "  txmq admin acl add orders-service topic:orders pub",
     )
@@ -166,6 +168,7 @@ def add_parser(sub: SubParsers) -> None:
     which.add_argument("--all", action="store_true", help="every dead letter of the group")
     dr.add_argument("--broker-name", help=BROKER_NAME_HELP)
     add_transactions(asub, _shared)
+    add_sagas(asub)
     add_group(asub)
     add_acl(asub)
     share(a, _shared)
@@ -184,6 +187,8 @@ def run_admin(args: argparse.Namespace) -> int:
         return run_group(args)
     if args.admin_cmd in ("user", "acl"):
         return run_acl(args)
+    if args.admin_cmd == "sagas":
+        return run_sagas(args)
     if args.admin_cmd == "transactions":
         if args.tx_cmd:
             return run_decide(args)

@@ -60,7 +60,9 @@ class Coordinator(SagaService):
     group_format = "saga-{}-coordinator"
     topic_format = REPLY_TOPIC
 
-    def __init__(self, service: str, producer: Any, sessions: Any, sagas: Sequence[Saga]) -> None:
+    def __init__(
+        self, service: str, producer: Any, sessions: Any, sagas: Sequence[Saga] = ()
+    ) -> None:
         super().__init__(service, producer, sessions)
         self.sagas = {s.name: s for s in sagas}
         if len(self.sagas) != len(sagas):
@@ -163,14 +165,14 @@ class Coordinator(SagaService):
         return select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
 
     def _saga_of(self, row: Any) -> Saga | None:
+        """The definition a saga started with (stored with it)."""
         if row is None:
             return None
-        saga = self.sagas.get(row.name)
-        if saga is None:
-            log.error(
-                "saga %s is a %r, which this coordinator does not define", row.saga_id, row.name
-            )
-        return saga
+        try:
+            return Saga.from_dict(row.definition)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("saga %s has a definition this version cannot read: %s", row.saga_id, exc)
+            return None
 
     async def _apply_async(self, saga_id: str, choose: Any) -> ConsumeResult:
         async with transaction(self.producer, self.sessions) as tx:

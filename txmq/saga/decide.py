@@ -83,6 +83,8 @@ def first(saga: Saga, saga_id: str, data: dict[str, Any], coordinator: str) -> D
     values: dict[str, Any] = {
         "saga_id": saga_id,
         "name": saga.name,
+        "definition": saga.to_dict(),
+        "coordinator": coordinator,
         "data": data,
         "effected": [],
         "error": None,

@@ -3,6 +3,7 @@ other (commands and replies, JSON in message bodies)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -126,6 +127,15 @@ class Saga:
         branches = [s.action for s in self.steps]
         if len(set(branches)) != len(branches):
             raise ValueError(f"saga {self.name!r} names a step twice: {branches}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The definition as stored with each saga (``txmq_sagas.definition``): a running
+        saga finishes as it started, whatever its service's code says by then."""
+        return {"name": self.name, "steps": [dataclasses.asdict(s) for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Saga:
+        return cls(d["name"], [Step(**s) for s in d["steps"]])
 
 
 COMMAND_TOPIC = "saga-{}"

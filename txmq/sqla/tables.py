@@ -179,6 +179,10 @@ sagas = Table(
     metadata,
     Column("saga_id", String(64)),
     Column("name", String(255), nullable=False),
+    #: its definition (steps, services, retries) as it started
+    Column("definition", JSON, nullable=False),
+    #: the coordinating service (its answers come on saga-<coordinator>-replies)
+    Column("coordinator", String(64), nullable=False),
     Column("state", String(16), nullable=False),
     #: the step the saga waits on, and which of its operations (action, confirm,
     #: compensation)

@@ -22,9 +22,7 @@ STATES = "'RUNNING', 'CONFIRMING', 'COMPENSATING', 'PARKED', 'COMPLETED', 'COMPE
 
 
 def _created_at(name: str = "created_at") -> sa.Column[object]:
-    return sa.Column(
-        name, sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
-    )
+    return sa.Column(name, sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False)
 
 
 def upgrade() -> None:
@@ -32,6 +30,8 @@ def upgrade() -> None:
         "txmq_sagas",
         sa.Column("saga_id", sa.String(64), nullable=False),
         sa.Column("name", sa.String(255), nullable=False),
+        sa.Column("definition", sa.JSON(), nullable=False),
+        sa.Column("coordinator", sa.String(64), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("op", sa.String(16), nullable=False),
@@ -48,9 +48,7 @@ def upgrade() -> None:
     op.create_index("ix_txmq_sagas_state_updated_at", "txmq_sagas", ["state", "updated_at"])
     op.create_table(
         "txmq_saga_steps",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True),
         sa.Column("saga_id", sa.String(64), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("branch", sa.String(255), nullable=False),

@@ -1,0 +1,176 @@
+"""``txmq admin sagas``: the sagas a coordinating service keeps in its database — list them,
+show one with its step log, and, for a parked one, retry its failing operation or record
+that it was done by hand (``resolve``) so the saga goes on."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
+
+from txmq.admin.transactions import operator_name
+from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
+from txmq.observability.fmt import format_table, span
+from txmq.sqla.db import describe_db_error
+from txmq.sqla.tables import SAGA_STATES
+
+__all__ = ["add_sagas", "run_sagas"]
+
+
+def add_sagas(asub: SubParsers) -> None:
+    s = add_command(
+        asub,
+        "sagas",
+        help="sagas in a coordinating service's database: list, show, retry, resolve",
+        description=(
+            "A saga's state lives in the database of the service that started it (--db).\n"
+            "list and show read it; retry and resolve act on a PARKED saga (a compensation\n"
+            "or confirm out of retries): retry sends the operation again, resolve records\n"
+            "that it was done by hand and lets the saga go on. Both record who (--operator)\n"
+            "and why (--reason) in the saga's step log, and send their command through the\n"
+            "broker (--broker or --namesrv) as a transactional message."
+        ),
+        examples="  txmq admin sagas list --db postgresql+psycopg://app@db/orders --state PARKED\n"
+        "  txmq admin sagas show 3f2a... --db sqlite:///orders.db\n"
+        "  txmq admin sagas retry 3f2a... --reason 'bank is back' --db sqlite:///orders.db\n"
+        "  txmq admin sagas resolve 3f2a... --reason 'refunded by hand, ticket 7' --db ...",
+    )
+    ssub = s.add_subparsers(dest="sagas_cmd", required=True, metavar="COMMAND")
+    ls = add_command(ssub, "list", help="sagas, most recently changed first")
+    ls.add_argument("--state", choices=SAGA_STATES, help="only sagas in this state")
+    ls.add_argument("--max", type=int, default=50, help="most sagas to show (default 50)")
+    show = add_command(ssub, "show", help="one saga with its step log")
+    show.add_argument("saga_id")
+    leaves = [ls, show]
+    for name, does in (
+        ("retry", "send a parked saga's failing compensation or confirm again"),
+        ("resolve", "record that a parked saga's failing operation was done by hand"),
+    ):
+        c = add_command(ssub, name, help=does)
+        leaves.append(c)
+        c.add_argument("saga_id")
+        c.add_argument("--reason", required=True, help="why (recorded in the step log)")
+        c.add_argument("--operator", help="who (default: user@host)")
+        c.add_argument(
+            "--group",
+            default="txmq-saga-operator",
+            help="the producer group of the command's transaction (default "
+            "txmq-saga-operator; the coordinating service's own group lets it answer the "
+            "check-back should this command be cut off)",
+        )
+    for leaf in leaves:
+        leaf.add_argument("--db", "--url", dest="db", required=True, help="SQLAlchemy URL")
+
+
+def _age(at: datetime) -> str:
+    """How long ago ``at`` was (SQLite's timestamps are naive UTC)."""
+    aware = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    return span(datetime.now(UTC) - aware)
+
+
+def _steps(info: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "step": e.step,
+            "branch": e.branch,
+            "op": e.op,
+            "event": e.event,
+            "attempts": e.attempts,
+            "at": e.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            "detail": e.detail or "",
+        }
+        for e in info.steps
+    ]
+
+
+def run_sagas(args: argparse.Namespace) -> int:
+    from txmq.saga import list_sagas, saga_info
+
+    engine = create_engine(args.db)
+    try:
+        if args.sagas_cmd == "list":
+            with engine.connect() as conn:
+                found = list_sagas(conn, state=args.state, limit=args.max)
+            if args.json:
+                print(json.dumps([dataclasses.asdict(i) for i in found], indent=2, default=str))
+                return 0
+            rows = [
+                {
+                    "saga_id": i.saga_id,
+                    "name": i.name,
+                    "state": i.state,
+                    "step": i.step,
+                    "age": _age(i.created_at),
+                    "error": (i.error or "")[:60],
+                }
+                for i in found
+            ]
+            print(format_table(rows))
+            return 0
+        with engine.connect() as conn:
+            info = saga_info(conn, args.saga_id)
+        if info is None:
+            raise CommandError(f"no saga {args.saga_id} in {engine.url.render_as_string()}")
+        if args.sagas_cmd == "show":
+            if args.json:
+                print(json.dumps(dataclasses.asdict(info), indent=2, default=str))
+                return 0
+            print(f"saga {info.saga_id} ({info.name}): {info.state} at step {info.step}")
+            if info.error:
+                print(f"error: {info.error}")
+            print(f"data: {json.dumps(info.data, default=str)}")
+            print(format_table(_steps(info)))
+            return 0
+        return _operate(args, engine)
+    except SQLAlchemyError as exc:
+        raise CommandError(describe_db_error(exc, args.db)) from exc
+    finally:
+        engine.dispose()
+
+
+def _operate(args: argparse.Namespace, engine: Any) -> int:
+    import txmq.sync
+    from txmq.saga import Coordinator
+    from txmq.sqla import SqlTransactionChecker
+
+    where = endpoints(args)
+    producer = txmq.sync.TransactionProducer(
+        where["address"],
+        group=args.group,
+        namesrv=where["namesrv"],
+        listener=SqlTransactionChecker(engine),
+    )
+    operator = args.operator or operator_name()
+    with producer:
+        # the service's name only names the reply topic of the commands it sends: the one
+        # the saga's own coordinator takes its answers from
+        coordinator = Coordinator(_service_of(engine, args.saga_id), producer, sessionmaker(engine))
+        try:
+            act = coordinator.retry if args.sagas_cmd == "retry" else coordinator.resolve
+            act(args.saga_id, operator=operator, reason=args.reason)
+        except (LookupError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+    state = coordinator.state(args.saga_id)
+    print(
+        f"saga {args.saga_id}: {args.sagas_cmd} recorded ({operator}: {args.reason}); now {state}"
+    )
+    return 0
+
+
+def _service_of(engine: Any, saga_id: str) -> str:
+    """The service that coordinates a saga (its answers come on that service's topic)."""
+    from sqlalchemy import select
+
+    from txmq.sqla.tables import sagas
+
+    with engine.connect() as conn:
+        row = conn.execute(select(sagas.c.coordinator).where(sagas.c.saga_id == saga_id)).first()
+    if row is None:
+        raise CommandError(f"no saga {saga_id}")
+    return str(row.coordinator)
