@@ -16,11 +16,13 @@ from typing import Any
 import anyio
 import pytest
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 import txmq
 import txmq.sync
+from tests.observe_support import registry as registry  # a fixture
 from tests.sqla_support import pg_schema
 from txmq import Message
 from txmq.cli.main import main
@@ -628,3 +630,27 @@ async def test_txmq_admin_sagas_lists_shows_and_resolves_a_parked_saga(
     assert world.balance() == 100 and world.stock() == (10, 0)
     code, _, err = await txmq("resolve", saga_id, "--reason", "again")
     assert code == 1 and "not PARKED" in err
+
+
+async def test_metrics_count_sagas_by_state_and_time_each_step(
+    world: World, registry: CollectorRegistry
+) -> None:
+    done = await _checkout(world, "o-9")
+    refused = await _checkout(world, "o-10", amount=500)  # the charge is refused
+    await world.until(done, State.COMPLETED)
+    await world.until(refused, State.COMPENSATED)
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"saga": "checkout", **labels}) or 0.0
+
+    assert value("txmq_sagas_total", state="RUNNING") == 2
+    assert value("txmq_sagas_total", state="COMPLETED") == 1
+    assert value("txmq_sagas_total", state="COMPENSATING") == 1
+    assert value("txmq_sagas_total", state="COMPENSATED") == 1
+    step = "txmq_saga_step_seconds_count"
+    assert value(step, branch="reserve-stock", op="action", outcome="done") == 2
+    assert value(step, branch="charge", op="action", outcome="refused") == 1
+    assert value(step, branch="reserve-stock", op="compensation", outcome="done") == 1
+    assert (
+        0 < value("txmq_saga_step_seconds_sum", branch="charge", op="action", outcome="done") < 30
+    )

@@ -173,6 +173,20 @@ class _Metrics:
         self.outbox_parked = make(
             Gauge, "txmq_outbox_parked_rows", "Outbox rows parked after their last attempt"
         )
+        self.sagas = make(
+            Counter,
+            "txmq_sagas_total",
+            "Sagas that reached a state (RUNNING: started; CONFIRMING, COMPENSATING, PARKED, "
+            "COMPLETED, COMPENSATED), by saga name, as their coordinator committed it",
+            ("saga", "state"),
+        )
+        self.saga_steps = histogram(
+            "txmq_saga_step_seconds",
+            "Saga operations, from the coordinator's command to the participant's answer, by "
+            "saga, branch, operation (action, confirm, compensation) and outcome (done, "
+            "refused, failed)",
+            ("saga", "branch", "op", "outcome"),
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
@@ -529,6 +543,21 @@ def duplicate_skipped(group: str) -> None:
     m = metrics()
     if m is not None:
         m.child(m.duplicates, group).inc()
+
+
+def saga_state(saga: str, state: str) -> None:
+    """A saga's coordinator committed its move to ``state``."""
+    m = metrics()
+    if m is not None:
+        m.child(m.sagas, saga, state).inc()
+
+
+def saga_step(saga: str, branch: str, op: str, outcome: str, seconds: float) -> None:
+    """A saga's coordinator took an answer to one of its commands, ``seconds`` after it
+    sent the command."""
+    m = metrics()
+    if m is not None:
+        m.child(m.saga_steps, saga, branch, op, outcome).observe(seconds)
 
 
 def outbox_stats(backlog: int, lag_seconds: float, parked: int) -> None:

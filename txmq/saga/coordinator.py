@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from txmq.consumer.push import ConsumeResult
+from txmq.observability import hooks as observe
 from txmq.protocol.message import Message, MessageExt
 from txmq.saga import decide
 from txmq.saga.decide import Decision
@@ -184,6 +185,7 @@ class Coordinator(SagaService):
                 await tx.session.execute(stmt, params)
             if decision.command is not None:
                 await tx.send(_message(decision.command), sharding_key=saga_id)
+        _committed(row.name, decision, row.state)
         return ConsumeResult.SUCCESS
 
     def _apply(self, saga_id: str, choose: Any) -> ConsumeResult:
@@ -196,7 +198,18 @@ class Coordinator(SagaService):
                 tx.session.execute(stmt, params)
             if decision.command is not None:
                 tx.send(_message(decision.command), sharding_key=saga_id)
+        _committed(row.name, decision, row.state)
         return ConsumeResult.SUCCESS
+
+
+def _committed(name: str, decision: Decision, before: str | None = None) -> None:
+    """Metrics of a decision, once its transaction committed (``before``: the saga's state
+    until then; None: it started)."""
+    state = decision.values.get("state")
+    if state is not None and state != before:
+        observe.saga_state(name, state)
+    if decision.took is not None:
+        observe.saga_step(name, *decision.took)
 
 
 def _writes(saga_id: str, decision: Decision) -> list[tuple[Any, Any]]:
@@ -252,6 +265,8 @@ class SagaStart:
                 tx.__exit__(type(err), err, err.__traceback__)
                 raise
         tx.__exit__(et, exc, tb)
+        if exc is None:
+            _committed(self._first.values["name"], self._first)
 
     async def __aenter__(self) -> SagaStart:
         tx = self._tx
@@ -278,3 +293,5 @@ class SagaStart:
                 await tx.__aexit__(type(err), err, err.__traceback__)
                 raise
         await tx.__aexit__(et, exc, tb)
+        if exc is None:
+            _committed(self._first.values["name"], self._first)

@@ -4,6 +4,7 @@ out — all committed together in one local transaction by :mod:`txmq.saga.coord
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ class Decision:
     log: list[dict[str, Any]] = field(default_factory=list)
     #: the command to send (None: the saga ended, or waits for an operator)
     command: Command | None = None
+    #: the answer it took: (branch, operation, outcome, seconds since its command was sent)
+    took: tuple[str, str, str, float] | None = None
 
 
 def _command(
@@ -51,6 +54,7 @@ def _command(
         op=op,
         handler=handler,
         command_id=uuid.uuid4().hex,
+        sent_ms=int(time.time() * 1000),
         data=data,
         reply_to=reply_topic(coordinator),
         retries=retries,
@@ -146,6 +150,9 @@ def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision |
             }
         ],
     )
+    if reply.sent_ms:
+        elapsed = max(time.time() - reply.sent_ms / 1000, 0.0)
+        decision.took = (step.action, reply.op, reply.outcome, elapsed)
     data = dict(row.data)
     effected = list(row.effected)
     if reply.op == ACTION:

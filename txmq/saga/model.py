@@ -195,6 +195,8 @@ class Command(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     data: dict[str, Any]
     reply_to: str
     retries: int
+    #: when the coordinator sent it (ms since the epoch; the answer carries it back)
+    sent_ms: int = 0
 
 
 class Reply(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -208,6 +210,8 @@ class Reply(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     result: dict[str, Any] | None = None
     detail: str = ""
     attempts: int = 1
+    #: the command's ``sent_ms``
+    sent_ms: int = 0
 
 
 encode = msgspec.json.Encoder().encode

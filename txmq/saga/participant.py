@@ -232,6 +232,7 @@ def _reply(
         result=result,
         detail=detail,
         attempts=attempts,
+        sent_ms=cmd.sent_ms,
     )
     key = f"{cmd.saga_id}/{cmd.step}/{cmd.op}"
     return Message(cmd.reply_to, encode(reply), tags=outcome, keys=[key])
