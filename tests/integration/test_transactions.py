@@ -10,6 +10,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -271,20 +272,21 @@ async def test_not_found_and_bad_requests(embedded_broker: Callable[..., Embedde
                 ),
                 b"x",
             )
-        with pytest.raises(BadRequest, match="delayed"):
-            await p.call(
+        with pytest.raises(BadRequest, match="not a time in ms"):  # a delayed half may be
+            await p.call(  # sent (it waits from its commit), but with a time that is one
                 SendMessage(
                     topic="tx-bad-topic",
                     queue_id=0,
                     group="tx-bad",
-                    properties={**half_props, Prop.DELAY: "2"},
+                    properties={**half_props, Prop.DELIVER_AT: "soon"},
                 ),
                 b"x",
             )
         with pytest.raises(BadRequest, match="out of range"):
             await p.send_half(Message("tx-bad-topic", b"x"), transaction_id="B2", queue_id=9)
-        with pytest.raises(ValueError, match="delayed"):
-            await p.send_half(Message("tx-bad-topic", b"x", delay_level=2), transaction_id="B3")
+        far = datetime.now(UTC) + timedelta(days=30)  # past timer_max_delay_s
+        with pytest.raises(BadRequest, match="timer_max_delay_s"):
+            await p.send_half(Message("tx-bad-topic", b"x", deliver_at=far), transaction_id="B3")
         with pytest.raises(ValueError, match="transaction_id"):
             await p.send_half(Message("tx-bad-topic", b"x"), transaction_id="")
         with pytest.raises(BadRequest, match="pending"):

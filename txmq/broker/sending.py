@@ -205,21 +205,7 @@ class SendService:
         return self.ctx.acks.after_flush(end, answer)
 
     def _delayed(self, topic: str, queue_id: int, props: dict[str, str]) -> Delayed | None:
-        if Prop.DELIVER_AT in props:
-            raw = props[Prop.DELIVER_AT]
-            try:
-                at = int(raw)
-            except ValueError:
-                raise BadRequest(f"{Prop.DELIVER_AT} {raw!r} is not a time in ms") from None
-            horizon = self.schedule.timer.max_delay_ms
-            if at > _now_ms() + horizon:
-                raise BadRequest(
-                    f"delivery time {at} is more than timer_max_delay_s ({horizon // 1000} s) ahead"
-                )
-            return self.schedule.prepare_at(topic, queue_id, props, at)
-        if Prop.DELAY in props:
-            return self.schedule.prepare(topic, queue_id, props)
-        return None
+        return self.schedule.destination(topic, queue_id, props)
 
     def _delay(self, item: dict[str, Any], delays: list[tuple[int, int]]) -> None:
         delayed = self._delayed(item["topic"], item["queue_id"], item["properties"])

@@ -139,7 +139,7 @@ class Broker(Stoppable):
             throughput=Throughput(tally=tally),
         )
         self.schedule = ScheduleMessageService(ctx)
-        self.transactions = TransactionService(ctx)
+        self.transactions = TransactionService(ctx, self.schedule)
         self.transaction_checker = TransactionChecker(ctx, self.transactions)
         self.decisions = OperatorDecisions(ctx, self.transactions)
         self.services = Services(

@@ -200,13 +200,15 @@ class TransactionProducer(Producer):
         make a second half there (the same broker set answers a resend of the same message
         id with the first half: its dedupe window).
         ``check_immunity_s`` overrides the broker's ``transaction_timeout_s`` (no check-back
-        before the half message is that old).  The result's ``transaction_offset`` names the
-        half message for :meth:`end_transaction`.
+        before the half message is that old).
+
+        A delayed message (``delay_level``, ``deliver_at`` or ``delay``) waits from its
+        commit: a delay level counts from the commit, a delivery time (``delay`` from this
+        send) is kept — or is the commit's moment when that is later.  The result's
+        ``transaction_offset`` names the half message for :meth:`end_transaction`.
         """
         if not isinstance(transaction_id, str) or not transaction_id:
             raise ValueError("transaction_id must be a non-empty string")
-        if msg.delay_level or msg.deliver_at is not None or msg.delay is not None:
-            raise ValueError("a transactional message cannot be delayed")
         props = self._wire_properties(msg, options.get("sharding_key"))
         props[Prop.TRAN_MSG] = "true"
         props[Prop.PRODUCER_GROUP] = self.group

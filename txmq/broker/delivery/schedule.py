@@ -120,6 +120,30 @@ class ScheduleMessageService(SavedState):
         stored[Prop.REAL_QID] = str(queue_id)
         return SCHEDULE_TOPIC, level - 1, stored, due, level
 
+    def destination(self, topic: str, queue_id: int, props: dict[str, str]) -> Delayed | None:
+        """Where a message with DELIVER_AT or DELAY is stored to wait (None: it is not
+        delayed, or already due); raises BadRequest for a delivery time that is not one or
+        is more than ``timer_max_delay_s`` ahead."""
+        if Prop.DELIVER_AT in props:
+            return self.prepare_at(topic, queue_id, props, self.deliver_at(props))
+        if Prop.DELAY in props:
+            return self.prepare(topic, queue_id, props)
+        return None
+
+    def deliver_at(self, props: dict[str, str]) -> int:
+        """A message's DELIVER_AT (ms since the epoch), checked."""
+        raw = props[Prop.DELIVER_AT]
+        try:
+            at = int(raw)
+        except ValueError:
+            raise BadRequest(f"{Prop.DELIVER_AT} {raw!r} is not a time in ms") from None
+        horizon = self.timer.max_delay_ms
+        if at > self.ctx.clock.now_ms() + horizon:
+            raise BadRequest(
+                f"delivery time {at} is more than timer_max_delay_s ({horizon // 1000} s) ahead"
+            )
+        return at
+
     def prepare_at(
         self, topic: str, queue_id: int, props: dict[str, str], deliver_at_ms: int
     ) -> Delayed | None:

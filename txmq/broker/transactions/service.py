@@ -38,6 +38,7 @@ from typing import Annotated
 
 import msgspec
 
+from txmq.broker.delivery.schedule import ScheduleMessageService
 from txmq.broker.state.context import BrokerContext
 from txmq.broker.state.putting import put_or_raise
 from txmq.broker.store import CQ_TAG_PROPERTY, GetStatus, PutResult, PutStatus
@@ -80,7 +81,6 @@ _DROP = frozenset(
         Prop.ACL_USER,
         Prop.TRANSACTION_CHECK_TIMES,
         Prop.CHECK_IMMUNITY_TIME_IN_SECONDS,
-        Prop.DELAY,
         Prop.RECHECK_OF,
         CQ_TAG_PROPERTY,
     }
@@ -172,8 +172,11 @@ def parse_op(body: bytes) -> tuple[int, str] | None:
 class TransactionService:
     """Half messages, their resolution and the pending set (checks: ``TransactionChecker``)."""
 
-    def __init__(self, ctx: BrokerContext) -> None:
+    def __init__(self, ctx: BrokerContext, schedule: ScheduleMessageService) -> None:
+        """``schedule``: where a committed message that carries a delay or a delivery time
+        waits for it."""
         self.ctx = ctx
+        self.schedule = schedule
         self.config = ctx.config
         self.store = ctx.store
         self.topics = ctx.topics
@@ -413,8 +416,10 @@ class TransactionService:
         group, topic, queue_id, props = req.group, req.topic, req.queue_id, req.properties
         if not group:
             raise BadRequest("SendMessage: a half message needs header field 'group'")
+        if Prop.DELIVER_AT in props:
+            self.schedule.deliver_at(props)  # a delivery time that is one, and not too far
         if Prop.DELAY in props:
-            raise BadRequest("a transactional (half) message cannot be delayed")
+            self.schedule.level_of(props)
         stored = {
             k: v
             for k, v in props.items()
@@ -575,17 +580,23 @@ class TransactionService:
         cfg = self.topics.for_send(half.topic)
         queue_id = half.queue_id % cfg.queue_nums
         props = {k: v for k, v in msg.all_properties.items() if k not in _DROP}
+        # a delay or a delivery time counts from now: the message waits for it from its
+        # commit (its delivery time, when that has come already, is now)
+        delayed = self.schedule.destination(half.topic, queue_id, props)
         r = put_or_raise(
             self.store,
-            topic=half.topic,
-            queue_id=queue_id,
+            topic=half.topic if delayed is None else delayed[0],
+            queue_id=queue_id if delayed is None else delayed[1],
             body=msg.body,
-            properties=props,
+            properties=props if delayed is None else delayed[2],
             born_timestamp=msg.born_timestamp,
             sys_flag=(msg.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMIT_TYPE,
             flag=msg.flag,
             prepared_transaction_offset=half.offset,
+            cq_tag_code=None if delayed is None else delayed[3],
         )
+        if delayed is not None:
+            self.schedule.stored(delayed[4], delayed[3])
         tally = self.ctx.throughput.tally
         if tally is not None:
             tally.stored(half.topic, "transaction", len(msg.body))

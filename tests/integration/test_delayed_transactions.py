@@ -1,0 +1,90 @@
+"""Transactional messages with a delay or a delivery time (RocketMQ refuses them): the
+message commits with its local transaction and is delivered at its time; a rolled-back one
+never is; a commit decided by a check-back waits the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+import txmq
+from txmq import LocalTransactionState, Message
+from txmq.protocol.wire.errors import BadRequest
+from txmq.testing import InProcessBroker
+
+pytestmark = pytest.mark.anyio
+
+S = LocalTransactionState
+
+
+@pytest.fixture
+def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessBroker]:
+    b = InProcessBroker(tmp_path / "store", transaction_timeout_s=0.5)
+    for key, value in b.environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
+    b.start()
+    yield b
+    b.stop()
+
+
+async def _delivered(broker: InProcessBroker, topic: str, want: list[bytes]) -> None:
+    """Poll (with a deadline) until ``topic`` holds exactly ``want``."""
+    for _ in range(1000):
+        if sorted(broker.bodies(topic)) == want:
+            return
+        await anyio.sleep(0.01)
+    assert sorted(broker.bodies(topic)) == want
+
+
+async def test_a_delayed_transactional_message_comes_at_its_time_after_its_commit(
+    broker: InProcessBroker,
+) -> None:
+    at = datetime.now(UTC) + timedelta(hours=1)
+    async with txmq.TransactionProducer(group="deadlines") as p:
+        timer = await p.send_half(Message("d", b"at", deliver_at=at), transaction_id="t1")
+        level = await p.send_half(Message("d", b"level", delay_level=3), transaction_id="t2")
+        gone = await p.send_half(Message("d", b"rolled-back", delay=timedelta(minutes=5)),
+                                 transaction_id="t3")  # fmt: skip
+        due = await p.send_half(Message("d", b"due", deliver_at=datetime.now(UTC)),
+                                transaction_id="t4")  # fmt: skip
+        assert broker.bodies("d") == []  # halves: invisible
+        for r in (timer, level, due):
+            assert await p.end_transaction(r, S.COMMIT) == "COMMITTED"
+        assert await p.end_transaction(gone, S.ROLLBACK) == "ROLLED_BACK"
+        await _delivered(broker, "d", [b"due"])  # its time had come: at its commit
+        broker.advance(10)  # delay level 3
+        await _delivered(broker, "d", [b"due", b"level"])
+        broker.advance(3600)
+        await _delivered(broker, "d", [b"at", b"due", b"level"])
+        await anyio.sleep(0.2)
+        assert b"rolled-back" not in broker.bodies("d")
+        delivered = {m.body: m for m in broker.messages("d")}
+        assert delivered[b"at"].msg_id == timer.msg_id  # the same message, on time
+        with pytest.raises(BadRequest, match="timer_max_delay_s"):
+            far = Message("d", b"x", deliver_at=datetime.now(UTC) + timedelta(days=30))
+            await p.send_half(far, transaction_id="t5")
+
+
+async def test_a_delayed_message_committed_by_the_check_back_waits_too(
+    broker: InProcessBroker,
+) -> None:
+    class Committed:
+        def check_local_transaction(self, msg: object) -> S:
+            return S.COMMIT
+
+    async with txmq.TransactionProducer(group="checked", listener=Committed()) as p:
+        at = datetime.now(UTC) + timedelta(minutes=30)
+        await p.send_half(Message("c", b"late", deliver_at=at), transaction_id="c1")
+        with anyio.fail_after(10):
+            while broker.pending_transactions():
+                broker.check_back_now()
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.2)
+        assert broker.bodies("c") == []  # committed, waiting for its time
+        broker.advance(1800)
+        await _delivered(broker, "c", [b"late"])
