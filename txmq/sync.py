@@ -44,6 +44,7 @@ class Producer(SyncClient[_producer.Producer]):
     send_async = blocking(_producer.Producer.send_async)
     send_oneway = blocking(_producer.Producer.send_oneway)
     send_batch = blocking(_producer.Producer.send_batch)
+    recall = blocking(_producer.Producer.recall)
     route = blocking(_producer.Producer.route)
 
 
@@ -74,6 +75,7 @@ class TransactionProducer(SyncClient[_tx.TransactionProducer]):
     send = blocking(_tx.TransactionProducer.send)
     send_half = blocking(_tx.TransactionProducer.send_half)
     end_transaction = blocking(_tx.TransactionProducer.end_transaction)
+    recall = blocking(_tx.TransactionProducer.recall)
     send_message_in_transaction = blocking(_tx.TransactionProducer.send_message_in_transaction)
 
 

@@ -4,7 +4,7 @@ never is; a commit decided by a check-back waits the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,8 +12,9 @@ import anyio
 import pytest
 
 import txmq
+from tests.conftest import BrokerProcess
 from txmq import LocalTransactionState, Message
-from txmq.protocol.wire.errors import BadRequest
+from txmq.protocol.wire.errors import BadRequest, MessageNotFound
 from txmq.testing import InProcessBroker
 
 pytestmark = pytest.mark.anyio
@@ -88,3 +89,53 @@ async def test_a_delayed_message_committed_by_the_check_back_waits_too(
         assert broker.bodies("c") == []  # committed, waiting for its time
         broker.advance(1800)
         await _delivered(broker, "c", [b"late"])
+
+
+async def test_a_timer_message_recalled_before_its_time_is_never_delivered(
+    broker: InProcessBroker,
+) -> None:
+    at = datetime.now(UTC) + timedelta(hours=2)
+    async with txmq.TransactionProducer(group="recaller") as p:
+        plain = await p.send(Message("r", b"plain", deliver_at=at))
+        half = await p.send_half(Message("r", b"in-a-tx", deliver_at=at), transaction_id="r1")
+        await p.end_transaction(half, S.COMMIT)
+        kept = await p.send(Message("r", b"kept", deliver_at=at))
+        soon = await p.send(Message("r", b"soon", delay=timedelta(seconds=60)))
+        for r in (plain, half):
+            assert abs(await p.recall("r", r.msg_id) - at.timestamp() * 1000) < 2
+        with pytest.raises(MessageNotFound, match="recalled already"):
+            await p.recall("r", plain.msg_id)
+        with pytest.raises(MessageNotFound, match="no timer message"):
+            await p.recall("r", "0" * 32)
+        broker.advance(60)
+        await _delivered(broker, "r", [b"soon"])
+        with pytest.raises(MessageNotFound, match="delivered already"):
+            await p.recall("r", soon.msg_id)
+        broker.advance(7200)
+        await _delivered(broker, "r", [b"kept", b"soon"])
+        assert kept.msg_id in {m.msg_id for m in broker.messages("r")}
+
+
+async def test_a_recall_survives_a_sigkill_of_the_broker(
+    broker_process: Callable[..., BrokerProcess],
+) -> None:
+    """The recall is in the commit log: a broker killed after answering it and restarted
+    on its store still does not deliver the recalled timer (a timer due with it is the
+    witness that its time has passed)."""
+    bp = broker_process("--flush", "sync").start()
+    at = datetime.now(UTC) + timedelta(seconds=4)
+    async with txmq.Producer(bp.address) as p:
+        recalled = await p.send(Message("k", b"recalled", deliver_at=at))
+        await p.send(Message("k", b"witness", deliver_at=at))
+        await p.recall("k", recalled.msg_id)
+    bp.kill()
+    bp.start()
+    async with txmq.PullConsumer(bp.address, "k-reader") as c:
+        bodies: list[bytes] = []
+        with anyio.fail_after(30):
+            while b"witness" not in bodies:
+                bodies = []
+                for q in await c.queues("k"):
+                    bodies += [m.body for m in (await c.pull("k", q, 0, long_poll=0)).messages]
+                await anyio.sleep(0.1)
+    assert bodies == [b"witness"]

@@ -39,6 +39,7 @@ from txmq.protocol.wire import (
     PullMessage,
     QueryConsumerOffset,
     QueryMessageByKey,
+    RecallMessage,
     ResetOffset,
     SearchOffset,
     SendBatchMessage,
@@ -75,6 +76,7 @@ def request_router(s: Services, guard: Gate | None = None) -> Router:
     # messages
     r.route(SendMessage, s.sending.send_message)
     r.route(SendBatchMessage, s.sending.send_batch)
+    r.route(RecallMessage, s.sending.recall)
     r.route(PullMessage, s.pulling.pull)
     r.route(ConsumerSendMsgBack, s.retry.send_back)
     r.route(EndTransaction, s.transactions.end_transaction)

@@ -21,8 +21,15 @@ from txmq.broker.store import MAX_PROPERTIES_SIZE, PutResult
 from txmq.broker.transactions.service import TransactionService
 from txmq.protocol.message import Prop
 from txmq.protocol.rpc import Call
-from txmq.protocol.wire import BatchResult, SendBatchMessage, SendMessage, Sent
-from txmq.protocol.wire.errors import BadRequest, MessageTooLarge
+from txmq.protocol.wire import (
+    BatchResult,
+    Recalled,
+    RecallMessage,
+    SendBatchMessage,
+    SendMessage,
+    Sent,
+)
+from txmq.protocol.wire.errors import BadRequest, MessageTooLarge, NotMaster
 
 __all__ = ["SendService", "sent"]
 
@@ -59,6 +66,14 @@ class SendService:
 
     def _check_queue(self, topic: str, queue_id: int) -> None:
         check_queue_id(self.ctx.topics.for_send(topic), queue_id)
+
+    def recall(self, req: RecallMessage, call: Call) -> Recalled | asyncio.Future[Recalled]:
+        """Recall a timer message before it is due (answered once the recall is flushed)."""
+        if not self.store.writable:
+            raise NotMaster("this broker is not its broker set's master: recall at the master")
+        due, r = self.schedule.timer.recall(req.topic, req.msg_id)
+        answer = Recalled(msg_id=req.msg_id, deliver_at_ms=due)
+        return self.ctx.acks.after_flush(r.end_offset, answer)
 
     def send_message(self, req: SendMessage, call: Call) -> Sent | asyncio.Future[Sent]:
         return self.put(req, call.body, call.user.name if call.user is not None else None)

@@ -20,11 +20,12 @@ from txmq.protocol.message import (
     stable_hash,
 )
 from txmq.protocol.message import validate_topic_name as _why_bad_topic
-from txmq.protocol.wire import BatchEntry, SendBatchMessage, SendMessage, Sent
+from txmq.protocol.wire import BatchEntry, RecallMessage, SendBatchMessage, SendMessage, Sent
 from txmq.protocol.wire.errors import (
     BrokerUnavailable,
     FlushSlaveTimeout,
     InvalidTopic,
+    MessageNotFound,
     MessageTooLarge,
     SlaveNotAvailable,
     TxmqError,
@@ -364,6 +365,25 @@ class Producer(BrokerClient):
         with observe.sending(msg.topic, self.group, [props], len(body)):
             request = self._send_request(msg.topic, mq.queue_id, props)
             await self.remote(mq.broker_name).send_oneway(request, body)
+
+    async def recall(self, topic: str, msg_id: str, *, timeout: float | None = None) -> int:
+        """Recall the timer message ``msg_id`` of ``topic`` (sent with ``deliver_at`` or
+        ``delay``, in a transaction or not) before its delivery time: it is never
+        delivered (RocketMQ 5's recall).  Returns when it would have been (ms since the
+        epoch).  MessageNotFound: it was delivered (or recalled) already, or no broker set
+        of the topic holds it."""
+        route = await self.route(topic)
+        request = RecallMessage(topic=topic, msg_id=msg_id, group=self.group)
+        errors: list[MessageNotFound] = []
+        for broker in sorted(route.masters):
+            try:
+                return (await self.call(request, broker=broker, timeout=timeout)).deliver_at_ms
+            except MessageNotFound as exc:
+                errors.append(exc)
+        # the broker set that holds it says why it cannot be recalled; the others that they
+        # do not hold it
+        found = [e for e in errors if "on this broker" not in str(e)]
+        raise (found or errors or [MessageNotFound(f"topic {topic} has no broker set")])[0]
 
     async def send_batch(
         self, msgs: Sequence[Message], **options: Unpack[SendOptions]

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_DLQ_REASON",
     "OP_TOPIC",
     "PARKED_TOPIC",
+    "RECALL_TOPIC",
     "SCHEDULE_TOPIC",
     "SYSTEM_TOPIC_PREFIXES",
     "TIMER_TOPIC",
@@ -146,6 +147,9 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 #: timer messages (an exact delivery time) wait here, one queue (RocketMQ 5's
 #: rmq_sys_wheel_timer); its consume queue is the timer log
 TIMER_TOPIC = "RMQ_SYS_WHEEL_TIMER"
+#: recalls of timer messages (RocketMQ 5's recall), one record each: in the commit log, so
+#: that a restarted broker and a slave become master know them too
+RECALL_TOPIC = "RMQ_SYS_TIMER_RECALL"
 
 
 def retry_topic(group: str) -> str:

@@ -25,6 +25,11 @@ the timer log past that position, leaving out keys up to the checkpoint's and ti
 delivered copy (TXMQ_TIMER_OF) is in the commit log past the checkpoint's end — the copies
 made after the last checkpoint, found by a scan of those few seconds of log.  What the
 store lost in a crash (async flush) is lost with its copy and delivered again.
+
+Recall (RocketMQ 5's): a timer message not yet delivered can be recalled by its id.  The
+recall is a record in ``RMQ_SYS_TIMER_RECALL`` (the recalled id and its delivery time), in
+the commit log like everything else — flushed before it is answered, copied to the slaves,
+read again at start — and the delivery skips a recalled timer.
 """
 
 from __future__ import annotations
@@ -40,13 +45,13 @@ import msgspec
 
 from txmq.broker.state.context import BrokerContext
 from txmq.broker.state.persisting import SavedState
-from txmq.broker.state.putting import WAITING_PROPS, real_destination
+from txmq.broker.state.putting import WAITING_PROPS, put_or_raise, real_destination
 from txmq.broker.store import PutResult, PutStatus
 from txmq.broker.store.consumequeue import CQ_ENTRY
 from txmq.broker.store.scanner import Scanner
 from txmq.protocol.codec import decode_record
-from txmq.protocol.message import TIMER_TOPIC, Prop
-from txmq.protocol.wire.errors import MessageTooLarge
+from txmq.protocol.message import RECALL_TOPIC, TIMER_TOPIC, Prop
+from txmq.protocol.wire.errors import MessageNotFound, MessageTooLarge
 from txmq.server.jsonfile import load_json
 
 __all__ = ["TimerCheckpoint", "TimerService", "TimerWheel"]
@@ -56,6 +61,8 @@ log = logging.getLogger("txmq.broker.timer")
 _BATCH = 256
 _READ = 4096  # timer-log entries read at a time
 _MARK = Prop.TIMER_OF.encode()
+#: a recall record's property: the recalled timer's delivery time
+_RECALL_DUE = "TXMQ_RECALL_DUE"
 
 #: a timer in the wheel: (delivery ms, commit-log offset, size, timer-log position)
 Entry = tuple[int, int, int, int]
@@ -162,6 +169,62 @@ class TimerService(SavedState):
         stored[Prop.REAL_QID] = str(queue_id)
         return TIMER_TOPIC, 0, stored, deliver_at_ms
 
+    def recall(self, topic: str, msg_id: str) -> tuple[int, PutResult]:
+        """Recall the timer message ``msg_id`` of ``topic``: its delivery time and the
+        recall record's put (answer once it is flushed); MessageNotFound when no such timer
+        waits here."""
+        timer = None
+        delivered = False
+        for raw in self.store.query_all_by_uniq_key(msg_id):
+            msg = decode_record(raw)
+            props = msg.all_properties
+            if msg.topic == TIMER_TOPIC and props.get(Prop.REAL_TOPIC) == topic:
+                timer = msg
+            elif props.get(Prop.TIMER_OF) is not None and msg.topic == topic:
+                delivered = True
+        if timer is None:
+            raise MessageNotFound(f"no timer message {msg_id} of topic {topic} on this broker")
+        due = int(timer.all_properties.get(Prop.DELIVER_AT, "0"))
+        if delivered or (due, timer.commit_log_offset) <= self._key:
+            raise MessageNotFound(f"timer message {msg_id} was delivered already: too late")
+        if msg_id in self._recalled:
+            raise MessageNotFound(f"timer message {msg_id} was recalled already")
+        if self.ctx.topics.get(RECALL_TOPIC) is None:
+            self.ctx.topics.create_or_update(RECALL_TOPIC, 1, system=True)
+        r = put_or_raise(
+            self.store,
+            topic=RECALL_TOPIC,
+            queue_id=0,
+            body=msg_id.encode(),
+            properties={_RECALL_DUE: str(due), Prop.REAL_TOPIC: topic},
+            born_timestamp=self.ctx.clock.now_ms(),
+        )
+        self._recalled[msg_id] = due
+        log.info("timer message %s of %s (due %d) recalled", msg_id, topic, due)
+        return due, r
+
+    def _load_recalls(self) -> None:
+        """The recalls of timers not delivered yet, from their records."""
+        self._recalled.clear()
+        cq = self.store.consume_queue(RECALL_TOPIC, 0)
+        if cq is None:
+            return
+        pos = cq.min_offset
+        while pos < cq.max_offset:
+            raw = cq.read(pos, _READ)
+            if not raw:
+                pos = (pos // cq.per_file + 1) * cq.per_file
+                continue
+            for phy, _size, _code in CQ_ENTRY.iter_unpack(raw):
+                record = self.store.look_message_by_offset(phy)
+                if record is None:
+                    continue
+                msg = decode_record(record)
+                due = int(msg.all_properties.get(_RECALL_DUE, "0"))
+                if due >= self._key[0]:
+                    self._recalled[msg.body.decode()] = due
+            pos += len(raw) // CQ_ENTRY.size
+
     def stored(self, due_ms: int) -> None:
         """A timer message was stored: wake the task if it is due sooner than it waits."""
         if self._next is None or due_ms < self._next:
@@ -180,6 +243,8 @@ class TimerService(SavedState):
         self._scan_from = ck.commit_log
         self._done: set[int] = set()
         self._enqueued = ck.low
+        #: recalled timers not delivered yet: message id -> delivery time
+        self._recalled: dict[str, int] = {}
         self.wheel = TimerWheel()
         self._ready = False
 
@@ -207,6 +272,7 @@ class TimerService(SavedState):
                 if raw is not None and raw.isdigit():
                     copies.add(int(raw))
         self._copies = copies
+        self._load_recalls()
         self._enqueue(recovering=True)
         self._copies = set()
         self._ready = True
@@ -340,6 +406,9 @@ class TimerService(SavedState):
             log.warning("timer message at %d is gone from the commit log; skipped", phy)
             return None
         msg = decode_record(record)
+        if self._recalled.pop(msg.msg_id, None) is not None:
+            log.info("timer message %s of %s not delivered: it was recalled", msg.msg_id, msg.topic)
+            return None
         where = real_destination(self.ctx.topics, msg, "timer")
         if where is None:
             return None

@@ -46,6 +46,8 @@ class RequestCode(enum.IntEnum):
     DLQ_RESEND = 352
     GET_TRANSACTIONS = 353
     DECIDE_TRANSACTION = 354
+    #: RocketMQ 5.3's recall of a timer message
+    RECALL_MESSAGE = 370
     # users and rules (RocketMQ 5's ACL 2.0 AUTH_* requests)
     AUTH_CREATE_USER = 3001
     AUTH_DELETE_USER = 3003

@@ -20,6 +20,8 @@ __all__ = [
     "PullStatus",
     "Pulled",
     "QueryConsumerOffset",
+    "RecallMessage",
+    "Recalled",
     "SendBack",
     "SendBatchMessage",
     "SendMessage",
@@ -58,6 +60,24 @@ class SendMessage(Request[Sent], frozen=True, kw_only=True, omit_defaults=True):
     properties: dict[str, str] = {}
     born_timestamp: BornTimestamp = 0
     flag: Flag = 0
+    group: NameOrEmpty = ""
+
+
+class Recalled(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """A timer message that will not be delivered: when it would have been."""
+
+    msg_id: str
+    deliver_at_ms: int
+
+
+class RecallMessage(Request[Recalled], frozen=True, kw_only=True, omit_defaults=True):
+    """Recall the timer message ``msg_id`` of ``topic`` before its delivery time (RocketMQ
+    5's recall): it is never delivered.  One that was delivered, or that this broker does
+    not hold, is MessageNotFound."""
+
+    CODE = RequestCode.RECALL_MESSAGE
+    topic: Topic
+    msg_id: str
     group: NameOrEmpty = ""
 
 

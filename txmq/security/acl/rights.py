@@ -47,6 +47,7 @@ from txmq.protocol.wire import (
     PullMessage,
     QueryConsumerOffset,
     QueryMessageByKey,
+    RecallMessage,
     Request,
     ResetOffset,
     SearchOffset,
@@ -108,6 +109,7 @@ def _queues(group: str, queues: Iterable[tuple[str, int]]) -> list[Need]:
 _TABLE: dict[type[Request[Any]], Callable[[Any], list[Need]]] = {
     SendMessage: lambda r: [publish_need(r.topic)],
     SendBatchMessage: lambda r: [publish_need(r.topic)],
+    RecallMessage: lambda r: [publish_need(r.topic)],
     PullMessage: lambda r: [_group(r.group), _sub_topic(r.topic)],
     QueryConsumerOffset: lambda r: [_group(r.group), _sub_topic(r.topic)],
     UpdateConsumerOffset: lambda r: [_group(r.group), _sub_topic(r.topic)],
