@@ -64,6 +64,14 @@ CHECKOUT = Saga(
     ],
 )
 SERVICES = ("orders", "inventory", "payment")
+#: the charge given up on after a minute without an answer
+SLOW = Saga(
+    "slow-checkout",
+    [
+        Step("reserve-stock", service="inventory", compensation="release-stock"),
+        Step("charge", service="payment", compensation="refund", timeout=60),
+    ],
+)
 #: TCC: (service, try, confirm, cancel) per branch
 HOLD = tcc(
     "hold",
@@ -183,7 +191,7 @@ def _async_handlers(inv: Participant, pay: Participant, orders_p: Participant, f
         await session.execute(
             accounts.update()
             .where(accounts.c.customer == data["customer"])
-            .values(balance=accounts.c.balance + data["charged"])
+            .values(balance=accounts.c.balance + data["amount"])
         )
 
     @orders_p.action("confirm-order")
@@ -271,12 +279,16 @@ class World:
         with self.engines["orders"].connect() as conn:
             return conn.execute(sa.select(orders.c.state).where(orders.c.id == order_id)).scalar()
 
-    async def until(self, saga_id: str, *states: str, timeout: float = 30) -> Any:
+    async def until(
+        self, saga_id: str, *states: str, timeout: float = 30, advance: bool = True
+    ) -> Any:
         """Poll (with a deadline) until the saga is in one of ``states``; the broker's clock
-        is moved on meanwhile, so that retries on delay levels come due at once."""
+        is moved on meanwhile (``advance``), so that retries on delay levels come due at
+        once."""
         with anyio.fail_after(timeout):
             while (row := self.saga(saga_id)).state not in states:
-                self.broker.advance(3600)
+                if advance:
+                    self.broker.advance(3600)
                 await anyio.sleep(0.05)
         return row
 
@@ -301,7 +313,7 @@ async def world(broker: InProcessBroker, urls: dict[str, tuple[str, str]]) -> As
         for p in producers.values():
             await stack.enter_async_context(p)
         coordinator = Coordinator(
-            "orders", producers["orders"], sessions["orders"], [CHECKOUT, HOLD]
+            "orders", producers["orders"], sessions["orders"], [CHECKOUT, HOLD, SLOW]
         )
         parts = {s: Participant(s, producers[s], sessions[s]) for s in SERVICES}
         _async_handlers(parts["inventory"], parts["payment"], parts["orders"], faults)
@@ -654,3 +666,46 @@ async def test_metrics_count_sagas_by_state_and_time_each_step(
     assert (
         0 < value("txmq_saga_step_seconds_sum", branch="charge", op="action", outcome="done") < 30
     )
+
+
+async def test_a_step_without_an_answer_in_its_time_is_compensated_with_those_before(
+    world: World,
+) -> None:
+    """The charge keeps failing (retried on the delay levels); its minute passes first: the
+    saga compensates — the refund arrives before any charge took effect (a null
+    compensation), and the charge's later retries find the barrier and do nothing."""
+    world.faults.charge_fails = 100
+    data = {"order": "o-11", "product": "apple", "quantity": 2, "customer": "ann", "amount": 30}
+    async with world.coordinator.sessions() as session:
+        async with world.coordinator.start(session, SLOW, data) as saga:
+            pass
+    with anyio.fail_after(10):
+        while "charge" not in world.faults.seen:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+    assert world.saga(saga.saga_id).deadline_id  # its deadline message waits
+    world.broker.advance(60)
+    row = await world.until(saga.saga_id, State.COMPENSATED)
+    assert "no answer within 60 s" in row.error
+    events = {(b, op, e) for b, op, e in world.steps(saga.saga_id)}
+    assert {("charge", "action", "timeout"), ("charge", "compensation", "done")} <= events
+    assert "refund" not in world.faults.seen  # nothing to refund: a null compensation
+    world.faults.charge_fails = 0  # a later charge would succeed: the barrier stops it
+    world.broker.advance(7200)
+    await world.broker.wait_consumed_async("saga-payment", command_topic("payment"))
+    assert world.balance() == 100 and world.stock() == (10, 0)
+
+
+async def test_an_answer_in_time_recalls_the_deadline(world: World) -> None:
+    data = {"order": "o-12", "product": "apple", "quantity": 1, "customer": "ann", "amount": 5}
+    async with world.coordinator.sessions() as session:
+        async with world.coordinator.start(session, SLOW, data) as saga:
+            pass
+    row = await world.until(saga.saga_id, State.COMPLETED, advance=False)  # (not its deadline)
+    assert row.deadline_id is None
+    with anyio.fail_after(10):  # the deadline of the charge, recalled by its answer
+        while len(world.broker.messages("RMQ_SYS_TIMER_RECALL")) < 1:  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+    world.broker.advance(7200)
+    await world.broker.wait_consumed_async("saga-orders-coordinator", "saga-orders-replies")
+    tags = [m.tags for m in world.broker.messages("saga-orders-replies")]
+    assert "timeout" not in tags and tags.count("done") == 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy.orm import Session
 from txmq.consumer.push import ConsumeResult
 from txmq.observability import hooks as observe
 from txmq.protocol.message import Message, MessageExt
+from txmq.protocol.wire.errors import MessageNotFound, TxmqError
 from txmq.saga import decide
 from txmq.saga.decide import Decision
 from txmq.saga.model import (
@@ -181,11 +183,17 @@ class Coordinator(SagaService):
             decision = choose(self._saga_of(row), row)
             if decision is None:
                 return ConsumeResult.SUCCESS  # (the transaction commits its log row only)
+            for msg in _outgoing(decision, self.service):
+                sent = await tx.send(msg, sharding_key=saga_id)
+                _sent_deadline(decision, msg, sent.msg_id)
             for stmt, params in _writes(saga_id, decision):
                 await tx.session.execute(stmt, params)
-            if decision.command is not None:
-                await tx.send(_message(decision.command), sharding_key=saga_id)
         _committed(row.name, decision, row.state)
+        if decision.recall is not None:
+            try:
+                await self.producer.recall(self.topic, decision.recall)
+            except TxmqError as exc:
+                _not_recalled(decision.recall, exc)
         return ConsumeResult.SUCCESS
 
     def _apply(self, saga_id: str, choose: Any) -> ConsumeResult:
@@ -194,12 +202,47 @@ class Coordinator(SagaService):
             decision = choose(self._saga_of(row), row)
             if decision is None:
                 return ConsumeResult.SUCCESS
+            for msg in _outgoing(decision, self.service):
+                sent = tx.send(msg, sharding_key=saga_id)
+                _sent_deadline(decision, msg, sent.msg_id)
             for stmt, params in _writes(saga_id, decision):
                 tx.session.execute(stmt, params)
-            if decision.command is not None:
-                tx.send(_message(decision.command), sharding_key=saga_id)
         _committed(row.name, decision, row.state)
+        if decision.recall is not None:
+            try:
+                self.producer.recall(self.topic, decision.recall)
+            except TxmqError as exc:
+                _not_recalled(decision.recall, exc)
         return ConsumeResult.SUCCESS
+
+
+def _outgoing(decision: Decision, coordinator: str) -> list[Message]:
+    """The messages a decision sends: its command, and the command's deadline (an answer
+    to itself, delayed until then)."""
+    out = [] if decision.command is None else [_message(decision.command)]
+    if decision.deadline is not None:
+        expired, seconds = decision.deadline
+        key = f"{expired.saga_id}/{expired.step}/deadline"
+        body = encode(expired)
+        delay = timedelta(seconds=seconds)
+        out.append(Message(REPLY_TOPIC.format(coordinator), body, tags="timeout", keys=[key],
+                           delay=delay))  # fmt: skip
+    return out
+
+
+def _sent_deadline(decision: Decision, msg: Message, msg_id: str) -> None:
+    if msg.tags == "timeout":
+        decision.values["deadline_id"] = msg_id
+
+
+def _not_recalled(msg_id: str, exc: TxmqError) -> None:
+    """A deadline message its answer did not recall: delivered already (it finds the saga
+    past its step and is ignored), or the broker could not be asked (then it comes, and is
+    ignored the same way)."""
+    if not isinstance(exc, MessageNotFound):
+        log.warning(
+            "could not recall deadline message %s (%s): it is ignored when due", msg_id, exc
+        )
 
 
 def _committed(name: str, decision: Decision, before: str | None = None) -> None:
@@ -237,8 +280,10 @@ class SagaStart:
         return self._tx.session
 
     def _row(self) -> Any:
-        values = {k: v for k, v in self._first.values.items()}
-        return insert(sagas).values(**values)
+        return insert(sagas).values(**self._first.values)
+
+    def _deadline(self, msg_id: str) -> Any:
+        return update(sagas).where(sagas.c.saga_id == self.saga_id).values(deadline_id=msg_id)
 
     def __enter__(self) -> SagaStart:
         tx = self._tx
@@ -259,8 +304,10 @@ class SagaStart:
         assert isinstance(tx, LocalTransaction)
         if exc is None:
             try:
-                assert self._first.command is not None
-                tx.send(_message(self._first.command), sharding_key=self.saga_id)
+                for msg in _outgoing(self._first, self._first.values["coordinator"]):
+                    sent = tx.send(msg, sharding_key=self.saga_id)
+                    if msg.tags == "timeout":
+                        tx.session.execute(self._deadline(sent.msg_id))
             except BaseException as err:
                 tx.__exit__(type(err), err, err.__traceback__)
                 raise
@@ -287,8 +334,10 @@ class SagaStart:
         assert isinstance(tx, AsyncLocalTransaction)
         if exc is None:
             try:
-                assert self._first.command is not None
-                await tx.send(_message(self._first.command), sharding_key=self.saga_id)
+                for msg in _outgoing(self._first, self._first.values["coordinator"]):
+                    sent = await tx.send(msg, sharding_key=self.saga_id)
+                    if msg.tags == "timeout":
+                        await tx.session.execute(self._deadline(sent.msg_id))
             except BaseException as err:
                 await tx.__aexit__(type(err), err, err.__traceback__)
                 raise

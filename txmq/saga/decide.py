@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from txmq.saga.model import (
@@ -36,6 +37,10 @@ class Decision:
     command: Command | None = None
     #: the answer it took: (branch, operation, outcome, seconds since its command was sent)
     took: tuple[str, str, str, float] | None = None
+    #: the command's deadline: the answer the coordinator sends itself, delayed that long
+    deadline: tuple[Reply, float] | None = None
+    #: the delayed deadline message to recall once this commits (its answer came first)
+    recall: str | None = None
 
 
 def _command(
@@ -74,16 +79,33 @@ def _sent(cmd: Command) -> dict[str, Any]:
     }
 
 
-def _go(decision: Decision, cmd: Command, state: str) -> Decision:
+def _go(decision: Decision, cmd: Command, state: str, timeout: float | None = None) -> Decision:
     decision.values.update(state=state, step=cmd.step, op=cmd.op, command_id=cmd.command_id)
+    decision.values.update(deadline_at=None, deadline_id=None)
     decision.command = cmd
     decision.log.append(_sent(cmd))
+    if timeout is not None and cmd.op == ACTION:
+        expired = Reply(
+            saga_id=cmd.saga_id,
+            command_id=cmd.command_id,
+            step=cmd.step,
+            op=cmd.op,
+            outcome="timeout",
+            detail=f"no answer within {timeout:g} s",
+            sent_ms=cmd.sent_ms,
+        )
+        decision.deadline = (expired, timeout)
+        decision.values["deadline_at"] = datetime.fromtimestamp(cmd.sent_ms / 1000 + timeout, UTC)
     return decision
+
+
+def _act(saga: Saga, saga_id: str, index: int, data: dict[str, Any], coordinator: str) -> Command:
+    return _command(saga, saga_id, index, ACTION, data, coordinator)
 
 
 def first(saga: Saga, saga_id: str, data: dict[str, Any], coordinator: str) -> Decision:
     """A new saga: its row, and the command of its first action."""
-    cmd = _command(saga, saga_id, 0, ACTION, data, coordinator)
+    cmd = _act(saga, saga_id, 0, data, coordinator)
     values: dict[str, Any] = {
         "saga_id": saga_id,
         "name": saga.name,
@@ -93,7 +115,7 @@ def first(saga: Saga, saga_id: str, data: dict[str, Any], coordinator: str) -> D
         "effected": [],
         "error": None,
     }
-    return _go(Decision(values), cmd, State.RUNNING)
+    return _go(Decision(values), cmd, State.RUNNING, saga.steps[0].timeout)
 
 
 def _compensate_next(
@@ -153,6 +175,9 @@ def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision |
     if reply.sent_ms:
         elapsed = max(time.time() - reply.sent_ms / 1000, 0.0)
         decision.took = (step.action, reply.op, reply.outcome, elapsed)
+    if row.deadline_id and reply.outcome != "timeout":
+        decision.recall = row.deadline_id
+    decision.values.update(deadline_at=None, deadline_id=None)  # answered, or its time came
     data = dict(row.data)
     effected = list(row.effected)
     if reply.op == ACTION:
@@ -161,10 +186,12 @@ def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision |
             effected.append(row.step)
             decision.values.update(data=data, effected=effected)
             if row.step + 1 < len(saga.steps):
-                cmd = _command(saga, row.saga_id, row.step + 1, ACTION, data, coordinator)
-                return _go(decision, cmd, State.RUNNING)
+                cmd = _act(saga, row.saga_id, row.step + 1, data, coordinator)
+                return _go(decision, cmd, State.RUNNING, saga.steps[row.step + 1].timeout)
             return _confirm_next(saga, row, -1, decision, coordinator)
         decision.values["error"] = f"{step.action} {reply.outcome}: {reply.detail}"
+        if reply.outcome == "timeout":  # it may still take effect: undo it too
+            effected.append(row.step)
         return _compensate_next(saga, row, data, effected, decision, coordinator)
     if reply.op == CONFIRM:
         if reply.outcome == "done":

@@ -37,8 +37,9 @@ COMPENSATION: Literal["compensation"] = "compensation"
 #: TCC's second phase (try is the action, cancel the compensation)
 CONFIRM: Literal["confirm"] = "confirm"
 #: a participant's answer: the operation took effect (done), said no (refused: a business
-#: refusal, nothing changed) or ran out of retries (failed: nothing changed)
-Outcome = Literal["done", "refused", "failed"]
+#: refusal, nothing changed) or ran out of retries (failed: nothing changed); or the
+#: coordinator's own deadline message: no answer in the step's time (timeout)
+Outcome = Literal["done", "refused", "failed", "timeout"]
 
 #: RocketMQ's delay levels reach 16 retries (the last one two hours after the first try)
 MAX_RETRIES = 16
@@ -92,7 +93,12 @@ class Step:
     for an operator.
 
     With ``confirm`` it is a TCC branch (see :func:`tcc`): the action is its try, the
-    compensation its cancel, and ``confirm`` runs once every branch's try took effect."""
+    compensation its cancel, and ``confirm`` runs once every branch's try took effect.
+
+    ``timeout`` (seconds): an action not answered by then is given up — the saga
+    compensates it (its compensation undoes it if it took effect; the barrier makes it a
+    no-op if it never did, and the late action too) and the steps before it.  The deadline
+    is a delayed transactional message sent with the command and recalled by the answer."""
 
     action: str
     service: str
@@ -100,6 +106,7 @@ class Step:
     retries: int = 3
     compensation_retries: int = 5
     confirm: str | None = None
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         check_name("a step's action", self.action)
@@ -108,6 +115,14 @@ class Step:
             check_name("a step's compensation", self.compensation)
         if self.confirm is not None:
             check_name("a step's confirm", self.confirm)
+        if self.timeout is not None:
+            if not (isinstance(self.timeout, int | float) and self.timeout > 0):
+                raise ValueError(f"step {self.action!r}: timeout must be a positive number of s")
+            if self.compensation is None:
+                raise ValueError(
+                    f"step {self.action!r} has a timeout but no compensation: an action given "
+                    "up on may still take effect, and only its compensation can undo it"
+                )
         check_retries("retries", self.retries)
         check_retries("compensation_retries", self.compensation_retries)
 

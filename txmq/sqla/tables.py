@@ -195,7 +195,10 @@ sagas = Table(
     #: the steps whose actions took effect, in order (what a compensation undoes)
     Column("effected", JSON, nullable=False),
     Column("error", Text, nullable=True),
+    #: the awaited action's deadline, and the id of its delayed message (recalled by the
+    #: answer)
     Column("deadline_at", DateTime(timezone=True), nullable=True),
+    Column("deadline_id", String(64), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("saga_id", name="pk_txmq_sagas"),

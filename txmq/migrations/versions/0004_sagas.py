@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("effected", sa.JSON(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("deadline_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("deadline_id", sa.String(64), nullable=True),
         _created_at(),
         _created_at("updated_at"),
         sa.CheckConstraint(f"state IN ({STATES})", name="ck_txmq_sagas_state"),
