@@ -116,8 +116,8 @@ def test_upgrade_builds_exactly_the_metadata_then_downgrade_removes_it(empty_db_
 
 
 def test_revisions_one_step_at_a_time(empty_db_url: str) -> None:
-    """0001 -> 0002 (outbox) -> 0003 (consumed keys) -> 0004 (sagas) and back, each step on its own; the
-    transaction log keeps its rows throughout."""
+    """0001 -> 0002 (outbox) -> 0003 (consumed keys) -> 0004 (sagas) and back, each step
+    on its own; the transaction log keeps its rows throughout."""
     engine = create_engine(empty_db_url)
     steps = [("0001", {"txmq_transaction_log"}), ("0002", {"txmq_outbox"})]
     steps.append(("0003", {"txmq_consumed_keys"}))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from txmq.saga import Saga, Step, tcc
+from txmq.saga import Saga, State, Step, tcc
+from txmq.sqla.tables import SAGA_STATES
 
 
 def test_a_definition_says_what_is_wrong_with_it() -> None:
@@ -33,3 +34,7 @@ def test_a_definition_is_stored_and_read_back_the_same() -> None:
         "unhold",
         2,
     )
+
+
+def test_the_table_allows_exactly_the_states_a_saga_has() -> None:
+    assert SAGA_STATES == State.ALL

@@ -10,15 +10,14 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import sessionmaker
 
 from txmq.admin.transactions import operator_name
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
 from txmq.observability.fmt import format_table, span
-from txmq.sqla.db import describe_db_error
-from txmq.sqla.tables import SAGA_STATES
+from txmq.saga.model import OPERATOR_GROUP, State
 
 __all__ = ["add_sagas", "run_sagas"]
 
@@ -43,7 +42,7 @@ def add_sagas(asub: SubParsers) -> None:
     )
     ssub = s.add_subparsers(dest="sagas_cmd", required=True, metavar="COMMAND")
     ls = add_command(ssub, "list", help="sagas, most recently changed first")
-    ls.add_argument("--state", choices=SAGA_STATES, help="only sagas in this state")
+    ls.add_argument("--state", choices=State.ALL, help="only sagas in this state")
     ls.add_argument("--max", type=int, default=50, help="most sagas to show (default 50)")
     show = add_command(ssub, "show", help="one saga with its step log")
     show.add_argument("saga_id")
@@ -59,7 +58,7 @@ def add_sagas(asub: SubParsers) -> None:
         c.add_argument("--operator", help="who (default: user@host)")
         c.add_argument(
             "--group",
-            default="txmq-saga-operator",
+            default=OPERATOR_GROUP,
             help="the producer group of the command's transaction (default "
             "txmq-saga-operator; the coordinating service's own group lets it answer the "
             "check-back should this command be cut off)",
@@ -90,7 +89,9 @@ def _steps(info: Any) -> list[dict[str, Any]]:
 
 
 def run_sagas(args: argparse.Namespace) -> int:
+
     from txmq.saga import list_sagas, saga_info
+    from txmq.sqla.db import describe_db_error
 
     engine = create_engine(args.db)
     try:
@@ -127,50 +128,35 @@ def run_sagas(args: argparse.Namespace) -> int:
             print(f"data: {json.dumps(info.data, default=str)}")
             print(format_table(_steps(info)))
             return 0
-        return _operate(args, engine)
+        return _operate(args)
     except SQLAlchemyError as exc:
         raise CommandError(describe_db_error(exc, args.db)) from exc
     finally:
         engine.dispose()
 
 
-def _operate(args: argparse.Namespace, engine: Any) -> int:
-    import txmq.sync
-    from txmq.saga import Coordinator
-    from txmq.sqla import SqlTransactionChecker
+def _operate(args: argparse.Namespace) -> int:
+    from txmq.saga.operate import operate
 
     where = endpoints(args)
-    producer = txmq.sync.TransactionProducer(
-        where["address"],
-        group=args.group,
-        namesrv=where["namesrv"],
-        listener=SqlTransactionChecker(engine),
-    )
     operator = args.operator or operator_name()
-    with producer:
-        # the service's name only names the reply topic of the commands it sends: the one
-        # the saga's own coordinator takes its answers from
-        coordinator = Coordinator(_service_of(engine, args.saga_id), producer, sessionmaker(engine))
-        try:
-            act = coordinator.retry if args.sagas_cmd == "retry" else coordinator.resolve
-            act(args.saga_id, operator=operator, reason=args.reason)
-        except (LookupError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
-    state = coordinator.state(args.saga_id)
-    print(
-        f"saga {args.saga_id}: {args.sagas_cmd} recorded ({operator}: {args.reason}); now {state}"
-    )
+
+    async def run() -> str:
+        return await operate(
+            args.db,
+            args.saga_id,
+            args.sagas_cmd,
+            operator=operator,
+            reason=args.reason,
+            group=args.group,
+            address=where["address"],
+            namesrv=where["namesrv"],
+        )
+
+    try:
+        state = anyio.run(run)
+    except (LookupError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    done = f"{args.sagas_cmd} recorded ({operator}: {args.reason})"
+    print(f"saga {args.saga_id}: {done}; now {state}")
     return 0
-
-
-def _service_of(engine: Any, saga_id: str) -> str:
-    """The service that coordinates a saga (its answers come on that service's topic)."""
-    from sqlalchemy import select
-
-    from txmq.sqla.tables import sagas
-
-    with engine.connect() as conn:
-        row = conn.execute(select(sagas.c.coordinator).where(sagas.c.saga_id == saga_id)).first()
-    if row is None:
-        raise CommandError(f"no saga {saga_id}")
-    return str(row.coordinator)

@@ -19,7 +19,7 @@ created by ``txmq db upgrade`` (revision 0002).
 
 from txmq.outbox import sync
 from txmq.outbox.claim import Outcome, Row
-from txmq.outbox.relay import OUTAGE_ERRORS, OutboxNotReady, OutboxRelay, async_url
+from txmq.outbox.relay import OUTAGE_ERRORS, OutboxNotReady, OutboxRelay
 from txmq.outbox.store import (
     CHANNEL,
     OutboxStats,
@@ -32,6 +32,7 @@ from txmq.outbox.store import (
     requeue,
     stats,
 )
+from txmq.sqla.db import async_url
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT
 from txmq.sqla.tables import outbox as outbox_table
 

@@ -58,11 +58,11 @@ from txmq.protocol.wire.errors import (
     TopicNotFound,
     TxmqError,
 )
-from txmq.sqla.db import describe_db_error
+from txmq.sqla.db import async_url, describe_db_error
 from txmq.sqla.tables import outbox as outbox_table
 from txmq.transports.port import Transport
 
-__all__ = ["OUTAGE_ERRORS", "OutboxNotReady", "OutboxRelay", "async_url"]
+__all__ = ["OUTAGE_ERRORS", "OutboxNotReady", "OutboxRelay"]
 
 log = logging.getLogger("txmq.outbox")
 
@@ -108,20 +108,6 @@ def _message(row: Row) -> _OutboxMessage:
         fixed_id=row.msg_id,
         sharding_key=row.sharding_key,
     )
-
-
-def async_url(db: str | URL) -> URL:
-    """The async-driver form of a database URL (``sqlite:`` → ``sqlite+aiosqlite:``,
-    ``postgresql:`` → ``postgresql+psycopg:``)."""
-    url = make_url(db)
-    backend, _, driver = url.drivername.partition("+")
-    if backend == "sqlite" and driver in ("", "pysqlite"):
-        return url.set(drivername="sqlite+aiosqlite")
-    if backend == "postgresql" and driver in ("", "psycopg"):
-        return url.set(drivername="postgresql+psycopg")
-    if url.get_dialect().is_async:
-        return url
-    raise ValueError(f"no async driver for {url.drivername}: use postgresql+psycopg or sqlite")
 
 
 class OutboxRelay:

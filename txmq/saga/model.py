@@ -16,6 +16,7 @@ __all__ = [
     "COMMAND_TOPIC",
     "COMPENSATION",
     "CONFIRM",
+    "OPERATOR_GROUP",
     "REPLY_TOPIC",
     "Command",
     "Op",
@@ -41,6 +42,10 @@ CONFIRM: Literal["confirm"] = "confirm"
 #: coordinator's own deadline message: no answer in the step's time (timeout)
 Outcome = Literal["done", "refused", "failed", "timeout"]
 
+#: the producer group of an operator's command from outside the service (``txmq admin
+#: sagas``, the console); the coordinating service's own group lets that service answer the
+#: check-back should the operator's process stop half way
+OPERATOR_GROUP = "txmq-saga-operator"
 #: RocketMQ's delay levels reach 16 retries (the last one two hours after the first try)
 MAX_RETRIES = 16
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -57,6 +62,7 @@ class State:
     COMPLETED = "COMPLETED"
     COMPENSATED = "COMPENSATED"
     ENDED = frozenset({COMPLETED, COMPENSATED})
+    ALL = (RUNNING, CONFIRMING, COMPENSATING, PARKED, COMPLETED, COMPENSATED)
 
 
 class Refuse(Exception):

@@ -14,9 +14,25 @@ if TYPE_CHECKING:
 
 # SQLAlchemy is imported when a function runs, not with this module (the CLI imports it).
 
-__all__ = ["describe_db_error", "with_connection"]
+__all__ = ["async_url", "describe_db_error", "with_connection"]
 
 R = TypeVar("R")
+
+
+def async_url(db: str | URL) -> URL:
+    """The async-driver form of a database URL (``sqlite:`` → ``sqlite+aiosqlite:``,
+    ``postgresql:`` → ``postgresql+psycopg:``)."""
+    from sqlalchemy import make_url
+
+    url = make_url(db)
+    backend, _, driver = url.drivername.partition("+")
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        return url.set(drivername="sqlite+aiosqlite")
+    if backend == "postgresql" and driver in ("", "psycopg"):
+        return url.set(drivername="postgresql+psycopg")
+    if url.get_dialect().is_async:
+        return url
+    raise ValueError(f"no async driver for {url.drivername}: use postgresql+psycopg or sqlite")
 
 
 def with_connection(url: str, fn: Callable[[Connection], R]) -> R:
