@@ -75,9 +75,11 @@ def console(
     seeded: Seeded, console_process: Callable[..., ConsoleProcess], tmp_path: Path
 ) -> ConsoleProcess:
     from tests.console.test_console_pages import add_outbox_row, outbox_db, write_summary
+    from tests.console.test_console_sagas import seed_sagas
 
     db = outbox_db(tmp_path / "orders.db")
     add_outbox_row(db, "orders", b"waiting", key="order-7")
+    seed_sagas(db)
     write_summary(tmp_path / "reports", {"parked": 1}, {})
     return console_process(
         "--broker", seeded.address, "--refresh", "0.5", "--sample-every", "0.3",
@@ -177,6 +179,16 @@ def test_every_page_renders_live_data(
     assert "Outbox" in browser.title and "orders.db" in text(browser)
     assert text_of(browser, By.CSS_SELECTOR, "#outbox-0 td.backlog") == "1"
     shot(browser, "outbox")
+
+    browser.get(console.url + "/sagas")
+    assert "Sagas" in browser.title and "orders.db" in text(browser)
+    assert text_of(browser, By.CSS_SELECTOR, "#sagas-0 td.count-PARKED") == "2"
+    shot(browser, "sagas")
+    click(browser, By.LINK_TEXT, "parked-1")
+    assert text_of(browser, By.ID, "saga-state") == "PARKED"
+    assert "refund failed" in text_of(browser, By.ID, "saga-error")
+    assert "<script>" in text(browser)  # the data's script, shown as text
+    shot(browser, "saga")
 
     browser.get(console.url + "/reconcile")
     assert "Reconciliation" in browser.title

@@ -43,6 +43,11 @@ def _text(form: FormData, name: str, *, required: bool = True) -> str:
     return value.strip()
 
 
+def text_field(form: FormData, name: str, *, required: bool = True) -> str:
+    """A form's text field, stripped (400 when required and empty)."""
+    return _text(form, name, required=required)
+
+
 def int_field(form: FormData, name: str) -> int:
     try:
         return int(_text(form, name))
@@ -55,8 +60,22 @@ def confirm(request: Request, form: FormData, question: str) -> Response | None:
     return None if form.get("confirm") == "yes" else _ask(request, form, question)
 
 
+def ask_with_reason(
+    request: Request, form: FormData, question: str, label: str, *, missing: bool = False
+) -> Response:
+    """The page that asks ``question`` and a reason (its field labelled ``label``), and
+    posts the form again with ``confirm=yes``."""
+    return _ask(request, form, question, reason=True, missing=missing, label=label)
+
+
 def _ask(
-    request: Request, form: FormData, question: str, *, reason: bool = False, missing: bool = False
+    request: Request,
+    form: FormData,
+    question: str,
+    *,
+    reason: bool = False,
+    missing: bool = False,
+    label: str = "Reason (recorded by the broker with your decision)",
 ) -> Response:
     """The page that asks ``question`` and posts the form again with ``confirm=yes``
     (``reason``: and with a reason the operator types; ``missing``: it was left empty)."""
@@ -70,6 +89,7 @@ def _ask(
             "action": request.url.path,
             "fields": fields,
             "reason": reason,
+            "reason_label": label,
             "reason_missing": missing,
         },
     )

@@ -25,7 +25,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from txmq.console import actions, login, outbox_page, pages, reconcile_page
+from txmq.console import actions, login, outbox_page, pages, reconcile_page, sagas_page
 from txmq.console.login import LoginRequired
 from txmq.console.security import SecurityHeaders
 from txmq.console.sessions import Sessions
@@ -139,6 +139,9 @@ def create_app(config: ConsoleConfig | None = None, *, sample: bool = True) -> S
             Route("/dlq/resend", actions.dlq_resend, methods=["POST"]),
             Route("/outbox", outbox_page.outbox),
             Route("/outbox/requeue", outbox_page.requeue, methods=["POST"]),
+            Route("/sagas", sagas_page.sagas),
+            Route("/saga", sagas_page.saga),
+            Route("/saga/act", sagas_page.act, methods=["POST"]),
             Route("/reconcile", reconcile_page.reconcile),
             *(logins if state.config.login else []),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

@@ -76,6 +76,7 @@ def _sent(cmd: Command) -> dict[str, Any]:
         "command_id": cmd.command_id,
         "attempts": None,
         "detail": None,
+        "at": datetime.now(UTC),
     }
 
 
@@ -169,6 +170,7 @@ def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision |
                 "command_id": reply.command_id,
                 "attempts": reply.attempts,
                 "detail": reply.detail or None,
+                "at": datetime.now(UTC),
             }
         ],
     )
@@ -220,6 +222,7 @@ def _operator(row: Any, saga: Saga, event: str, operator: str, reason: str) -> D
         "command_id": None,
         "attempts": None,
         "detail": f"{operator}: {reason}",
+        "at": datetime.now(UTC),
     }
     return Decision({"error": None}, [entry])
 
