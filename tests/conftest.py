@@ -300,10 +300,12 @@ class Spawner:
         self.tmp_path = tmp_path
         self.procs: list[subprocess.Popen[str]] = []
 
-    def __call__(self, *args: str) -> subprocess.Popen[str]:
+    def __call__(self, *args: str, stdin: bool = False) -> subprocess.Popen[str]:
+        """``stdin``: a pipe the test writes to (``proc.stdin``)."""
         log = (self.tmp_path / f"proc{len(self.procs)}.stderr").open("a")
         proc = subprocess.Popen(
             [sys.executable, *args],
+            stdin=subprocess.PIPE if stdin else None,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -322,8 +324,9 @@ class Spawner:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for pipe in (proc.stdout, proc.stdin):
+                if pipe is not None:
+                    pipe.close()
 
 
 @pytest.fixture

@@ -58,10 +58,12 @@ def test_memory_per_id_is_about_70_bytes(make_store: Callable[..., MessageStore]
     store = make_store()
     n = 200_000
     ids = [new_message_id() for _ in range(n)]
-    # ids whose 32-bit hashes are alike count once (a few among 200,000 on a slow machine,
-    # whose ids span more milliseconds): the window holds hashes
+    # ids whose 32-bit hashes are alike count once: the window holds hashes (and looks a hit
+    # up in the store, so two ids alike cost a lookup, never a message).  CRC-32 is linear
+    # and the ids differ in a few bytes (time, counter): among 200,000 of them a loaded
+    # machine's CI saw 164 alike, a quiet one a few — not the 5 of random 32-bit hashes
     distinct = len({uniq_key_hash(i) for i in ids[:-1]})
-    assert distinct > n - 100
+    assert distinct > n * 0.99
     gc.collect()
     tracemalloc.start()
     try:
