@@ -64,6 +64,7 @@ if str(ROOT) not in sys.path:
 
 import txmq.sqla  # noqa: E402
 from bench.common import Node, machine_info, percentile  # noqa: E402
+from bench.tx_bench import CpuSample, cpu_between  # noqa: E402
 from txmq import (  # noqa: E402
     AdminClient,
     ConsumeFrom,
@@ -329,6 +330,11 @@ class Row:
     errors: int = 0
     first_error: str = ""
     started: int = 0
+    #: CPU milliseconds per flow: this process, the broker, PostgreSQL; the machine's load
+    cpu_client_ms: float = 0.0
+    cpu_broker_ms: float = 0.0
+    cpu_postgres_ms: float = 0.0
+    machine_busy: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -338,11 +344,19 @@ class Row:
         return percentile(self.latencies_ms, q)
 
 
-async def measure(name: str, fn: FlowFn, concurrency: int, warmup: float, duration: float) -> Row:
+async def measure(
+    name: str, fn: FlowFn, concurrency: int, warmup: float, duration: float, broker_pid: int | None
+) -> Row:
     row = Row(name, concurrency)
     gc.collect()
     t_start = time.perf_counter() + warmup
     t_end = t_start + duration
+    samples: list[CpuSample] = []
+
+    async def sampler() -> None:
+        for t in (t_start, t_end):
+            await asyncio.sleep(max(0.0, t - time.perf_counter()))
+            samples.append(CpuSample.take(broker_pid))
 
     async def worker() -> None:
         while True:
@@ -361,11 +375,19 @@ async def measure(name: str, fn: FlowFn, concurrency: int, warmup: float, durati
                 row.flows += 1
                 row.latencies_ms.append((t1 - t0) * 1000)
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(sampler(), *(worker() for _ in range(concurrency)))
     row.seconds = duration
+    s0, s1 = samples
+    if row.flows:
+        row.cpu_client_ms = (s1.client - s0.client) * 1000 / row.flows
+        row.cpu_broker_ms = (s1.broker - s0.broker) * 1000 / row.flows
+        row.cpu_postgres_ms = cpu_between(s0.postgres, s1.postgres) * 1000 / row.flows
+    row.machine_busy = (s1.busy - s0.busy) / ((s1.wall - s0.wall) * (os.cpu_count() or 1))
     print(
         f"  {name:<20} c={concurrency:<3} {row.rate:>8,.1f} flows/s   p50 {row.p(50):7.1f} ms"
-        f"   p99 {row.p(99):7.1f} ms"
+        f"   p99 {row.p(99):7.1f} ms   CPU/flow {row.cpu_client_ms:.1f} client "
+        f"{row.cpu_broker_ms:.1f} broker {row.cpu_postgres_ms:.1f} pg ms, "
+        f"busy {row.machine_busy:.0%}"
         + (f"   errors {row.errors} ({row.first_error})" if row.errors else ""),
         flush=True,
     )
@@ -510,7 +532,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
                 order = scenarios if r % 2 == 0 else scenarios[::-1]  # A/B, then B/A
                 for name, fn in order:
                     await asyncio.sleep(args.pause)
-                    row = await measure(name, fn, concurrency, args.warmup, args.duration)
+                    row = await measure(name, fn, concurrency, args.warmup, args.duration, node.pid)
                     cells.setdefault((name, concurrency), []).append(row)
         rows = [merge(cell) for cell in cells.values()]
         await asyncio.sleep(1)
@@ -521,15 +543,18 @@ async def run(args: argparse.Namespace) -> list[Row]:
             await c.stop()
         for p in producers.values():
             await p.stop()
-        if dbos_started:
+        await node.stop_async()
+        if dbos_started:  # (last: it shuts the loop's default executor down)
             from dbos import DBOS
 
             DBOS.destroy(destroy_registry=True)
-        await node.stop_async()
         shutil.rmtree(tmp, ignore_errors=True)
         for e in engines.values():
             await e.dispose()
-        await drop_schemas(args.db, tag)
+        if os.environ.get("TXMQ_BENCH_KEEP"):
+            print(f"kept schemas txmq_saga_bench_{tag}_*")
+        else:
+            await drop_schemas(args.db, tag)
         if dbos_started:
             dba = create_async_engine(args.db, isolation_level="AUTOCOMMIT")
             async with dba.connect() as conn:

@@ -178,16 +178,27 @@ class Coordinator(SagaService):
             return None
 
     async def _apply_async(self, saga_id: str, choose: Any) -> ConsumeResult:
-        async with transaction(self.producer, self.sessions) as tx:
-            row = (await tx.session.execute(self._select(saga_id))).first()
+        async with self.sessions() as session:
+            # the row, locked; a decision that sends something makes this a local
+            # transaction with its messages (its log row joins it), one that does not (the
+            # saga ended, or waits for an operator) commits as it is
+            row = (await session.execute(self._select(saga_id))).first()
             decision = choose(self._saga_of(row), row)
             if decision is None:
-                return ConsumeResult.SUCCESS  # (the transaction commits its log row only)
-            for msg in _outgoing(decision, self.service):
-                sent = await tx.send(msg, sharding_key=saga_id)
-                _sent_deadline(decision, msg, sent.msg_id)
-            for stmt, params in _writes(saga_id, decision):
-                await tx.session.execute(stmt, params)
+                await session.rollback()
+                return ConsumeResult.SUCCESS
+            outgoing = _outgoing(decision, self.service)
+            if outgoing:
+                async with transaction(self.producer, session) as tx:
+                    for msg in outgoing:
+                        sent = await tx.send(msg, sharding_key=saga_id)
+                        _sent_deadline(decision, msg, sent.msg_id)
+                    for stmt, params in _writes(saga_id, decision):
+                        await session.execute(stmt, params)
+            else:
+                for stmt, params in _writes(saga_id, decision):
+                    await session.execute(stmt, params)
+                await session.commit()
         _committed(row.name, decision, row.state)
         if decision.recall is not None:
             try:
@@ -197,16 +208,24 @@ class Coordinator(SagaService):
         return ConsumeResult.SUCCESS
 
     def _apply(self, saga_id: str, choose: Any) -> ConsumeResult:
-        with transaction(self.producer, self.sessions) as tx:
-            row = tx.session.execute(self._select(saga_id)).first()
+        with self.sessions() as session:  # (as _apply_async)
+            row = session.execute(self._select(saga_id)).first()
             decision = choose(self._saga_of(row), row)
             if decision is None:
+                session.rollback()
                 return ConsumeResult.SUCCESS
-            for msg in _outgoing(decision, self.service):
-                sent = tx.send(msg, sharding_key=saga_id)
-                _sent_deadline(decision, msg, sent.msg_id)
-            for stmt, params in _writes(saga_id, decision):
-                tx.session.execute(stmt, params)
+            outgoing = _outgoing(decision, self.service)
+            if outgoing:
+                with transaction(self.producer, session) as tx:
+                    for msg in outgoing:
+                        sent = tx.send(msg, sharding_key=saga_id)
+                        _sent_deadline(decision, msg, sent.msg_id)
+                    for stmt, params in _writes(saga_id, decision):
+                        session.execute(stmt, params)
+            else:
+                for stmt, params in _writes(saga_id, decision):
+                    session.execute(stmt, params)
+                session.commit()
         _committed(row.name, decision, row.state)
         if decision.recall is not None:
             try:
