@@ -253,10 +253,15 @@ def read_commands(
             continue
         name, _, raw = rest.partition(" ")
         data = json.loads(raw)
-        with sessions() as session:
-            with coordinator.start(session, name, data) as saga:
-                if name != "hold":
-                    session.execute(orders.insert().values(id=data["order"], state="PENDING"))
+        try:
+            # the order's id is the saga's: a start sent again (after a crash) is refused
+            with sessions() as session:
+                with coordinator.start(session, name, data, saga_id=data["order"]) as saga:
+                    if name != "hold":
+                        session.execute(orders.insert().values(id=data["order"], state="PENDING"))
+        except sa.exc.IntegrityError:
+            print(f"EXISTS {data['order']}", flush=True)
+            continue
         print(f"STARTED {data['order']} {saga.saga_id}", flush=True)
     stop.set()
 
