@@ -30,6 +30,7 @@ from txmq.client.core import BrokerClient
 from txmq.protocol.peer import RemotingClient
 from txmq.protocol.wire import Frame, Request
 from txmq.protocol.wire.base import R
+from txmq.testing import InProcessBroker
 from txmq.transports import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -285,6 +286,31 @@ def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 
     yield make
     _reap(procs)
+
+
+@pytest.fixture
+def in_process_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., InProcessBroker]]:
+    """Factory: ``in_process_broker(**settings)`` starts a :class:`txmq.testing.InProcessBroker`
+    on a store in ``tmp_path`` and points every client of the test at it (as the
+    ``txmq_broker`` fixture does for users: the loopback transport, offsets committed every
+    0.05 s); stopped at the end."""
+    made: list[InProcessBroker] = []
+
+    def start(**settings: Any) -> InProcessBroker:
+        b = InProcessBroker(tmp_path / f"store{len(made)}", **settings)
+        for key, value in b.environment().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
+        monkeypatch.setenv("TXMQ_PERSIST_INTERVAL_S", "0.05")
+        made.append(b)
+        b.start()
+        return b
+
+    yield start
+    for b in made:
+        b.stop()
 
 
 @pytest.fixture

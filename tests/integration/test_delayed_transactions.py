@@ -4,9 +4,8 @@ never is; a commit decided by a check-back waits the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import anyio
 import pytest
@@ -23,14 +22,8 @@ S = LocalTransactionState
 
 
 @pytest.fixture
-def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessBroker]:
-    b = InProcessBroker(tmp_path / "store", transaction_timeout_s=0.5)
-    for key, value in b.environment().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
-    b.start()
-    yield b
-    b.stop()
+def broker(in_process_broker: Callable[..., InProcessBroker]) -> InProcessBroker:
+    return in_process_broker(transaction_timeout_s=0.5)
 
 
 async def _delivered(broker: InProcessBroker, topic: str, want: list[bytes]) -> None:

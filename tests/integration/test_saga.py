@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import txmq
 import txmq.sync
 from tests.observe_support import registry as registry  # a fixture
+from tests.saga_service import accounts, app, orders, stock
 from tests.sqla_support import pg_schema
 from txmq import Message
 from txmq.cli.main import main
@@ -34,26 +35,7 @@ from txmq.testing import InProcessBroker
 
 pytestmark = pytest.mark.anyio
 
-app = sa.MetaData()
-stock = sa.Table(
-    "stock",
-    app,
-    sa.Column("product", sa.String(32), primary_key=True),
-    sa.Column("available", sa.Integer, nullable=False),
-    sa.Column("reserved", sa.Integer, nullable=False),
-)
-accounts = sa.Table(
-    "accounts",
-    app,
-    sa.Column("customer", sa.String(32), primary_key=True),
-    sa.Column("balance", sa.Integer, nullable=False),
-)
-orders = sa.Table(
-    "orders",
-    app,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("state", sa.String(16), nullable=False),
-)
+# the services' tables: the same as the process tests' services
 
 CHECKOUT = Saga(
     "checkout",
@@ -84,15 +66,8 @@ HOLD = tcc(
 
 
 @pytest.fixture
-def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessBroker]:
-    b = InProcessBroker(tmp_path / "store")
-    for key, value in b.environment().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
-    monkeypatch.setenv("TXMQ_PERSIST_INTERVAL_S", "0.05")
-    b.start()
-    yield b
-    b.stop()
+def broker(in_process_broker: Callable[..., InProcessBroker]) -> InProcessBroker:
+    return in_process_broker()
 
 
 @contextmanager
@@ -123,7 +98,7 @@ def _seed(url: str) -> None:
         txmq_metadata.create_all(conn)
         app.create_all(conn)
         conn.execute(stock.insert(), [{"product": "apple", "available": 10, "reserved": 0}])
-        conn.execute(accounts.insert(), [{"customer": "ann", "balance": 100}])
+        conn.execute(accounts.insert(), [{"customer": "ann", "balance": 100, "held": 0}])
     engine.dispose()
 
 

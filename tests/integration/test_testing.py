@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -163,15 +163,8 @@ def test_a_projects_own_tests_run_against_the_in_process_broker(tmp_path: Path) 
 
 
 @pytest.fixture
-def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessBroker]:
-    b = InProcessBroker(tmp_path / "store", message_delay_levels="1s 5s 10s 30s 1m 2m 3m")
-    for key, value in b.environment().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TXMQ_NAMESRV_ADDR", raising=False)
-    monkeypatch.setenv("TXMQ_PERSIST_INTERVAL_S", "0.05")
-    b.start()
-    yield b
-    b.stop()
+def broker(in_process_broker: Callable[..., InProcessBroker]) -> InProcessBroker:
+    return in_process_broker(message_delay_levels="1s 5s 10s 30s 1m 2m 3m")
 
 
 def test_the_next_send_fails_or_loses_its_answer(broker: InProcessBroker) -> None:
