@@ -292,15 +292,15 @@ def saga_flow(w: World, producers: dict[str, TransactionProducer]) -> tuple[Flow
     last = len(CHECKOUT.steps) - 1
 
     async def replies(msg: MessageExt) -> Any:
-        result = await coordinator.listener(msg)  # committed when it returns
+        result = await coordinator.listen(msg)  # committed when it returns
         reply = decode_reply(msg.body)
         if reply.step == last and reply.op == "action":
             w.ended(reply.saga_id)
         return result
 
     made = []
-    for runner, listener in ((coordinator, replies), (inventory, inventory.listener),
-                             (payment, payment.listener)):  # fmt: skip
+    for runner, listener in ((coordinator, replies), (inventory, inventory.listen),
+                             (payment, payment.listen)):  # fmt: skip
         c = PushConsumer(w.address, **{**runner.consumer_options(), "listener": listener})
         c.subscribe(runner.topic)
         made.append(c)

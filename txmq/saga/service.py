@@ -4,6 +4,7 @@ push consumer that feeds them."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -54,10 +55,18 @@ class SagaService:
         ``txmq.PushConsumer(**options)`` when async, ``txmq.sync.PushConsumer`` else."""
         return {
             "group": self.group,
-            "listener": self.listener,
+            # async: a coroutine function, run on the consumer's loop (a plain function that
+            # returns a coroutine would cost a worker thread's round trip per message)
+            "listener": self.listen if self.is_async else self.listener,
             "consume_from": ConsumeFrom.FIRST_OFFSET,
             "max_reconsume_times": MAX_RETRIES,
         }
 
     def listener(self, msg: MessageExt) -> Any:
+        """The consumer's listener: a result, or (async) a coroutine of one."""
         raise NotImplementedError
+
+    async def listen(self, msg: MessageExt) -> Any:
+        """:meth:`listener` as a coroutine function (async mode)."""
+        result = self.listener(msg)
+        return await result if inspect.isawaitable(result) else result
