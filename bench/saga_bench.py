@@ -36,13 +36,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
@@ -63,8 +61,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import txmq.sqla  # noqa: E402
-from bench.common import Node, machine_info, percentile  # noqa: E402
-from bench.tx_bench import CpuSample, cpu_between  # noqa: E402
+from bench.common import Node, machine_info  # noqa: E402
+from bench.tx_bench import Row, measure, merge  # noqa: E402
 from txmq import (  # noqa: E402
     AdminClient,
     ConsumeFrom,
@@ -320,92 +318,6 @@ def saga_flow(w: World, producers: dict[str, TransactionProducer]) -> tuple[Flow
 # -- measuring --------------------------------------------------------------------------------
 
 
-@dataclass
-class Row:
-    scenario: str
-    concurrency: int
-    flows: int = 0
-    seconds: float = 0.0
-    latencies_ms: list[float] = field(default_factory=list, repr=False)
-    errors: int = 0
-    first_error: str = ""
-    started: int = 0
-    #: CPU milliseconds per flow: this process, the broker, PostgreSQL; the machine's load
-    cpu_client_ms: float = 0.0
-    cpu_broker_ms: float = 0.0
-    cpu_postgres_ms: float = 0.0
-    machine_busy: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.flows / self.seconds if self.seconds else 0.0
-
-    def p(self, q: float) -> float:
-        return percentile(self.latencies_ms, q)
-
-
-async def measure(
-    name: str, fn: FlowFn, concurrency: int, warmup: float, duration: float, broker_pid: int | None
-) -> Row:
-    row = Row(name, concurrency)
-    gc.collect()
-    t_start = time.perf_counter() + warmup
-    t_end = t_start + duration
-    samples: list[CpuSample] = []
-
-    async def sampler() -> None:
-        for t in (t_start, t_end):
-            await asyncio.sleep(max(0.0, t - time.perf_counter()))
-            samples.append(CpuSample.take(broker_pid))
-
-    async def worker() -> None:
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= t_end:
-                return
-            row.started += 1
-            try:
-                await asyncio.wait_for(fn(), 30)
-            except Exception as exc:  # counted and shown; the run goes on
-                row.errors += 1
-                row.first_error = row.first_error or f"{type(exc).__name__}: {exc}"
-                continue
-            t1 = time.perf_counter()
-            if t0 >= t_start and t1 <= t_end:
-                row.flows += 1
-                row.latencies_ms.append((t1 - t0) * 1000)
-
-    await asyncio.gather(sampler(), *(worker() for _ in range(concurrency)))
-    row.seconds = duration
-    s0, s1 = samples
-    if row.flows:
-        row.cpu_client_ms = (s1.client - s0.client) * 1000 / row.flows
-        row.cpu_broker_ms = (s1.broker - s0.broker) * 1000 / row.flows
-        row.cpu_postgres_ms = cpu_between(s0.postgres, s1.postgres) * 1000 / row.flows
-    row.machine_busy = (s1.busy - s0.busy) / ((s1.wall - s0.wall) * (os.cpu_count() or 1))
-    print(
-        f"  {name:<20} c={concurrency:<3} {row.rate:>8,.1f} flows/s   p50 {row.p(50):7.1f} ms"
-        f"   p99 {row.p(99):7.1f} ms   CPU/flow {row.cpu_client_ms:.1f} client "
-        f"{row.cpu_broker_ms:.1f} broker {row.cpu_postgres_ms:.1f} pg ms, "
-        f"busy {row.machine_busy:.0%}"
-        + (f"   errors {row.errors} ({row.first_error})" if row.errors else ""),
-        flush=True,
-    )
-    return row
-
-
-def merge(rows: list[Row]) -> Row:
-    out = Row(rows[0].scenario, rows[0].concurrency)
-    for r in rows:
-        out.flows += r.flows
-        out.seconds += r.seconds
-        out.latencies_ms += r.latencies_ms
-        out.errors += r.errors
-        out.first_error = out.first_error or r.first_error
-        out.started += r.started
-    return out
-
-
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -532,7 +444,8 @@ async def run(args: argparse.Namespace) -> list[Row]:
                 order = scenarios if r % 2 == 0 else scenarios[::-1]  # A/B, then B/A
                 for name, fn in order:
                     await asyncio.sleep(args.pause)
-                    row = await measure(name, fn, concurrency, args.warmup, args.duration, node.pid)
+                    row = await measure(name, fn, concurrency, args.warmup, args.duration,
+                                        node.pid, unit="flow", timeout=30)  # fmt: skip
                     cells.setdefault((name, concurrency), []).append(row)
         rows = [merge(cell) for cell in cells.values()]
         await asyncio.sleep(1)
@@ -568,7 +481,7 @@ def report(rows: list[Row]) -> None:
     print()
     print(f"{'scenario':<20} {'c':>3} {'flows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
     for r in rows:
-        print(f"{r.scenario:<20} {r.concurrency:>3} {r.rate:>9,.1f} {r.p(50):>8.1f} "
+        print(f"{r.scenario:<20} {r.concurrency:>3} {r.tps:>9,.1f} {r.p(50):>8.1f} "
               f"{r.p(99):>8.1f} {r.errors:>7}")  # fmt: skip
     for c in sorted({r.concurrency for r in rows}):
         saga = by.get(("(d)", c))
@@ -576,8 +489,8 @@ def report(rows: list[Row]) -> None:
             continue
         for peer, goal in (("(c)", 1.0), ("(b)", 0.8)):
             other = by.get((peer, c))
-            if other is not None and other.rate:
-                ratio = saga.rate / other.rate
+            if other is not None and other.tps:
+                ratio = saga.tps / other.tps
                 verdict = "met" if ratio >= goal else "NOT met"
                 print(f"c={c}: txmq saga / {other.scenario[4:]}: {ratio:.2f}x "
                       f"(goal >= {goal:.1f}x: {verdict})")  # fmt: skip

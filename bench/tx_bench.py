@@ -243,8 +243,13 @@ async def measure(
     warmup: float,
     duration: float,
     broker_pid: int | None = None,
+    *,
+    unit: str = "tx",
+    timeout: float | None = None,
 ) -> Row:
-    """``concurrency`` workers run ``fn`` back to back; count what falls in the window."""
+    """``concurrency`` workers run ``fn`` back to back; count what falls in the window
+    (``unit``: what one run of ``fn`` is called in the printed line; ``timeout``: a run that
+    takes longer is an error)."""
     row = Row(name, concurrency)
     gc.collect()
     t_start = time.perf_counter() + warmup
@@ -265,7 +270,7 @@ async def measure(
             if t0 >= t_end:
                 return
             try:
-                await fn()
+                await asyncio.wait_for(fn(), timeout)
             except Exception as exc:  # counted and shown; the run goes on
                 row.errors += 1
                 row.first_error = row.first_error or f"{type(exc).__name__}: {exc}"
@@ -285,8 +290,8 @@ async def measure(
         row.cpu_postgres_ms = cpu_between(s0.postgres, s1.postgres) * 1000 / done
     row.machine_busy = (s1.busy - s0.busy) / ((s1.wall - s0.wall) * (os.cpu_count() or 1))
     print(
-        f"  {name:<34} c={concurrency:<3} {row.tps:>8,.0f} tx/s   p50 {row.p(50):6.2f} ms   "
-        f"p99 {row.p(99):6.2f} ms   CPU/tx {row.cpu_client_ms:.2f} client "
+        f"  {name:<34} c={concurrency:<3} {row.tps:>8,.0f} {unit}/s   p50 {row.p(50):6.2f} ms   "
+        f"p99 {row.p(99):6.2f} ms   CPU/{unit} {row.cpu_client_ms:.2f} client "
         f"{row.cpu_broker_ms:.2f} broker {row.cpu_postgres_ms:.2f} pg ms, "
         f"busy {row.machine_busy:.0%}"
         + (f"   errors {row.errors} ({row.first_error})" if row.errors else ""),
