@@ -609,6 +609,9 @@ async def test_txmq_admin_sagas_lists_shows_and_resolves_a_parked_saga(
     assert code == 0 and json.loads(out)[0]["state"] == "PARKED"
     code, _, err = await txmq("retry", "nope", "--reason", "x")
     assert code == 1 and "no saga nope" in err
+    with pytest.raises(SystemExit):  # argparse: a count that is not one, said in one line
+        await txmq("list", "--max", "-1")
+    assert "--max" in capsys.readouterr().err
     with world.engines["payment"].begin() as conn:  # refunded by hand
         conn.execute(accounts.update().values(balance=accounts.c.balance + 30))
     code, out, _ = await txmq("resolve", saga_id, "--reason", "refunded", "--operator", "dan")

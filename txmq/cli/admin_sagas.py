@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from txmq.admin.transactions import operator_name
-from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
+from txmq.cli.options import CommandError, SubParsers, add_command, endpoints, positive_int
 from txmq.observability.fmt import format_table, span
 from txmq.saga.model import OPERATOR_GROUP, State
 
@@ -43,7 +43,7 @@ def add_sagas(asub: SubParsers) -> None:
     ssub = s.add_subparsers(dest="sagas_cmd", required=True, metavar="COMMAND")
     ls = add_command(ssub, "list", help="sagas, most recently changed first")
     ls.add_argument("--state", choices=State.ALL, help="only sagas in this state")
-    ls.add_argument("--max", type=int, default=50, help="most sagas to show (default 50)")
+    ls.add_argument("--max", type=positive_int, default=50, help="most sagas to show (default 50)")
     show = add_command(ssub, "show", help="one saga with its step log")
     show.add_argument("saga_id")
     leaves = [ls, show]
@@ -114,21 +114,21 @@ def run_sagas(args: argparse.Namespace) -> int:
             ]
             print(format_table(rows))
             return 0
+        if args.sagas_cmd != "show":  # retry, resolve: operate() looks the saga up itself
+            return _operate(args)
         with engine.connect() as conn:
             info = saga_info(conn, args.saga_id)
         if info is None:
             raise CommandError(f"no saga {args.saga_id} in {engine.url.render_as_string()}")
-        if args.sagas_cmd == "show":
-            if args.json:
-                print(json.dumps(dataclasses.asdict(info), indent=2, default=str))
-                return 0
-            print(f"saga {info.saga_id} ({info.name}): {info.state} at step {info.step}")
-            if info.error:
-                print(f"error: {info.error}")
-            print(f"data: {json.dumps(info.data, default=str)}")
-            print(format_table(_steps(info)))
+        if args.json:
+            print(json.dumps(dataclasses.asdict(info), indent=2, default=str))
             return 0
-        return _operate(args)
+        print(f"saga {info.saga_id} ({info.name}): {info.state} at step {info.step}")
+        if info.error:
+            print(f"error: {info.error}")
+        print(f"data: {json.dumps(info.data, default=str)}")
+        print(format_table(_steps(info)))
+        return 0
     except SQLAlchemyError as exc:
         raise CommandError(describe_db_error(exc, args.db)) from exc
     finally:
