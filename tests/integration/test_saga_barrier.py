@@ -100,3 +100,35 @@ async def test_the_async_barrier_decides_the_same(url: str, engine: sa.Engine) -
             await conn.commit()
     finally:
         await aengine.dispose()
+
+
+def test_an_answer_the_coordinator_cannot_place_is_ignored_or_kept(engine: sa.Engine) -> None:
+    """An answer to a saga this database does not have is acknowledged and ignored; one to a
+    saga whose stored definition this code cannot read is refused (retried, then kept in the
+    dead letters) rather than dropped."""
+    from sqlalchemy.orm import sessionmaker
+
+    from txmq import ConsumeResult
+    from txmq.protocol.message import MessageExt
+    from txmq.saga import Coordinator
+    from txmq.saga.model import Reply, encode
+    from txmq.sqla.tables import sagas
+
+    coordinator = Coordinator("shop", object(), sessionmaker(engine))
+    with engine.begin() as conn:
+        conn.execute(
+            sagas.insert().values(
+                saga_id="s9", name="old", definition={"steps": "?"}, coordinator="shop",
+                state="RUNNING", step=0, op="action", command_id="c1", data={}, effected=[],
+            )
+        )  # fmt: skip
+
+    def answer(saga_id: str) -> MessageExt:
+        reply = Reply(saga_id=saga_id, command_id="c1", step=0, op="action", outcome="done")
+        return MessageExt("saga-shop-replies", encode(reply), 0, 0, 0, 0, 0, 0)
+
+    assert coordinator.listener(answer("unknown")) is ConsumeResult.SUCCESS
+    with pytest.raises(ValueError, match="definition cannot be read"):
+        coordinator.listener(answer("s9"))
+    with engine.connect() as conn:  # nothing changed
+        assert conn.execute(sa.select(sagas.c.state)).scalar_one() == "RUNNING"

@@ -111,13 +111,15 @@ class Coordinator(SagaService):
         except Exception as exc:
             log.error("saga reply %s is malformed (%s): dead-lettered", msg.msg_id, exc)
             return ConsumeResult.DEAD_LETTER
+
+        def choose(saga: Saga | None, row: Any) -> Decision | None:
+            if row is not None and saga is None:  # retried, then kept in the dead letters
+                raise ValueError(f"saga {row.saga_id}: its definition cannot be read here")
+            return None if saga is None else decide.on_reply(saga, row, reply, self.service)
+
         if self.is_async:
-            return self._apply_async(
-                reply.saga_id, lambda s, row: decide.on_reply(s, row, reply, self.service)
-            )
-        return self._apply(
-            reply.saga_id, lambda s, row: decide.on_reply(s, row, reply, self.service)
-        )
+            return self._apply_async(reply.saga_id, choose)
+        return self._apply(reply.saga_id, choose)
 
     # -- reading -----------------------------------------------------------------------------
 
