@@ -105,12 +105,13 @@ async def test_the_async_barrier_decides_the_same(url: str, engine: sa.Engine) -
 def test_an_answer_the_coordinator_cannot_place_is_ignored_or_kept(engine: sa.Engine) -> None:
     """An answer to a saga this database does not have is acknowledged and ignored; one to a
     saga whose stored definition this code cannot read is refused (retried, then kept in the
-    dead letters) rather than dropped."""
+    dead letters) rather than dropped; a body that is not a command or an answer goes to the
+    dead letters at once."""
     from sqlalchemy.orm import sessionmaker
 
     from txmq import ConsumeResult
     from txmq.protocol.message import MessageExt
-    from txmq.saga import Coordinator
+    from txmq.saga import Coordinator, Participant
     from txmq.saga.model import Reply, encode
     from txmq.sqla.tables import sagas
 
@@ -128,6 +129,10 @@ def test_an_answer_the_coordinator_cannot_place_is_ignored_or_kept(engine: sa.En
         return MessageExt("saga-shop-replies", encode(reply), 0, 0, 0, 0, 0, 0)
 
     assert coordinator.listener(answer("unknown")) is ConsumeResult.SUCCESS
+    garbled = MessageExt("saga-shop-replies", b"{not json", 0, 0, 0, 0, 0, 0)
+    assert coordinator.listener(garbled) is ConsumeResult.DEAD_LETTER
+    participant = Participant("shop", object(), sessionmaker(engine))
+    assert participant.listener(garbled) is ConsumeResult.DEAD_LETTER
     with pytest.raises(ValueError, match="definition cannot be read"):
         coordinator.listener(answer("s9"))
     with engine.connect() as conn:  # nothing changed
