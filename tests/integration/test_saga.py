@@ -633,6 +633,13 @@ async def test_metrics_count_sagas_by_state_and_time_each_step(
     def value(name: str, **labels: str) -> float:
         return registry.get_sample_value(name, {"saga": "checkout", **labels}) or 0.0
 
+    # the coordinator counts a state once its transaction committed, just after the row
+    # the test polls shows it: wait (bounded) for the last two counts
+    with anyio.fail_after(10):
+        ended = ("COMPLETED", "COMPENSATED")
+        while sum(value("txmq_sagas_total", state=s) for s in ended) < 2:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
     assert value("txmq_sagas_total", state="RUNNING") == 2
     assert value("txmq_sagas_total", state="COMPLETED") == 1
     assert value("txmq_sagas_total", state="COMPENSATING") == 1
