@@ -27,7 +27,18 @@ from tests.saga_service import accounts, app, orders, stock
 from tests.sqla_support import pg_schema
 from txmq import Message
 from txmq.cli.main import main
-from txmq.saga import Coordinator, Participant, Refuse, Saga, State, Step, command_topic, tcc
+from txmq.saga import (
+    Coordinator,
+    Ended,
+    Participant,
+    Refuse,
+    Saga,
+    State,
+    Step,
+    command_topic,
+    tcc,
+)
+from txmq.saga.model import ACTION, COMPENSATION, Command, encode, reply_topic
 from txmq.sqla import SqlTransactionChecker
 from txmq.sqla.tables import metadata as txmq_metadata
 from txmq.sqla.tables import saga_barrier, saga_steps, sagas
@@ -90,6 +101,8 @@ class Faults:
     refund_fails: int = 0  # the next n refunds raise
     capture_fails: int = 0  # the next n captures (TCC confirms) raise
     seen: list[str] = field(default_factory=list)
+    #: what the coordinator's on_end was told: (saga id, state, error)
+    ended: list[tuple[str, str, str | None]] = field(default_factory=list)
 
 
 def _seed(url: str) -> None:
@@ -287,8 +300,19 @@ async def world(broker: InProcessBroker, urls: dict[str, tuple[str, str]]) -> As
         }
         for p in producers.values():
             await stack.enter_async_context(p)
+
+        async def on_end(ended: Ended, session: AsyncSession) -> None:
+            faults.ended.append((ended.saga_id, ended.state, ended.error))
+            if ended.state == State.COMPENSATED and "order" in ended.data:
+                cancel = orders.update().where(orders.c.id == ended.data["order"])
+                await session.execute(cancel.values(state="CANCELLED"))
+
         coordinator = Coordinator(
-            "orders", producers["orders"], sessions["orders"], [CHECKOUT, HOLD, SLOW]
+            "orders",
+            producers["orders"],
+            sessions["orders"],
+            [CHECKOUT, HOLD, SLOW],
+            on_end=on_end,
         )
         parts = {s: Participant(s, producers[s], sessions[s]) for s in SERVICES}
         _async_handlers(parts["inventory"], parts["payment"], parts["orders"], faults)
@@ -322,6 +346,7 @@ async def test_a_saga_runs_every_step_and_completes(world: World) -> None:
     row = await world.until(saga_id, State.COMPLETED)
     assert row.data["reserved"] == 2 and row.data["charged"] == 30 and row.effected == [0, 1, 2]
     assert world.stock() == (8, 2) and world.balance() == 70 and world.order("o-1") == "CONFIRMED"
+    assert world.faults.ended == [(saga_id, State.COMPLETED, None)]
     assert world.steps(saga_id) == [
         ("reserve-stock", "action", "sent"),
         ("reserve-stock", "action", "done"),
@@ -358,6 +383,9 @@ async def test_a_refusal_at_each_step_compensates_the_steps_before_it(
     row = await world.until(saga_id, State.COMPENSATED)
     assert row.effected == [] and where in row.error and "refused" in row.error
     assert world.stock() == (10, 0) and world.balance() == 100
+    # on_end ran in the transaction that recorded the end: the order is cancelled with it
+    assert world.order("o-2") == "CANCELLED"
+    assert world.faults.ended == [(saga_id, State.COMPENSATED, row.error)]
     events = world.steps(saga_id)
     assert (where, "action", "refused") in events
     undone = [b for b, op, e in events if op == "compensation" and e == "done"]
@@ -453,6 +481,48 @@ async def test_repeated_commands_have_no_second_effect(world: World) -> None:
     assert world.saga(saga_id).state == State.COMPLETED
 
 
+async def test_a_compensation_delivered_before_its_action_suspends_the_action(
+    world: World,
+) -> None:
+    """A release-stock that comes before its reserve-stock (a reordered delivery): it is a
+    null compensation and the late action is suspended — it answers "refused", so the saga,
+    which still waited for it, compensates instead of waiting forever."""
+    early = Command(
+        saga_id="o-early",
+        saga=CHECKOUT.name,
+        step=0,
+        service="inventory",
+        branch="reserve-stock",
+        op=COMPENSATION,
+        handler="release-stock",
+        command_id="not-the-coordinators",
+        sent_ms=int(time.time() * 1000),
+        data={"order": "o-early", "product": "apple", "quantity": 2},
+        reply_to=reply_topic("orders"),
+        retries=0,
+    )
+    async with txmq.Producer() as producer:
+        await producer.send(Message(command_topic("inventory"), encode(early), tags=COMPENSATION))
+    await world.broker.wait_consumed_async("saga-inventory", command_topic("inventory"))
+    async with world.coordinator.sessions() as session:
+        data = {"order": "o-early", "product": "apple", "quantity": 2, "amount": 30}
+        async with world.coordinator.start(session, CHECKOUT, data, saga_id="o-early"):
+            await session.execute(orders.insert().values(id="o-early", state="PENDING"))
+    row = await world.until("o-early", State.COMPENSATED)
+    assert "suspended: its compensation came first" in row.error
+    assert world.stock() == (10, 0) and world.faults.seen.count("reserve") == 0
+    assert world.order("o-early") == "CANCELLED"
+    with world.engines["inventory"].connect() as conn:
+        reasons = dict(
+            conn.execute(
+                sa.select(saga_barrier.c.op, saga_barrier.c.reason).where(
+                    saga_barrier.c.saga_id == "o-early"
+                )
+            ).all()
+        )
+    assert reasons == {ACTION: COMPENSATION, COMPENSATION: COMPENSATION}
+
+
 def test_a_blocking_service_runs_sagas_the_same_way(
     broker: InProcessBroker, urls: dict[str, tuple[str, str]]
 ) -> None:
@@ -471,7 +541,15 @@ def test_a_blocking_service_runs_sagas_the_same_way(
             )
             for s in SERVICES
         }
-        coordinator = Coordinator("orders", producers["orders"], sessions["orders"], [CHECKOUT])
+
+        def on_end(ended: Ended, session: Session) -> None:
+            if ended.state == State.COMPENSATED:
+                cancel = orders.update().where(orders.c.id == ended.data["order"])
+                session.execute(cancel.values(state="CANCELLED"))
+
+        coordinator = Coordinator(
+            "orders", producers["orders"], sessions["orders"], [CHECKOUT], on_end=on_end
+        )
         parts = {s: Participant(s, producers[s], sessions[s]) for s in SERVICES}
         inv, pay, orders_p = parts["inventory"], parts["payment"], parts["orders"]
 
@@ -539,7 +617,7 @@ def test_a_blocking_service_runs_sagas_the_same_way(
                 sa.select(orders.c.id, orders.c.state).order_by(orders.c.id)
             ).all() == [
                 ("s-1", "CONFIRMED"),
-                ("s-2", "PENDING"),
+                ("s-2", "CANCELLED"),
             ]
 
 

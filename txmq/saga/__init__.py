@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from txmq.saga.barrier import Entry
-    from txmq.saga.coordinator import Coordinator, SagaStart
+    from txmq.saga.coordinator import Coordinator, Ended, SagaStart
     from txmq.saga.model import Refuse, Saga, State, Step, command_topic, reply_topic, tcc
     from txmq.saga.operate import operate
     from txmq.saga.participant import NoHandler, Participant
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Coordinator",
+    "Ended",
     "Entry",
     "NoHandler",
     "Participant",
@@ -51,6 +52,7 @@ __all__ = [
 _HOMES = {
     "Entry": "barrier",
     "Coordinator": "coordinator",
+    "Ended": "coordinator",
     "SagaStart": "coordinator",
     "Refuse": "model",
     "Saga": "model",

@@ -11,13 +11,20 @@ transactional message: the broker checks back with the transaction log when in d
 
     consumer = txmq.PushConsumer(**coordinator.consumer_options())   # the replies
     consumer.subscribe(coordinator.topic)
+
+``on_end(ended, session)`` (optional; a coroutine function in async mode) runs in the local
+transaction that records a saga's end — COMPLETED or COMPENSATED — so what the service does
+then (an order confirmed, or cancelled with the saga's error as its reason) commits with it
+or not at all; if it raises, nothing commits and the answer is delivered again.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -36,6 +43,7 @@ from txmq.saga.model import (
     REPLY_TOPIC,
     Command,
     Saga,
+    State,
     command_topic,
     decode_reply,
     encode,
@@ -45,7 +53,7 @@ from txmq.saga.views import saga_info
 from txmq.sqla.local import AsyncLocalTransaction, LocalTransaction, transaction
 from txmq.sqla.tables import saga_steps, sagas
 
-__all__ = ["Coordinator", "SagaStart"]
+__all__ = ["Coordinator", "Ended", "SagaStart"]
 
 log = logging.getLogger("txmq.saga")
 
@@ -53,6 +61,35 @@ log = logging.getLogger("txmq.saga")
 def _message(cmd: Command) -> Message:
     key = f"{cmd.saga_id}/{cmd.step}/{cmd.op}"
     return Message(command_topic(cmd.service), encode(cmd), tags=cmd.op, keys=[key])
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A saga that has just ended, as the coordinator's ``on_end`` sees it."""
+
+    saga_id: str
+    #: the saga's name (its definition's)
+    name: str
+    #: COMPLETED or COMPENSATED
+    state: str
+    #: the data it started with, merged with each step's result
+    data: dict[str, Any]
+    #: why it compensated: the step that said no, failed or timed out, and its words
+    error: str | None
+
+
+def _ended(row: Any, decision: Decision) -> Ended | None:
+    state = decision.values.get("state")
+    if state not in State.ENDED:
+        return None
+    values = decision.values
+    return Ended(
+        row.saga_id,
+        row.name,
+        state,
+        dict(values.get("data", row.data)),
+        values["error"] if "error" in values else row.error,
+    )
 
 
 class Coordinator(SagaService):
@@ -64,9 +101,16 @@ class Coordinator(SagaService):
     topic_format = REPLY_TOPIC
 
     def __init__(
-        self, service: str, producer: Any, sessions: Any, sagas: Sequence[Saga] = ()
+        self,
+        service: str,
+        producer: Any,
+        sessions: Any,
+        sagas: Sequence[Saga] = (),
+        *,
+        on_end: Callable[[Ended, Any], Any] | None = None,
     ) -> None:
         super().__init__(service, producer, sessions)
+        self.on_end = on_end
         self.sagas = {s.name: s for s in sagas}
         if len(self.sagas) != len(sagas):
             raise ValueError("two sagas have the same name")
@@ -190,6 +234,7 @@ class Coordinator(SagaService):
                 await session.rollback()
                 return ConsumeResult.SUCCESS
             outgoing = _outgoing(decision, self.service)
+            ended = _ended(row, decision) if self.on_end is not None else None
             if outgoing:
                 async with transaction(self.producer, session) as tx:
                     for msg in outgoing:
@@ -200,6 +245,10 @@ class Coordinator(SagaService):
             else:
                 for stmt, params in _writes(saga_id, decision):
                     await session.execute(stmt, params)
+                if ended is not None:
+                    done = self.on_end(ended, session)  # type: ignore[misc]
+                    if inspect.isawaitable(done):
+                        await done
                 await session.commit()
         _committed(row.name, decision, row.state)
         if decision.recall is not None:
@@ -217,6 +266,7 @@ class Coordinator(SagaService):
                 session.rollback()
                 return ConsumeResult.SUCCESS
             outgoing = _outgoing(decision, self.service)
+            ended = _ended(row, decision) if self.on_end is not None else None
             if outgoing:
                 with transaction(self.producer, session) as tx:
                     for msg in outgoing:
@@ -227,6 +277,8 @@ class Coordinator(SagaService):
             else:
                 for stmt, params in _writes(saga_id, decision):
                     session.execute(stmt, params)
+                if ended is not None:
+                    self.on_end(ended, session)  # type: ignore[misc]
                 session.commit()
         _committed(row.name, decision, row.state)
         if decision.recall is not None:

@@ -138,10 +138,10 @@ class Participant(SagaService):
                 result = None
                 if entry is barrier.Entry.RUN:
                     result = _result(await self._handler(cmd)(dict(cmd.data), tx.session))
-                elif entry is not barrier.Entry.NULL:
+                elif entry is barrier.Entry.DUPLICATE:
                     raise _Skip(entry.value)
                 await tx.send(
-                    _reply(cmd, "done", result, _detail(entry), attempts), sharding_key=cmd.saga_id
+                    _reply(cmd, *_answer(entry), result, attempts), sharding_key=cmd.saga_id
                 )
         except _Skip as skip:
             log.info("%s %s of saga %s: %s, skipped", cmd.op, cmd.branch, cmd.saga_id, skip)
@@ -154,9 +154,7 @@ class Participant(SagaService):
                     conn = await tx.session.connection()
                     if not await barrier.record_async(conn, cmd.saga_id, cmd.branch, answer[0]):
                         return ConsumeResult.SUCCESS  # answered by another delivery
-                await tx.send(
-                    _reply(cmd, answer[0], None, answer[1], attempts), sharding_key=cmd.saga_id
-                )
+                await tx.send(_reply(cmd, *answer, None, attempts), sharding_key=cmd.saga_id)
         return ConsumeResult.SUCCESS
 
     def _run(self, cmd: Command, msg: MessageExt) -> ConsumeResult:
@@ -168,11 +166,9 @@ class Participant(SagaService):
                 result = None
                 if entry is barrier.Entry.RUN:
                     result = _result(self._handler(cmd)(dict(cmd.data), tx.session))
-                elif entry is not barrier.Entry.NULL:
+                elif entry is barrier.Entry.DUPLICATE:
                     raise _Skip(entry.value)
-                tx.send(
-                    _reply(cmd, "done", result, _detail(entry), attempts), sharding_key=cmd.saga_id
-                )
+                tx.send(_reply(cmd, *_answer(entry), result, attempts), sharding_key=cmd.saga_id)
         except _Skip as skip:
             log.info("%s %s of saga %s: %s, skipped", cmd.op, cmd.branch, cmd.saga_id, skip)
         except Exception as exc:
@@ -184,7 +180,7 @@ class Participant(SagaService):
                     conn = tx.session.connection()
                     if not barrier.record(conn, cmd.saga_id, cmd.branch, answer[0]):
                         return ConsumeResult.SUCCESS  # answered by another delivery
-                tx.send(_reply(cmd, answer[0], None, answer[1], attempts), sharding_key=cmd.saga_id)
+                tx.send(_reply(cmd, *answer, None, attempts), sharding_key=cmd.saga_id)
         return ConsumeResult.SUCCESS
 
 
@@ -198,8 +194,15 @@ def _result(value: Any) -> dict[str, Any] | None:
     )
 
 
-def _detail(entry: barrier.Entry) -> str:
-    return "null compensation: its action never took effect" if entry is barrier.Entry.NULL else ""
+def _answer(entry: barrier.Entry) -> tuple[Outcome, str]:
+    """The outcome and detail of an operation the barrier let through (or suspended)."""
+    if entry is barrier.Entry.NULL:
+        return "done", "null compensation: its action never took effect"
+    if entry is barrier.Entry.SUSPENDED:
+        # its compensation came first: the saga is compensating (this answer is stale and
+        # ignored) — or, should it still wait for this action, it must not count on it
+        return "refused", "suspended: its compensation came first"
+    return "done", ""
 
 
 def _no_effect(cmd: Command, exc: Exception, attempts: int) -> tuple[Outcome, str] | None:
@@ -221,7 +224,7 @@ def _no_effect(cmd: Command, exc: Exception, attempts: int) -> tuple[Outcome, st
 
 
 def _reply(
-    cmd: Command, outcome: Outcome, result: dict[str, Any] | None, detail: str, attempts: int
+    cmd: Command, outcome: Outcome, detail: str, result: dict[str, Any] | None, attempts: int
 ) -> Message:
     reply = Reply(
         saga_id=cmd.saga_id,
