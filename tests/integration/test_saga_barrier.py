@@ -8,14 +8,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import sessionmaker
 
 from tests.sqla_support import pg_schema
+from txmq.consumer.push import ConsumeResult
+from txmq.protocol.message import MessageExt
+from txmq.saga import Coordinator, Saga, State, Step, decide
 from txmq.saga.barrier import Entry, enter, enter_async, record
+from txmq.saga.model import Reply, encode
 from txmq.sqla.tables import metadata as txmq_metadata
+from txmq.sqla.tables import sagas
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -137,3 +144,57 @@ def test_an_answer_the_coordinator_cannot_place_is_ignored_or_kept(engine: sa.En
         coordinator.listener(answer("s9"))
     with engine.connect() as conn:  # nothing changed
         assert conn.execute(sa.select(sagas.c.state)).scalar_one() == "RUNNING"
+
+
+def test_an_answer_decided_on_a_row_that_changed_meanwhile_is_decided_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite has no row locks (its SELECT ... FOR UPDATE locks nothing until the first
+    write): another answer's transaction can change a saga between a coordinator's read and
+    its write.  The write is conditioned on the row as read, so the late decision is not
+    applied over the other one: the answer is decided again on the new row — here, found
+    stale and ignored.  (Seen in the orders demo: a charge's late 'done' overwrote the
+    compensation its deadline had started, and the order was confirmed after its refund.)"""
+    url = f"sqlite:///{tmp_path / 'orders.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")  # a reader does not block a writer
+        txmq_metadata.create_all(conn)
+        saga = Saga("s", [Step("a", "inventory", compensation="undo-a")])
+        conn.execute(
+            sagas.insert().values(
+                saga_id="g1",
+                name="s",
+                definition=saga.to_dict(),
+                coordinator="orders",
+                state=State.RUNNING,
+                step=0,
+                op="action",
+                command_id="c1",
+                data={},
+                effected=[],
+            )
+        )
+    coordinator = Coordinator("orders", object(), sessionmaker(engine), [saga])
+    real, calls = decide.on_reply, []
+
+    def on_reply(*args: Any) -> Any:
+        calls.append(args[1].command_id)
+        if len(calls) == 1:  # another answer's transaction commits in between
+            with engine.begin() as other:
+                other.execute(
+                    sagas.update()
+                    .where(sagas.c.saga_id == "g1")
+                    .values(state=State.COMPENSATING, command_id="c2")
+                )
+        return real(*args)
+
+    monkeypatch.setattr(decide, "on_reply", on_reply)
+    refused = Reply(saga_id="g1", command_id="c1", step=0, op="action", outcome="refused")
+    msg = MessageExt("saga-orders-replies", encode(refused), 0, 0, 0, 0, 0, 0)
+    assert coordinator.listener(msg) is ConsumeResult.SUCCESS
+    assert calls == ["c1", "c2"]  # decided again, on the row as it is now: stale
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(sagas).where(sagas.c.saga_id == "g1")).one()
+    assert (row.state, row.command_id) == (State.COMPENSATING, "c2")
+    engine.dispose()

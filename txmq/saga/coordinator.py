@@ -33,6 +33,7 @@ from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from txmq.client.producer import SendResult
 from txmq.consumer.push import ConsumeResult
 from txmq.observability import hooks as observe
 from txmq.protocol.message import Message, MessageExt
@@ -161,9 +162,7 @@ class Coordinator(SagaService):
                 raise ValueError(f"saga {row.saga_id}: its definition cannot be read here")
             return None if saga is None else decide.on_reply(saga, row, reply, self.service)
 
-        if self.is_async:
-            return self._apply_async(reply.saga_id, choose)
-        return self._apply(reply.saga_id, choose)
+        return self._decide(reply.saga_id, choose)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -206,9 +205,30 @@ class Coordinator(SagaService):
             made: Decision = how(saga, row, operator, reason, self.service)
             return made
 
-        return self._apply_async(saga_id, choose) if self.is_async else self._apply(saga_id, choose)
+        return self._decide(saga_id, choose)
 
     # -- one transaction of the coordinator -------------------------------------------------
+
+    def _decide(self, saga_id: str, choose: Any) -> Any:
+        """Read the saga's row, decide, write and send, in one local transaction; again
+        (a few times) if the row changed between the read and the write."""
+        if self.is_async:
+
+            async def deciding() -> ConsumeResult:
+                for _ in range(STALE_TRIES - 1):
+                    try:
+                        return await self._apply_async(saga_id, choose)
+                    except _Stale as stale:
+                        log.info("%s: decided again", stale)
+                return await self._apply_async(saga_id, choose)
+
+            return deciding()
+        for _ in range(STALE_TRIES - 1):
+            try:
+                return self._apply(saga_id, choose)
+            except _Stale as stale:
+                log.info("%s: decided again", stale)
+        return self._apply(saga_id, choose)
 
     def _select(self, saga_id: str) -> Any:
         return select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
@@ -240,11 +260,11 @@ class Coordinator(SagaService):
                     for msg in outgoing:
                         sent = await tx.send(msg, sharding_key=saga_id)
                         _sent_deadline(decision, msg, sent.msg_id)
-                    for stmt, params in _writes(saga_id, decision):
-                        await session.execute(stmt, params)
+                    for stmt, params in _writes(row, decision):
+                        _changed(await session.execute(stmt, params), params, row)
             else:
-                for stmt, params in _writes(saga_id, decision):
-                    await session.execute(stmt, params)
+                for stmt, params in _writes(row, decision):
+                    _changed(await session.execute(stmt, params), params, row)
                 if ended is not None:
                     done = self.on_end(ended, session)  # type: ignore[misc]
                     if inspect.isawaitable(done):
@@ -272,11 +292,11 @@ class Coordinator(SagaService):
                     for msg in outgoing:
                         sent = tx.send(msg, sharding_key=saga_id)
                         _sent_deadline(decision, msg, sent.msg_id)
-                    for stmt, params in _writes(saga_id, decision):
-                        session.execute(stmt, params)
+                    for stmt, params in _writes(row, decision):
+                        _changed(session.execute(stmt, params), params, row)
             else:
-                for stmt, params in _writes(saga_id, decision):
-                    session.execute(stmt, params)
+                for stmt, params in _writes(row, decision):
+                    _changed(session.execute(stmt, params), params, row)
                 if ended is not None:
                     self.on_end(ended, session)  # type: ignore[misc]
                 session.commit()
@@ -328,15 +348,41 @@ def _committed(name: str, decision: Decision, before: str | None = None) -> None
         observe.saga_step(name, *decision.took)
 
 
-def _writes(saga_id: str, decision: Decision) -> list[tuple[Any, Any]]:
-    """The statements (and parameters) of a decision that changes a saga's row."""
+class _Stale(Exception):
+    """The saga's row changed between this transaction's read and its write: another
+    answer's transaction came in between (SQLite has no row locks: its SELECT ... FOR
+    UPDATE locks nothing until the first write)."""
+
+
+#: how many times an answer is decided on a row that changed meanwhile, before its
+#: delivery fails (and comes again later)
+STALE_TRIES = 5
+
+
+def _writes(row: Any, decision: Decision) -> list[tuple[Any, Any]]:
+    """The statements (and parameters) of a decision that changes a saga's row: the row's
+    update only if it is still as read (every decision changes its state or the command it
+    waits for), then the step log."""
     out: list[tuple[Any, Any]] = []
     if decision.values:
         values = {**decision.values, "updated_at": func.now()}
-        out.append((update(sagas).where(sagas.c.saga_id == saga_id).values(**values), None))
+        c = sagas.c
+        as_read = update(sagas).where(
+            c.saga_id == row.saga_id,
+            c.state == row.state,
+            c.command_id.is_not_distinct_from(row.command_id),
+        )
+        out.append((as_read.values(**values), None))
     if decision.log:
         out.append((insert(saga_steps), decision.log))
     return out
+
+
+def _changed(result: Any, params: Any, row: Any) -> None:
+    """Raise :class:`_Stale` when the row's update (the statement without parameters)
+    found the row no longer as read."""
+    if params is None and result.rowcount != 1:
+        raise _Stale(f"saga {row.saga_id} changed while an answer was decided")
 
 
 class SagaStart:
@@ -347,6 +393,9 @@ class SagaStart:
         self._tx = tx
         self._first = first
         self.saga_id: str = first.values["saga_id"]
+        #: what the broker said of the messages the start sent (its first command, then
+        #: its deadline if the step has one): message ids, the broker set that stored them
+        self.sent: list[SendResult] = []
 
     @property
     def session(self) -> Any:
@@ -379,6 +428,7 @@ class SagaStart:
             try:
                 for msg in _outgoing(self._first, self._first.values["coordinator"]):
                     sent = tx.send(msg, sharding_key=self.saga_id)
+                    self.sent.append(sent)
                     if msg.tags == "timeout":
                         tx.session.execute(self._deadline(sent.msg_id))
             except BaseException as err:
@@ -409,6 +459,7 @@ class SagaStart:
             try:
                 for msg in _outgoing(self._first, self._first.values["coordinator"]):
                     sent = await tx.send(msg, sharding_key=self.saga_id)
+                    self.sent.append(sent)
                     if msg.tags == "timeout":
                         await tx.session.execute(self._deadline(sent.msg_id))
             except BaseException as err:
