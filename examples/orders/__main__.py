@@ -1,14 +1,17 @@
-"""``python -m examples.orders``: the services, their front, the checker and the demo.
+"""``python -m examples.orders``: the services, their fronts, the checker and the demo.
 
 python -m examples.orders demo [--single-broker] [--secure]    # the README's demo
 python -m examples.orders order-service --db URL --broker HOST:PORT [--port N]
 python -m examples.orders inventory-service --db URL --namesrv 'H:P;H:P' [--port N]
+python -m examples.orders payment-service --db URL --broker HOST:PORT [--port N]
     (each service: --broker, one broker's address, or --namesrv, a cluster's name servers)
-python -m examples.orders seed --db URL apple=60 pear=40
-python -m examples.orders place --url http://127.0.0.1:PORT --product apple --quantity 2
+python -m examples.orders seed --db URL apple=60 pear=40          # the inventory's stock
+python -m examples.orders seed-accounts --db URL ann=100 bob=50   # the payment's accounts
+python -m examples.orders place --url http://127.0.0.1:PORT --product apple --customer ann
 python -m examples.orders orders --url http://127.0.0.1:PORT [--state CANCELLED]
 python -m examples.orders stock --url http://127.0.0.1:PORT
-python -m examples.orders check --orders-db URL --inventory-db URL
+python -m examples.orders accounts --url http://127.0.0.1:PORT
+python -m examples.orders check --orders-db URL --inventory-db URL --payment-db URL
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ def _serve_orders(args: argparse.Namespace) -> int:
     from examples.orders.order_service import OrderService
 
     dbs.upgrade("orders", args.db)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     svc = OrderService(
         args.db,
         args.broker,
@@ -42,7 +42,32 @@ def _serve_orders(args: argparse.Namespace) -> int:
         instance=args.instance,
         heartbeat_interval=args.heartbeat_interval,
         route_ttl=args.route_ttl,
-    ).start(args.port)
+        charge_deadline=args.charge_deadline,
+    )
+    return _serve_blocking(svc, args.port)
+
+
+def _serve_payment(args: argparse.Namespace) -> int:
+    from examples.orders.payment_service import PaymentService
+
+    dbs.upgrade("payment", args.db)
+    svc = PaymentService(
+        args.db,
+        args.broker,
+        namesrv=args.namesrv,
+        instance=args.instance,
+        heartbeat_interval=args.heartbeat_interval,
+        route_ttl=args.route_ttl,
+    )
+    return _serve_blocking(svc, args.port)
+
+
+def _serve_blocking(svc: Any, port: int) -> int:
+    """Run a blocking service until SIGTERM or SIGINT; ``READY <url>`` once it serves."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    svc.start(port)
     try:
         assert svc.server is not None
         print(f"READY {svc.server.url}", flush=True)
@@ -63,8 +88,7 @@ def _serve_inventory(args: argparse.Namespace) -> int:
             args.broker,
             namesrv=args.namesrv,
             instance=args.instance,
-            max_reconsume_times=args.max_reconsume_times,
-            claim_lease=args.claim_lease,
+            heartbeat_interval=args.heartbeat_interval,
             route_ttl=args.route_ttl,
         )
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -86,29 +110,41 @@ def _front(args: argparse.Namespace) -> int:
 
     if args.cmd == "place":
         path = "/orders" + (f"?wait={args.wait:g}" if args.wait else "")
-        status, data = request(
-            args.url, "POST", path, {"product": args.product, "quantity": args.quantity}
-        )
+        order = {"product": args.product, "quantity": args.quantity, "customer": args.customer}
+        status, data = request(args.url, "POST", path, order)
     elif args.cmd == "orders":
         status, data = request(
             args.url, "GET", "/orders" + (f"?state={args.state}" if args.state else "")
         )
     else:
-        status, data = request(args.url, "GET", "/stock")
+        status, data = request(args.url, "GET", f"/{args.cmd}")
     print(json.dumps(data, indent=2))
     return 0 if status < 400 else 1
 
 
+def _amounts(items: list[str], what: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        name, _, units = item.partition("=")
+        if not name or not units.isdigit():
+            raise SystemExit(f"expected {what}=NUMBER, got {item!r}")
+        out[name] = int(units)
+    return out
+
+
 def _seed(args: argparse.Namespace) -> int:
-    stock: dict[str, int] = {}
-    for item in args.stock:
-        product, _, units = item.partition("=")
-        if not product or not units.isdigit():
-            raise SystemExit(f"expected PRODUCT=UNITS, got {item!r}")
-        stock[product] = int(units)
+    stock = _amounts(args.stock, "PRODUCT")
     dbs.upgrade("inventory", args.db)
     dbs.seed_stock(args.db, stock)
     print(f"stock: {stock}")
+    return 0
+
+
+def _seed_accounts(args: argparse.Namespace) -> int:
+    balances = _amounts(args.balances, "CUSTOMER")
+    dbs.upgrade("payment", args.db)
+    dbs.seed_accounts(args.db, balances)
+    print(f"accounts: {balances}")
     return 0
 
 
@@ -116,7 +152,7 @@ def _check(args: argparse.Namespace) -> int:
     from examples.orders.checker import check
     from examples.orders.demo import books_lines
 
-    report = check(args.orders_db, args.inventory_db)
+    report = check(args.orders_db, args.inventory_db, args.payment_db)
     print("\n".join(books_lines(report)))
     return 0 if report.ok else 1
 
@@ -130,6 +166,7 @@ def _demo(args: argparse.Namespace) -> int:
         orders=args.orders,
         orders_db=args.orders_db,
         inventory_db=args.inventory_db,
+        payment_db=args.payment_db,
         faults=faults,
         seed=args.seed,
         single_broker=args.single_broker,
@@ -154,11 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser(
-        "demo", help="a local cluster + both services, a load of orders, faults, the books"
+        "demo", help="a local cluster + the three services, a load of orders, faults, the books"
     )
     d.add_argument("--orders", type=int, default=300, help="orders to place (default 300)")
     d.add_argument("--orders-db", help="the order service's database URL (default: SQLite)")
     d.add_argument("--inventory-db", help="the inventory's database URL (default: SQLite)")
+    d.add_argument("--payment-db", help="the payment service's database URL (default: SQLite)")
     d.add_argument("--fault", action="append", help="only these faults (repeat)")
     d.add_argument("--no-faults", action="store_true")
     d.add_argument("--seed", type=int, default=7, help="random seed of the load")
@@ -174,7 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=_demo)
 
-    for name, func in (("order-service", _serve_orders), ("inventory-service", _serve_inventory)):
+    services = (
+        ("order-service", _serve_orders),
+        ("inventory-service", _serve_inventory),
+        ("payment-service", _serve_payment),
+    )
+    for name, func in services:
         s = sub.add_parser(name, help=f"run the {name}")
         s.add_argument("--db", required=True, help="its database URL")
         to = s.add_mutually_exclusive_group(required=True)
@@ -188,35 +231,44 @@ def build_parser() -> argparse.ArgumentParser:
             default=30.0,
             help="seconds a route is kept before the name servers are asked again (default 30)",
         )
+        s.add_argument(
+            "--heartbeat-interval",
+            type=float,
+            default=30.0,
+            help="seconds between the producer's heartbeats to its brokers (default 30)",
+        )
         s.set_defaults(func=func)
         if name == "order-service":
             s.add_argument(
-                "--heartbeat-interval",
+                "--charge-deadline",
                 type=float,
                 default=30.0,
-                help="seconds between the producer's heartbeats to its brokers (default 30)",
+                help="seconds a saga waits for the payment's answer before it compensates "
+                "(default 30)",
             )
-        if name == "inventory-service":
-            s.add_argument("--max-reconsume-times", type=int, default=16)
-            s.add_argument("--claim-lease", type=float, default=30.0)
 
     sd = sub.add_parser("seed", help="set the inventory's stock")
     sd.add_argument("--db", required=True)
     sd.add_argument("stock", nargs="+", help="PRODUCT=UNITS")
     sd.set_defaults(func=_seed)
+    sa = sub.add_parser("seed-accounts", help="set the payment service's accounts")
+    sa.add_argument("--db", required=True)
+    sa.add_argument("balances", nargs="+", help="CUSTOMER=MONEY")
+    sa.set_defaults(func=_seed_accounts)
 
-    for name in ("place", "orders", "stock"):
+    for name in ("place", "orders", "stock", "accounts"):
         f = sub.add_parser(name, help=f"{name} through a service's HTTP front")
         f.add_argument("--url", required=True, help="the service's http://HOST:PORT")
         if name == "place":
             f.add_argument("--product", required=True)
             f.add_argument("--quantity", type=int, default=1)
+            f.add_argument("--customer", required=True, help="who pays")
             f.add_argument(
                 "--wait",
                 type=float,
                 default=0.0,
-                help="seconds to wait for the inventory to take the order (default: answer "
-                "at once, PENDING)",
+                help="seconds to wait for the order's saga to end (default: answer at once, "
+                "PENDING)",
             )
         if name == "orders":
             f.add_argument("--state")
@@ -225,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="the consistency checker")
     c.add_argument("--orders-db", required=True)
     c.add_argument("--inventory-db", required=True)
+    c.add_argument("--payment-db", required=True)
     c.set_defaults(func=_check)
     return p
 

@@ -1,4 +1,5 @@
-"""Databases of the orders example: URLs, migrations per service, seeding the stock."""
+"""Databases of the orders example: URLs, migrations per service, seeding the stock and the
+customers' accounts."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from sqlalchemy import Engine, MetaData, create_engine, delete, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from examples.orders.models import InventoryBase, OrderBase, Stock
+from examples.orders.models import Account, InventoryBase, OrderBase, PaymentBase, Stock
 
-__all__ = ["SERVICES", "Service", "connect", "seed_stock", "sync_url", "upgrade"]
+__all__ = [
+    "SERVICES",
+    "Service",
+    "connect",
+    "seed_accounts",
+    "seed_stock",
+    "sync_url",
+    "upgrade",
+]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -28,6 +37,7 @@ class Service:
 SERVICES = {
     "orders": Service("orders", OrderBase.metadata, "orders_alembic_version"),
     "inventory": Service("inventory", InventoryBase.metadata, "inventory_alembic_version"),
+    "payment": Service("payment", PaymentBase.metadata, "payment_alembic_version"),
 }
 
 
@@ -81,5 +91,16 @@ def seed_stock(url: str | URL, stock: dict[str, int]) -> None:
             session.add_all(
                 Stock(product=p, initial=n, available=n, reserved=0) for p, n in stock.items()
             )
+    finally:
+        engine.dispose()
+
+
+def seed_accounts(url: str | URL, balances: dict[str, int]) -> None:
+    """Replace the payment service's accounts with ``balances`` (customer → money)."""
+    engine = connect(url)
+    try:
+        with Session(engine) as session, session.begin():
+            session.execute(delete(Account))
+            session.add_all(Account(customer=c, initial=n, balance=n) for c, n in balances.items())
     finally:
         engine.dispose()

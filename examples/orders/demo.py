@@ -1,34 +1,44 @@
-"""The orders demo: a local txmq cluster and both services as real processes, a load of
-orders, faults injected one after another, then the books.
+"""The orders demo: a local txmq cluster and the three services as real processes, a load of
+orders (each a saga: reserve the stock, charge the customer, confirm), faults injected one
+after another, then the books.
 
 Layouts: by default a cluster — one name server with the failover controller inside and
 two broker sets: ``broker-a`` replicated (nodes ``broker-a-0`` and ``broker-a-1``, SYNC
 replication, the master elected by the controller) and ``broker-b`` one broker alone, each
-node its own store; the services routed through the name server, so the orders spread over
+node its own store; the services routed through the name server, so the sagas spread over
 both sets (see :mod:`examples.orders.cluster`).  ``single_broker`` (``--single-broker``):
 one broker alone, the services given its address.
 
-Faults (each between two parts of the load):
+The load mixes the saga's outcomes: orders whose stock runs out (refused at the first
+step), customers whose money runs out (declined at the charge: the stock is released) and
+orders the order review refuses after payment (customer ``mallory``: refunded, released).
 
-- ``order-crash-before-commit``: the order service is SIGKILLed after sending the half
-  message, before its database commit. The order must never exist; the broker checks back,
-  the checker finds no committed transaction and the half message is rolled back.
-- ``order-crash-after-commit``: SIGKILLed after the database commit, before telling the
-  broker COMMIT. The order must exist and settle: the check-back commits the message.
-- ``broker-restart``: in the cluster, ``broker-b`` is SIGKILLed while orders flow: orders
-  move to ``broker-a`` (a send that fails on the dead set is refused and leaves nothing
-  half-done), ``broker-b`` restarts on its store and port, and its transactions whose COMMIT
-  died with it are settled by its check-back.  With one broker: the broker is SIGKILLed,
-  orders placed meanwhile are refused (nothing half-done), it restarts on the same store and
-  port and everyone reconnects.
-- ``master-failover`` (the cluster only): ``broker-a``'s master is SIGKILLed while orders
-  flow; the controller elects the other replica in a new epoch, the killed node restarts on
-  its store and ports and rejoins as a slave, and orders are accepted on ``broker-a`` again.
-- ``inventory-crash``: the inventory service is SIGKILLed inside its handler, after its
-  writes, before their commit: the message is delivered again and applied once.
-- ``duplicates``: copies of already-consumed ``OrderCreated`` messages are sent again: the
-  idempotent consumer skips every one.
-- ``poison``: a malformed ``OrderCreated`` fails every time: retried, then dead-lettered.
+Faults (each between two parts of the load; the saga faults are in
+:mod:`examples.orders.faults_saga`):
+
+- ``order-crash-before-commit`` / ``order-crash-after-commit``: the order service is
+  SIGKILLed while it starts a saga, after sending the half message of its first command and
+  before its database commit (the order must never exist: the check-back rolls the message
+  back), or after that commit and before telling the broker COMMIT (the order must settle:
+  the check-back commits it).
+- ``coordinator-crash``: the order service SIGKILLed between two steps of a saga: the answer
+  taken and the next command committed in its database, the broker not told; the
+  check-back sends the command and the saga goes on.
+- ``broker-restart`` and ``master-failover`` (the cluster only): a broker set SIGKILLed and
+  restarted, and ``broker-a``'s master SIGKILLed and replaced by the controller, while
+  orders flow and sagas are in flight (:mod:`examples.orders.faults_broker`).
+- ``inventory-crash-action`` / ``inventory-crash-compensation`` /
+  ``payment-crash-action`` / ``payment-crash-compensation``: a participant SIGKILLed inside
+  its action or its compensation, after its writes, before their commit: the command comes
+  again and is applied once.
+- ``deadline``: the payment service paused (SIGSTOP) past the charge's deadline: the saga
+  gives up on it and compensates; resumed, the late charge does nothing (or is refunded).
+- ``duplicates``: copies of commands already carried out are delivered again: the barrier
+  lets none take a second effect.
+- ``reordered``: an order's compensation (release its stock) delivered before its action:
+  a null compensation, and the late action is suspended — the order is cancelled, its stock
+  never taken.
+- ``poison``: a malformed saga command: dead-lettered at once.
 """
 
 from __future__ import annotations
@@ -63,16 +73,20 @@ from examples.orders.cluster import (
 )
 from examples.orders.faults_demo import CLUSTER_ONLY, FAULTS, Fault, FaultResult
 from examples.orders.models import (
+    BLOCKED,
+    BROKE,
     CANCELLED,
     CONFIRMED,
-    ORDER_CREATED,
+    FAULT_CUSTOMER,
+    FAULT_PRODUCT,
     PENDING,
-    STOCK_REPLIES,
     Order,
 )
+from examples.orders.order_service import SERVICE as ORDERS
 from examples.orders.procs import Proc, free_port
 from examples.orders.secure import OPERATOR, make_secure
 from examples.orders.web import request
+from txmq.saga import command_topic, reply_topic
 from txmq.sqla.db import with_connection
 from txmq.sqla.tables import ROLLED_BACK, transaction_log
 from txmq.sync import AdminClient
@@ -97,7 +111,25 @@ def default_faults(single_broker: bool) -> tuple[str, ...]:
     return tuple(f for f in ALL_FAULTS if not (single_broker and f in CLUSTER_ONLY))
 
 
-DEFAULT_STOCK = {"apple": 60, "fig": 60, "kiwi": 60, "pear": 60, "plum": 60}
+DEFAULT_STOCK = {"apple": 60, "fig": 60, "kiwi": 60, "pear": 60, "plum": 60, FAULT_PRODUCT: 100}
+DEFAULT_ACCOUNTS = {
+    "ann": 150,
+    "bob": 150,
+    "cy": 150,
+    "dee": 150,
+    BROKE: 0,
+    BLOCKED: 1000,
+    FAULT_CUSTOMER: 100_000,
+}
+#: the load's customers; mallory places one order in twenty
+LOAD_CUSTOMERS = ("ann", "bob", "cy", "dee")
+#: the saga topics, created on every broker set before anyone subscribes
+TOPICS = (
+    command_topic("inventory"),
+    command_topic("payment"),
+    command_topic(ORDERS),
+    reply_topic(ORDERS),
+)
 
 # Short for a demo (defaults: check every 30 s after 6 s; retries 1 s … 2 h)
 BROKER_TOML = """\
@@ -109,7 +141,6 @@ message_delay_levels = "100ms 200ms 300ms 500ms 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s
 grpc_port = 0
 metrics_port = 0
 """
-INVENTORY_MAX_RECONSUME = 3
 # Short for a demo (default 30 s): a restarted broker set checks its transactions back as
 # soon as the order service's producer heartbeats it again
 PRODUCER_HEARTBEAT_S = 2.0
@@ -125,12 +156,16 @@ class DemoConfig:
     orders_db: str | None = None
     """The order service's database URL; None: a SQLite file in the demo's folder."""
     inventory_db: str | None = None
+    payment_db: str | None = None
     faults: tuple[str, ...] | None = None
     """The faults to inject, in turn; None: :func:`default_faults` of the layout."""
     seed: int = 7
     clients: int = 4
     stock: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_STOCK))
+    accounts: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_ACCOUNTS))
     duplicates: int = 20
+    charge_deadline: float = 5.0
+    """Seconds a saga waits for the payment's answer (short for a demo; default 30)."""
     settle_timeout: float = 120.0
     single_broker: bool = False
     """One broker alone (the services given its address); default: a name server and two
@@ -153,7 +188,6 @@ class DemoResult:
     by_broker: dict[str, int] = field(default_factory=dict)
     """Accepted orders by the broker set that stored their OrderCreated."""
     faults: list[FaultResult] = field(default_factory=list)
-    inventory: dict[str, Any] = field(default_factory=dict)
     dead_lettered: list[str] = field(default_factory=list)
     settled: bool = False
     elapsed: float = 0.0
@@ -172,6 +206,7 @@ class Demo:
         self.say = progress
         self.orders_db = config.orders_db or f"sqlite:///{folder / 'orders.db'}"
         self.inventory_db = config.inventory_db or f"sqlite:///{folder / 'inventory.db'}"
+        self.payment_db = config.payment_db or f"sqlite:///{folder / 'payment.db'}"
         self.single = config.single_broker
         #: --secure: the CA, the ACL file and the users (None: plaintext, no ACL)
         self.secure = make_secure(folder) if config.secure else None
@@ -191,7 +226,8 @@ class Demo:
         self.broker: Proc | None = None  # the single broker's process (None in a cluster)
         self.orders: Proc | None = None
         self.inventory: Proc | None = None
-        self.orders_url = self.inventory_url = ""
+        self.payment: Proc | None = None
+        self.orders_url = self.inventory_url = self.payment_url = ""
         self.accepted: list[dict[str, Any]] = []
         self.refused = 0
         self.requested = 0
@@ -324,7 +360,7 @@ class Demo:
         (one broker alone creates them on first use, as it always did)."""
         if self.single:
             return
-        topics = (ORDER_CREATED, STOCK_REPLIES)
+        topics = TOPICS
         with self.admin() as admin:
             for topic in topics:
                 admin.create_topic(topic, QUEUES_PER_BROKER, cluster=CLUSTER)
@@ -334,31 +370,34 @@ class Demo:
                 raise RuntimeError(f"the name server does not route {topics} over every set")
             time.sleep(0.1)
 
-    def service_args(self) -> list[str]:
+    def _service(self, name: str, db: str, *extra: str) -> tuple[Proc, str]:
+        """Start one service's process; it and its front's URL once it is READY."""
+        args = ["examples.orders", name, "--db", db]
         if self.single:
-            return ["--broker", self.broker_address]
-        return ["--namesrv", self.namesrv, "--route-ttl", str(ROUTE_TTL_S)]
+            args += ["--broker", self.broker_address]
+        else:
+            args += ["--namesrv", self.namesrv, "--route-ttl", str(ROUTE_TTL_S)]
+        args += ["--heartbeat-interval", str(PRODUCER_HEARTBEAT_S), *extra]
+        env = self.secure.client_env(name) if self.secure else None
+        proc = Proc(name, args, self.folder / f"{name}.log", env)
+        return proc, proc.wait_line("READY ").split()[1]
 
     def start_orders(self) -> None:
-        args = ["examples.orders", "order-service", "--db", self.orders_db, *self.service_args()]
-        args += ["--heartbeat-interval", str(PRODUCER_HEARTBEAT_S)]
-        env = self.secure.client_env("order-service") if self.secure else None
-        self.orders = Proc("order-service", args, self.folder / "order-service.log", env)
-        self.orders_url = self.orders.wait_line("READY ").split()[1]
+        deadline = ("--charge-deadline", str(self.config.charge_deadline))
+        self.orders, self.orders_url = self._service("order-service", self.orders_db, *deadline)
 
     def start_inventory(self) -> None:
-        args = ["examples.orders", "inventory-service", "--db", self.inventory_db]
-        args += [*self.service_args(), "--claim-lease", "5"]
-        args += ["--max-reconsume-times", str(INVENTORY_MAX_RECONSUME)]
-        env = self.secure.client_env("inventory-service") if self.secure else None
-        log = self.folder / "inventory-service.log"
-        self.inventory = Proc("inventory-service", args, log, env)
-        self.inventory_url = self.inventory.wait_line("READY ").split()[1]
+        self.inventory, self.inventory_url = self._service("inventory-service", self.inventory_db)
+
+    def start_payment(self) -> None:
+        self.payment, self.payment_url = self._service("payment-service", self.payment_db)
 
     def close(self) -> None:
         """Stop every process the demo started (by its PID; SIGKILL if SIGTERM is not
-        enough): the services, then the brokers, then the name server."""
-        procs = [self.orders, self.inventory, *(b.proc for b in self.brokers.values())]
+        enough; a paused one is resumed first): the services, then the brokers, then the
+        name server."""
+        procs = [self.orders, self.inventory, self.payment]
+        procs += [b.proc for b in self.brokers.values()]
         for proc in [*procs, self.namesrv_proc]:
             if proc is not None:
                 proc.stop()
@@ -371,14 +410,21 @@ class Demo:
 
     # -- load ------------------------------------------------------------------------------
 
-    def place(self, product: str, quantity: int) -> tuple[int, Any]:
+    def place(
+        self,
+        product: str,
+        quantity: int,
+        customer: str = FAULT_CUSTOMER,
+        order_id: str | None = None,
+    ) -> tuple[int, Any]:
         """POST /orders; (0, error) when the service can't be reached."""
         with self._lock:
             self.requested += 1
+        order: dict[str, Any] = {"product": product, "quantity": quantity, "customer": customer}
+        if order_id is not None:
+            order["id"] = order_id
         try:
-            status, data = request(
-                self.orders_url, "POST", "/orders", {"product": product, "quantity": quantity}
-            )
+            status, data = request(self.orders_url, "POST", "/orders", order)
         except OSError as exc:
             status, data = 0, str(exc)
         if status == 201:
@@ -391,7 +437,7 @@ class Demo:
             raise RuntimeError(f"order refused with {status}: {data}")
         return status, data
 
-    def load(self, orders: list[tuple[str, int]]) -> None:
+    def load(self, orders: list[tuple[str, int, str]]) -> None:
         with ThreadPoolExecutor(self.config.clients) as pool:
             list(pool.map(lambda o: self.place(*o), orders))
 
@@ -401,6 +447,10 @@ class Demo:
             raise RuntimeError(f"GET {url}/stats: {status} {data}")
         result: dict[str, Any] = data
         return result
+
+    def report(self) -> Report:
+        """The books as they are now."""
+        return check(self.orders_db, self.inventory_db, self.payment_db)
 
     def order_states(self, ids: list[str]) -> dict[str, str]:
         q = select(Order.id, Order.state).where(Order.id.in_(ids))
@@ -415,7 +465,7 @@ class Demo:
     def dlq(self) -> list[str]:
         """The keys of the inventory's dead letters, on every broker set."""
         with self.admin() as admin:
-            letters = admin.dlq_list("inventory-service", max=100)
+            letters = admin.dlq_list("saga-inventory", max=100)
         return sorted(" ".join(m.keys) for m in letters)
 
     def pending_transactions(self) -> int:
@@ -466,20 +516,33 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         stack.callback(demo.close)
         dbs.upgrade("orders", demo.orders_db)
         dbs.upgrade("inventory", demo.inventory_db)
+        dbs.upgrade("payment", demo.payment_db)
         _check_fresh(demo.orders_db)
         dbs.seed_stock(demo.inventory_db, config.stock)
+        dbs.seed_accounts(demo.payment_db, config.accounts)
         progress(f"layout: {demo.layout}; stores and logs in {folder}")
         if not demo.single:
             demo.start_namesrv()
         demo.start_brokers()
         demo.create_topics()
         demo.start_inventory()
+        demo.start_payment()
         demo.start_orders()
-        progress(f"services: orders {demo.orders_url}, inventory {demo.inventory_url}")
+        progress(
+            f"services: orders {demo.orders_url}, inventory {demo.inventory_url}, "
+            f"payment {demo.payment_url}"
+        )
 
         rng = random.Random(config.seed)
-        products = sorted(config.stock)
-        load = [(rng.choice(products), rng.randint(1, 3)) for _ in range(config.orders)]
+        products = sorted(set(config.stock) - {FAULT_PRODUCT})
+        load = [
+            (
+                rng.choice(products),
+                rng.randint(1, 3),
+                BLOCKED if rng.random() < 0.05 else rng.choice(LOAD_CUSTOMERS),
+            )
+            for _ in range(config.orders)
+        ]
         faults = [FAULTS[name] for name in names]
         parts = _split(load, len(faults) + 1)
         results: list[tuple[Fault, FaultResult]] = []
@@ -494,8 +557,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         for fault, fr in results:
             fault.verify(demo, fr)
         result.faults = [fr for _, fr in results]
-        result.report = check(demo.orders_db, demo.inventory_db)
-        result.inventory = demo.stats(demo.inventory_url)
+        result.report = demo.report()
         result.dead_lettered = demo.dlq()
         result.requested, result.accepted = demo.requested, len(demo.accepted)
         result.refused = demo.refused
@@ -523,21 +585,23 @@ def _split(items: list[Any], parts: int) -> list[list[Any]]:
 
 
 def _describe(demo: Demo) -> str:
-    if demo.config.orders_db is None and demo.config.inventory_db is None:
-        return "SQLite files orders.db and inventory.db in the demo's folder"
-    return f"orders {demo.orders_db.split('@')[-1]}, inventory {demo.inventory_db.split('@')[-1]}"
+    c = demo.config
+    if c.orders_db is None and c.inventory_db is None and c.payment_db is None:
+        return "SQLite files orders.db, inventory.db and payment.db in the demo's folder"
+    return (
+        f"orders {demo.orders_db.split('@')[-1]}, inventory {demo.inventory_db.split('@')[-1]}, "
+        f"payment {demo.payment_db.split('@')[-1]}"
+    )
 
 
 def _settle(demo: Demo, faults: list[tuple[Fault, FaultResult]], timeout: float) -> bool:
-    """Wait (bounded) until every order is settled, the outbox is drained, no half message
+    """Wait (bounded) until every saga ended and every order is settled, no half message
     is pending and every fault's own condition holds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        report = check(demo.orders_db, demo.inventory_db)
-        inventory = demo.stats(demo.inventory_url)
+        report = demo.report()
         if (
             report.pending == 0
-            and inventory["outbox_backlog"] == 0
             and demo.pending_transactions() == 0
             and all(f.settled(demo, r) for f, r in faults)
         ):
@@ -547,10 +611,11 @@ def _settle(demo: Demo, faults: list[tuple[Fault, FaultResult]], timeout: float)
 
 
 def books_lines(report: Report) -> list[str]:
-    o = report.orders
+    o, g = report.orders, report.sagas
     lines = [
         f"orders:    {CONFIRMED} {o.get(CONFIRMED, 0)} · {CANCELLED} {o.get(CANCELLED, 0)}"
         f" · {PENDING} {o.get(PENDING, 0)}",
+        "sagas:     " + (" · ".join(f"{state} {n}" for state, n in sorted(g.items())) or "none"),
         "stock:     product   initial  available  reserved",
     ]
     for st in report.stock:
@@ -558,10 +623,17 @@ def books_lines(report: Report) -> list[str]:
             f"           {st['product']:<8} {st['initial']:>8} {st['available']:>10}"
             f" {st['reserved']:>9}"
         )
+    lines.append("money:     customer  initial    balance   charged")
+    for a in report.accounts:
+        lines.append(
+            f"           {a['customer']:<8} {a['initial']:>8} {a['balance']:>10} {a['charged']:>9}"
+        )
     if report.ok:
         lines.append(
-            "books:     BALANCED — every order settled, available + reserved = initial for "
-            "every product, no order reserved twice, no reservation without an order"
+            "books:     BALANCED — every saga ended and every order settled as its saga says; "
+            "available + reserved = initial for every product and balance + charged = initial "
+            "for every customer; nothing reserved or charged twice, nothing held for a "
+            "cancelled order, nothing for an order that does not exist"
         )
     else:
         lines.append("books:     DO NOT BALANCE")
@@ -570,7 +642,6 @@ def books_lines(report: Report) -> list[str]:
 
 
 def print_summary(result: DemoResult, out: Callable[[str], None] = print) -> None:
-    inv = result.inventory
     out("")
     out("== txmq orders demo ==")
     out(f"layout:    {result.layout}")
@@ -580,7 +651,7 @@ def print_summary(result: DemoResult, out: Callable[[str], None] = print) -> Non
         f"{result.accepted} accepted, {result.refused} refused while a service was down"
     )
     carried = ", ".join(f"{name} {n}" for name, n in result.by_broker.items())
-    out(f"carried:   accepted orders by the broker set that stored them: {carried}")
+    out(f"carried:   accepted orders by the broker set that stored their first command: {carried}")
     if result.faults:
         out("faults:")
         for f in result.faults:
@@ -588,9 +659,10 @@ def print_summary(result: DemoResult, out: Callable[[str], None] = print) -> Non
             out(f"         {f.detail}")
     for line in books_lines(result.report):
         out(line)
+    r = result.report
     out(
-        f"messages:  {inv.get('duplicates_skipped', 0)} duplicate deliveries skipped by the "
-        f"idempotent consumer; {inv.get('handler_failures', 0)} failed deliveries retried; "
+        f"outcomes:  {r.reservations.get('RELEASED', 0)} reservations released and "
+        f"{r.charges.get('REFUNDED', 0)} charges refunded by compensations; "
         f"{len(result.dead_lettered)} dead-lettered"
         + (f" ({', '.join(result.dead_lettered)})" if result.dead_lettered else "")
     )

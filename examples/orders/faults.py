@@ -1,8 +1,9 @@
 """Fault injection for the demo and the acceptance tests.
 
-A service arms a crash point when asked (``POST /faults {"crash": "<point>"}``); the next
-time the process reaches that point it prints ``FAULT <point> <detail>`` on stdout and
-kills itself with SIGKILL — no cleanup, no flush, as a crash or an OOM kill would.
+A service arms a crash point when asked (``POST /faults {"crash": "<point>"}``, or with
+``"when": "<value>"`` for the point reached with that value only); the next time the
+process reaches that point it prints ``FAULT <point> <detail>`` on stdout and kills itself
+with SIGKILL — no cleanup, no flush, as a crash or an OOM kill would.
 
 A hold point (``POST /faults {"hold": "<point>", "when": "<value>"}``) instead stops the
 next request that reaches it with that value: it prints ``HOLD <point> <detail>`` and waits
@@ -28,25 +29,25 @@ class Faults:
     def __init__(self, points: tuple[str, ...], holds: tuple[str, ...] = ()) -> None:
         self.points = points
         self.holds = holds
-        self._armed: set[str] = set()
+        self._armed: dict[str, str | None] = {}  # crash point → the value it waits for
         self._holding: dict[str, str] = {}  # hold point → the value it waits for
         self._released: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
 
-    def arm(self, point: str) -> None:
+    def arm(self, point: str, when: str | None = None) -> None:
         if point not in self.points:
             raise ValueError(f"unknown crash point {point!r}: one of {', '.join(self.points)}")
         with self._lock:
-            self._armed.add(point)
+            self._armed[point] = when
 
     def armed(self) -> list[str]:
         with self._lock:
             return sorted(self._armed)
 
-    def reached(self, point: str, detail: str) -> None:
-        """Die here if ``point`` is armed."""
+    def reached(self, point: str, detail: str, value: str | None = None) -> None:
+        """Die here if ``point`` is armed (for ``value``, if it was armed for one)."""
         with self._lock:
-            if point not in self._armed:
+            if point not in self._armed or self._armed[point] not in (None, value):
                 return
         sys.stdout.write(f"FAULT {point} {detail}\n")
         sys.stdout.flush()
@@ -89,5 +90,6 @@ class Faults:
             return 200, {"released": body["release"]}
         if not isinstance(body, dict) or not isinstance(body.get("crash"), str):
             raise ValueError('expected {"crash": "<point>"}')
-        self.arm(body["crash"])
+        when = body.get("when")
+        self.arm(body["crash"], str(when) if when is not None else None)
         return 200, {"armed": self.armed()}

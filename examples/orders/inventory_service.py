@@ -1,18 +1,22 @@
-"""The inventory service, in async code (``AsyncSession``), as a FastAPI service would be.
+"""The inventory service, in async code (``AsyncSession``), as a FastAPI service would be:
+a participant of the ``place-order`` saga.
 
-It consumes ``OrderCreated`` orderly (a queue's messages one at a time, in order; a
-sharding key's messages share a queue) and idempotently: the message's key, the stock
-change, the reservation and the reply all commit in one database transaction, so a
-redelivered or duplicated ``OrderCreated`` is skipped, and a crash before the commit
-leaves nothing behind (the message is delivered again).
+- ``reserve-stock`` takes the order's units with one conditional ``UPDATE ... WHERE
+  available >= quantity`` (never read and written back, so two orders of one product at
+  once cannot oversell) and records a RESERVED reservation; short of stock, or an unknown
+  product, it refuses (``Refuse``: the saga compensates the steps before it — none).
+- ``release-stock`` (its compensation) gives the units back and marks the reservation
+  RELEASED.
 
-Stock is taken with one conditional ``UPDATE ... WHERE available >= quantity`` — never
-read and written back, so two queues reserving the same product at once can't oversell.
-The reply (``StockReserved`` / ``StockRejected``) goes into the transactional outbox, and
-an :class:`outbox.OutboxRelay` in the same process sends it.
+Each runs behind the saga barrier in one local transaction with its answer to the
+coordinator (a transactional message: the broker checks back with the transaction log),
+so a redelivered command has no second effect, a compensation that comes before its action
+makes that action a no-op, and a crash before the commit leaves nothing behind (the command
+is delivered again).
 
-HTTP: ``GET /stock``, ``GET /stats``, ``POST /faults {"crash": "in-handler"}`` (the next
-``OrderCreated`` kills the process after its writes, before their commit).
+HTTP: ``GET /stock``, ``GET /stats``, ``POST /faults {"crash": "in-reserve" |
+"in-release"}`` (the next reservation or release kills the process after its writes,
+before their commit).
 """
 
 from __future__ import annotations
@@ -28,28 +32,29 @@ import txmq
 from examples.orders.counters import Counters
 from examples.orders.db import connect
 from examples.orders.faults import Faults
-from examples.orders.models import (
-    ORDER_CREATED,
-    REJECTED,
-    RESERVED,
-    STOCK_REPLIES,
-    OrderCreated,
-    Reservation,
-    Stock,
-    StockReply,
-)
+from examples.orders.models import RELEASED, RESERVED, OrderData, Reservation, Stock
 from examples.orders.web import JsonServer
-from txmq import ConsumeFrom, ConsumeResult, Message, MessageExt, Producer, PushConsumer, outbox
-from txmq.outbox.store import pending_lag
+from txmq.saga import Participant, Refuse
+from txmq.sqla import SqlTransactionChecker
+from txmq.sqla.db import async_url
 
-__all__ = ["GROUP", "InventoryService"]
+__all__ = ["GROUP", "SERVICE", "InventoryService"]
 
 log = logging.getLogger("examples.orders.inventory_service")
 
-GROUP = "inventory-service"
+SERVICE = "inventory"
+"""Its name in the saga's steps."""
+GROUP = f"saga-{SERVICE}"
+"""The consumer group of its saga commands."""
 
 
 class InventoryService:
+    """``broker``: one broker's ``HOST:PORT``; or ``namesrv``: a cluster's name servers.
+
+    ``max_reconsume_times``: how often a command that raised is delivered again before
+    the step's own retry limit decides (a malformed command goes to the dead letters at
+    once)."""
+
     def __init__(
         self,
         db: str,
@@ -57,67 +62,49 @@ class InventoryService:
         *,
         namesrv: str | None = None,
         instance: str = "inventory-1",
-        max_reconsume_times: int = 16,
-        claim_lease: float = 30.0,
         route_ttl: float = 30.0,
+        heartbeat_interval: float = 30.0,
     ) -> None:
-        url = outbox.async_url(db)
+        url = async_url(db)
         sqlite = url.get_backend_name() == "sqlite"
         self.aengine = create_async_engine(url, connect_args={"timeout": 30} if sqlite else {})
         self.sessions = async_sessionmaker(self.aengine, expire_on_commit=False)
         self.read_engine = connect(db)  # the HTTP front's reads, from its threads
-        # the relay's own producer: sharding="available", as an order has one reply (its
-        # key's order cannot break), so a reply whose broker set is down goes to another
-        self.relay_producer = Producer(
-            broker, "txmq-outbox-relay", namesrv=namesrv, sharding="available", route_ttl=route_ttl
-        )
-        self.relay = outbox.OutboxRelay(self.aengine, self.relay_producer, claim_lease=claim_lease)
-        self.faults = Faults(("in-handler",))
+        self.faults = Faults(("in-reserve", "in-release"))
         self.counters = Counters()
-        reserve = txmq.idempotent(
-            self.sessions,
-            group=f"{GROUP}/{ORDER_CREATED}",
-            on_duplicate=lambda m, k: self.counters.add("duplicates_skipped"),
-        )(self._reserve)
-
-        async def listener(msg: MessageExt) -> ConsumeResult:
-            try:
-                result: ConsumeResult = await reserve(msg)
-            except Exception as exc:
-                self.counters.add("handler_failures")
-                log.warning("OrderCreated %s failed (%s); retried later", msg.msg_id, exc)
-                raise
-            return result
-
-        self.consumer = PushConsumer(
+        # sharding="available": each answer is one message the coordinator matches by its
+        # command's id, so no order can break; while the broker set a saga id hashes to is
+        # down, the answer goes to another set instead of failing (and being retried)
+        self.producer = txmq.TransactionProducer(
             broker,
-            GROUP,
+            f"{SERVICE}-tx",
             namesrv=namesrv,
-            listener=listener,
-            orderly=True,
-            instance_name=instance,
-            consume_from=ConsumeFrom.FIRST_OFFSET,
-            max_reconsume_times=max_reconsume_times,
+            listener=SqlTransactionChecker(self.aengine),
+            sharding="available",
             route_ttl=route_ttl,
-            # offsets committed soon: the order front's wait_consumed sees them (0.5 s, not 5)
-            persist_interval=0.5,
+            heartbeat_interval=heartbeat_interval,
         )
-        self.consumer.subscribe(ORDER_CREATED)
+        self.participant = Participant(SERVICE, self.producer, self.sessions)
+        self.participant.action("reserve-stock")(self._reserve)
+        self.participant.compensation("release-stock")(self._release)
+        self.consumer = txmq.PushConsumer(
+            broker,
+            namesrv=namesrv,
+            instance_name=instance,
+            route_ttl=route_ttl,
+            **self.participant.consumer_options(),
+        )
+        self.consumer.subscribe(self.participant.topic)
         self.server: JsonServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, port: int = 0) -> Self:
-        await self.relay_producer.start()
+        await self.producer.start()
         try:
-            await self.relay.start()
-            try:
-                await self.consumer.start()
-            except BaseException:
-                await self.relay.stop()
-                raise
+            await self.consumer.start()
         except BaseException:
-            await self.relay_producer.stop()
+            await self.producer.stop()
             raise
         self.server = JsonServer(
             {
@@ -135,12 +122,9 @@ class InventoryService:
         try:
             await self.consumer.stop()
         finally:
-            try:
-                await self.relay.stop()  # its engine and producer are ours: stopped below
-            finally:
-                await self.relay_producer.stop()
-                await self.aengine.dispose()
-                self.read_engine.dispose()
+            await self.producer.stop()
+            await self.aengine.dispose()
+            self.read_engine.dispose()
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -148,46 +132,53 @@ class InventoryService:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # -- consuming -------------------------------------------------------------------------
+    # -- the saga's steps ------------------------------------------------------------------
 
-    async def _reserve(self, msg: MessageExt, session: AsyncSession) -> None:
-        event = OrderCreated.decode(msg.body)  # malformed: raises, retried, then the DLQ
+    async def _reserve(self, data: dict[str, Any], session: AsyncSession) -> dict[str, Any]:
+        order = OrderData.of(data)
         taken = await session.execute(
             update(Stock)
-            .where(Stock.product == event.product, Stock.available >= event.quantity)
+            .where(Stock.product == order.product, Stock.available >= order.quantity)
             .values(
-                available=Stock.available - event.quantity,
-                reserved=Stock.reserved + event.quantity,
+                available=Stock.available - order.quantity,
+                reserved=Stock.reserved + order.quantity,
             )
         )
-        if taken.rowcount == 1:  # type: ignore[attr-defined]
-            reply = StockReply(event.order_id, True)
-        elif await session.get(Stock, event.product) is None:
-            reply = StockReply(event.order_id, False, f"unknown product {event.product!r}")
-        else:
-            reply = StockReply(event.order_id, False, "insufficient stock")
+        if taken.rowcount != 1:  # type: ignore[attr-defined]
+            self.counters.add("refused")
+            if await session.get(Stock, order.product) is None:
+                raise Refuse(f"unknown product {order.product!r}")
+            raise Refuse("insufficient stock")
         session.add(
             Reservation(
-                order_id=event.order_id,
-                product=event.product,
-                quantity=event.quantity,
-                state=RESERVED if reply.reserved else REJECTED,
-                reason=reply.reason,
+                order_id=order.order,
+                product=order.product,
+                quantity=order.quantity,
+                state=RESERVED,
             )
         )
-        await outbox.add_async(
-            session,
-            Message(
-                STOCK_REPLIES,
-                reply.encode(),
-                tags=reply.tag,
-                keys=[f"order-{event.order_id}-stock"],
-            ),
-            sharding_key=event.order_id,
-        )
         await session.flush()
-        self.faults.reached("in-handler", event.order_id)  # written, not committed
-        self.counters.add("reserved" if reply.reserved else "rejected")
+        self.faults.reached("in-reserve", order.order)  # written, not committed
+        self.counters.add("reserved")
+        return {"reserved": order.quantity}
+
+    async def _release(self, data: dict[str, Any], session: AsyncSession) -> None:
+        order = OrderData.of(data)
+        held = await session.get(Reservation, order.order, with_for_update=True)
+        if held is None or held.state != RESERVED:  # the barrier lets one release through
+            raise LookupError(f"order {order.order}: no stock reserved to release")
+        await session.execute(
+            update(Stock)
+            .where(Stock.product == held.product)
+            .values(
+                available=Stock.available + held.quantity,
+                reserved=Stock.reserved - held.quantity,
+            )
+        )
+        held.state = RELEASED
+        await session.flush()
+        self.faults.reached("in-release", order.order)
+        self.counters.add("released")
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -208,11 +199,4 @@ class InventoryService:
             by_state = dict(
                 s.execute(select(Reservation.state, func.count()).group_by(Reservation.state)).all()
             )
-            backlog, lag = pending_lag(s.connection())
-        counters = self.counters.snapshot()
-        return {
-            "reservations": by_state,
-            "outbox_backlog": backlog,
-            "outbox_lag_s": lag,
-            **counters,
-        }
+        return {"reservations": by_state, **self.counters.snapshot()}

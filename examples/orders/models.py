@@ -1,4 +1,5 @@
-"""The two services' own tables (each in its own database) and their message bodies."""
+"""The three services' own tables (each in its own database), the saga that ties them
+together, and the demo's catalogue (prices) and customers."""
 
 from __future__ import annotations
 
@@ -10,30 +11,83 @@ from typing import Any
 from sqlalchemy import CheckConstraint, DateTime, Integer, MetaData, String, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from txmq.saga import Saga, Step
+
 __all__ = [
+    "BLOCKED",
+    "BROKE",
     "CANCELLED",
+    "CHARGED",
     "CONFIRMED",
-    "ORDER_CREATED",
+    "DEFAULT_CHARGE_DEADLINE_S",
+    "FAULT_CUSTOMER",
+    "FAULT_PRODUCT",
     "PENDING",
-    "REJECTED",
+    "PLACE_ORDER",
+    "PRICES",
+    "REFUNDED",
+    "RELEASED",
     "RESERVED",
-    "STOCK_REPLIES",
+    "Account",
+    "Charge",
     "InventoryBase",
     "Order",
     "OrderBase",
-    "OrderCreated",
+    "OrderData",
+    "PaymentBase",
     "Reservation",
     "Stock",
-    "StockReply",
+    "place_order",
+    "price_of",
 ]
 
 PENDING, CONFIRMED, CANCELLED = "PENDING", "CONFIRMED", "CANCELLED"
-RESERVED, REJECTED = "RESERVED", "REJECTED"
+RESERVED, RELEASED = "RESERVED", "RELEASED"
+#: what reservations said before the orders became a saga (a refusal left a row then)
+REJECTED = "REJECTED"
+CHARGED, REFUNDED = "CHARGED", "REFUNDED"
 
-ORDER_CREATED = "order-created"
-"""Topic of ``OrderCreated`` (tag ``OrderCreated``), key ``order-<id>-created``."""
-STOCK_REPLIES = "stock-replies"
-"""Topic of the inventory's replies (tags ``StockReserved`` / ``StockRejected``)."""
+#: price per unit; any other product costs DEFAULT_PRICE (the inventory refuses products it
+#: does not stock)
+PRICES = {"apple": 3, "fig": 5, "kiwi": 4, "pear": 3, "plum": 2}
+DEFAULT_PRICE = 5
+DEFAULT_CHARGE_DEADLINE_S = 30.0
+
+
+#: the demo's faults take this product and bill this customer, neither of which its load
+#: uses, so that their sagas go as far as each fault needs
+FAULT_PRODUCT, FAULT_CUSTOMER = "gift", "zoe"
+#: a customer the order review refuses (the order service's blocklist), and one who cannot
+#: pay at all
+BLOCKED, BROKE = "mallory", "eve"
+
+
+def price_of(product: str, quantity: int) -> int:
+    return PRICES.get(product, DEFAULT_PRICE) * quantity
+
+
+def place_order(charge_deadline: float = DEFAULT_CHARGE_DEADLINE_S) -> Saga:
+    """The saga of an order: reserve its stock (inventory), charge the customer (payment:
+    given up on, and compensated, when the card network has not answered within
+    ``charge_deadline`` seconds), confirm it (the order service's own review).  A refusal
+    or failure at any step undoes the steps before it in reverse order: refund, release."""
+    return Saga(
+        "place-order",
+        [
+            Step("reserve-stock", "inventory", compensation="release-stock", retries=3),
+            Step(
+                "charge",
+                "payment",
+                compensation="refund",
+                retries=3,
+                timeout=charge_deadline,
+            ),
+            Step("confirm-order", "orders", retries=3),
+        ],
+    )
+
+
+PLACE_ORDER = place_order()
 
 
 class OrderBase(DeclarativeBase):
@@ -41,6 +95,10 @@ class OrderBase(DeclarativeBase):
 
 
 class InventoryBase(DeclarativeBase):
+    metadata = MetaData()
+
+
+class PaymentBase(DeclarativeBase):
     metadata = MetaData()
 
 
@@ -60,12 +118,17 @@ class Order(OrderBase):
     reason: Mapped[str | None] = mapped_column(String(255), default=None)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    #: who pays, and how much (price x quantity when placed); None: placed before the saga
+    customer: Mapped[str | None] = mapped_column(String(64), default=None)
+    amount: Mapped[int | None] = mapped_column(Integer, default=None)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "product": self.product,
             "quantity": self.quantity,
+            "customer": self.customer,
+            "amount": self.amount,
             "state": self.state,
             "reason": self.reason,
         }
@@ -85,11 +148,14 @@ class Stock(InventoryBase):
 
 
 class Reservation(InventoryBase):
-    """What the inventory decided for one order: one row per order, ever."""
+    """The stock held for one order: one row per order, ever (RESERVED, then RELEASED if
+    its saga compensates)."""
 
     __tablename__ = "reservations"
     __table_args__ = (
-        CheckConstraint(f"state IN ('{RESERVED}', '{REJECTED}')", name="ck_reservations_state"),
+        CheckConstraint(
+            f"state IN ('{RESERVED}', '{RELEASED}', '{REJECTED}')", name="ck_reservations_state"
+        ),
     )
 
     order_id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -100,39 +166,59 @@ class Reservation(InventoryBase):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+class Account(PaymentBase):
+    __tablename__ = "accounts"
+    __table_args__ = (CheckConstraint("balance >= 0", name="ck_accounts_balance"),)
+
+    customer: Mapped[str] = mapped_column(String(64), primary_key=True)
+    initial: Mapped[int] = mapped_column(Integer)
+    balance: Mapped[int] = mapped_column(Integer)
+
+
+class Charge(PaymentBase):
+    """The money taken for one order: one row per order, ever (CHARGED, then REFUNDED if
+    its saga compensates)."""
+
+    __tablename__ = "charges"
+    __table_args__ = (
+        CheckConstraint("amount > 0", name="ck_charges_amount"),
+        CheckConstraint(f"state IN ('{CHARGED}', '{REFUNDED}')", name="ck_charges_state"),
+    )
+
+    order_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    customer: Mapped[str] = mapped_column(String(64))
+    amount: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
 @dataclass(frozen=True)
-class OrderCreated:
-    order_id: str
+class OrderData:
+    """A place-order saga's data, as every step receives it."""
+
+    order: str
     product: str
     quantity: int
+    customer: str
+    amount: int
 
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def decode(cls, body: bytes) -> OrderCreated:
-        """Raises ValueError (or KeyError / TypeError) on a malformed body."""
-        data = json.loads(body)
-        event = cls(str(data["order_id"]), str(data["product"]), int(data["quantity"]))
-        if event.quantity <= 0:
-            raise ValueError(f"quantity must be positive, not {event.quantity}")
-        return event
-
-
-@dataclass(frozen=True)
-class StockReply:
-    order_id: str
-    reserved: bool
-    reason: str | None = None
-
-    @property
-    def tag(self) -> str:
-        return "StockReserved" if self.reserved else "StockRejected"
-
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
-    def decode(cls, body: bytes) -> StockReply:
-        data = json.loads(body)
-        return cls(str(data["order_id"]), bool(data["reserved"]), data.get("reason"))
+    def of(cls, data: dict[str, Any]) -> OrderData:
+        """Raises KeyError / ValueError / TypeError on malformed data."""
+        d = cls(
+            str(data["order"]),
+            str(data["product"]),
+            int(data["quantity"]),
+            str(data["customer"]),
+            int(data["amount"]),
+        )
+        if d.quantity <= 0 or d.amount <= 0:
+            raise ValueError(f"quantity and amount must be positive: {data}")
+        return d
+
+    def encode(self) -> bytes:
+        return json.dumps(self.as_dict()).encode()

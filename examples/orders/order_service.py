@@ -1,32 +1,38 @@
 """The order service, in blocking code (``Session``, ``txmq.sync``), as a Flask or Django
-service would be written.
+service would be written: it coordinates the ``place-order`` saga.
 
-``place(product, quantity)`` creates the order PENDING in a local transaction with a
-transactional send of ``OrderCreated`` (sharded by order id): the order row, the
-transaction-log row and the half message commit together or not at all, and a crash
-between the database commit and the broker's COMMIT is settled by the broker checking
-back with any live producer of the group (``SqlTransactionChecker``).
+``place(product, quantity, customer)`` creates the order PENDING and starts its saga in
+one local transaction: the order row, the saga's row and the half message of its first
+command (reserve the stock) commit together or not at all, and a crash between the
+database commit and the broker's COMMIT is settled by the broker checking back with any
+live producer of the group (``SqlTransactionChecker``).  From then on the saga's state
+lives in this database: each answer of the inventory and the payment service moves it on
+(charge, then confirm) in a local transaction with the next command.  The last step,
+``confirm-order``, is this service's own review (customers on its blocklist are refused):
+it marks the order CONFIRMED; when a step refuses, fails or times out, the steps before it
+are compensated in reverse order (refund, release the stock) and, in the transaction that
+records the saga COMPENSATED, the order becomes CANCELLED with the saga's reason.
 
-The inventory's ``StockReserved`` / ``StockRejected`` replies are consumed idempotently
-(the reply's key is recorded in the same transaction as the order's new state): the order
-becomes CONFIRMED, or CANCELLED — the compensation when stock is short.
-
-HTTP: ``POST /orders[?wait=S] {"product", "quantity"}`` (with ``wait``: the answer waits
-up to S seconds for the inventory service to consume the order's ``OrderCreated`` —
-``txmq.wait_consumed`` — and says ``"inventory": "consumed"`` with the order as it is then,
-or ``"pending"``), ``GET /orders[?state=]``,
-``GET /orders/<id>``, ``GET /stats``, ``POST /faults {"crash": point}``.
-Crash points: ``before-db-commit`` (the half message is sent, the order not committed:
-the check-back rolls it back) and ``after-db-commit`` (the order is committed, the broker
-not told: the check-back commits it).  Hold point (``{"hold": "before-broker-commit",
-"when": BROKER_NAME}``): the next order whose half message is on that broker set waits
-after its database commit, before COMMIT is sent, until ``{"release": ...}``.
+HTTP: ``POST /orders[?wait=S] {"product", "quantity", "customer"[, "id"]}`` (``id``: a
+32-hex-digit id chosen by the client, so that a retried request cannot place the order
+twice; with ``wait``: the answer waits up to S seconds for the saga to end and shows the
+order as it is then), ``GET /orders[?state=]``, ``GET /orders/<id>`` (with its saga's
+steps), ``GET /stats``, ``POST /faults {"crash": point}``.
+Crash points: ``before-db-commit`` (the half message is sent, the order not committed: the
+check-back rolls it back), ``after-db-commit`` (the order is committed, the broker not
+told: the check-back commits it) and ``between-steps`` (an answer taken and the next
+command decided and committed, the broker not told: the check-back sends the command).
+Hold point (``{"hold": "before-broker-commit", "when": BROKER_NAME}``): the next order whose
+first command is on that broker set waits after its database commit, before COMMIT is sent,
+until ``{"release": ...}``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -34,7 +40,6 @@ from typing import Any, Self
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-import txmq
 import txmq.sync
 from examples.orders.counters import Counters
 from examples.orders.db import connect
@@ -42,38 +47,52 @@ from examples.orders.faults import Faults
 from examples.orders.models import (
     CANCELLED,
     CONFIRMED,
-    ORDER_CREATED,
+    DEFAULT_CHARGE_DEADLINE_S,
     PENDING,
-    STOCK_REPLIES,
     Order,
-    OrderCreated,
-    StockReply,
+    OrderData,
+    place_order,
+    price_of,
 )
 from examples.orders.web import JsonServer, Request
-from txmq import ConsumeFrom, Message, MessageExt
+from txmq import MessageExt
 from txmq.client.producer import SendResult
 from txmq.client.transaction import LocalTransactionState
+from txmq.protocol.message import Message
 from txmq.protocol.wire.errors import TxmqError
-from txmq.sqla import SqlTransactionChecker, transaction
+from txmq.saga import Coordinator, Ended, Participant, Refuse, saga_info
+from txmq.sqla import SqlTransactionChecker
 
-__all__ = ["GROUP", "OrderService"]
+__all__ = ["BLOCKLIST", "GROUP", "SERVICE", "OrderService"]
 
 log = logging.getLogger("examples.orders.order_service")
 
+SERVICE = "orders"
+"""Its name in the saga's steps (and its coordinator's)."""
 GROUP = "order-service"
-"""The service's producer group (check-backs go to any live member) and consumer group."""
+"""The service's producer group (check-backs go to any live member)."""
 MAX_QUANTITY = 1000
 MAX_WAIT = 30.0
-INVENTORY_GROUP = "inventory-service"
-"""The inventory service's consumer group (``inventory_service.GROUP``)."""
+#: customers the order review refuses (after their card was charged: the saga refunds it)
+BLOCKLIST = frozenset({"mallory"})
+_ID = re.compile(r"[0-9a-f]{32}\Z")
 
 
 class _FaultyProducer(txmq.sync.TransactionProducer):
-    """Dies before telling the broker COMMIT when ``after-db-commit`` is armed."""
+    """Dies where an armed crash point says: after a placed order's half message is sent
+    (``before-db-commit``), before telling the broker COMMIT of a placed order
+    (``after-db-commit``) or of a step the coordinator decided (``between-steps``)."""
 
     faults: Faults
     current: threading.local
     counters: Counters
+
+    def send_half(self, msg: Message, **options: Any) -> SendResult:
+        result = super().send_half(msg, **options)
+        order_id = getattr(self.current, "order_id", None)
+        if order_id is not None:
+            self.faults.reached("before-db-commit", order_id)
+        return result
 
     def end_transaction(
         self,
@@ -83,9 +102,15 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
         from_check: bool = False,
     ) -> str:
         if not from_check and LocalTransactionState(state) is LocalTransactionState.COMMIT:
-            order_id = getattr(self.current, "order_id", "?")
-            self.faults.reached("after-db-commit", order_id)
-            self.faults.held("before-broker-commit", result.broker_name, order_id)
+            order_id = getattr(self.current, "order_id", None)
+            if order_id is not None:
+                self.faults.reached("after-db-commit", order_id)
+                self.faults.held("before-broker-commit", result.broker_name, order_id)
+            answer = getattr(self.current, "answer", None)
+            if answer is not None:  # "<saga id>/<step>/<op>" of the answer decided on
+                saga_id, _, rest = answer.partition("/")
+                step = rest.partition("/")[0]
+                self.faults.reached("between-steps", saga_id, f"{saga_id}/{step}")
         try:
             return super().end_transaction(result, state, from_check=from_check)
         except TxmqError:
@@ -96,15 +121,18 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
 
 class OrderService:
     """``broker``: one broker's ``HOST:PORT``; or ``namesrv``: a cluster's name servers
-    (``"h1:9876;h2:9876"``), whose routes spread the orders over its broker sets.
+    (``"h1:9876;h2:9876"``), whose routes spread the sagas over its broker sets.
 
     ``heartbeat_interval``: how often the producer tells every broker it knows that it is
     alive (a broker checks a transaction back only with a producer that heartbeats it: a
     restarted broker set waits up to this long for its check-backs).
 
-    ``route_ttl``: how long the producer and the consumer keep a route before asking the
-    name servers again (a broker set whose master died is left out of sends until a route
-    names its new master).
+    ``route_ttl``: how long the clients keep a route before asking the name servers again
+    (a broker set whose master died is left out of sends until a route names its new
+    master).
+
+    ``charge_deadline``: seconds the saga waits for the payment service's answer to a
+    charge before it gives up and compensates (stored with each saga as it starts).
     """
 
     def __init__(
@@ -116,14 +144,18 @@ class OrderService:
         instance: str = "orders-1",
         heartbeat_interval: float = 30.0,
         route_ttl: float = 30.0,
+        charge_deadline: float = DEFAULT_CHARGE_DEADLINE_S,
     ) -> None:
         self.engine = connect(db)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self.faults = Faults(("before-db-commit", "after-db-commit"), ("before-broker-commit",))
+        self.faults = Faults(
+            ("before-db-commit", "after-db-commit", "between-steps"), ("before-broker-commit",)
+        )
         self._current = threading.local()
-        # sharding="available": an order has one OrderCreated, so its key's order cannot
-        # break; while the broker set its key hashes to is down, the order goes to another
-        # set at once instead of being refused (in a cluster; one broker: no other set)
+        self.counters = Counters()
+        # sharding="available": a saga's messages are answered one at a time, so their
+        # order cannot break; while the broker set a saga id hashes to is down, its command
+        # goes to another set at once instead of being refused (one broker: no other set)
         self.producer = _FaultyProducer(
             broker,
             GROUP,
@@ -133,38 +165,42 @@ class OrderService:
             heartbeat_interval=heartbeat_interval,
             route_ttl=route_ttl,
         )
-        self.counters = Counters()
         self.producer.faults, self.producer.current = self.faults, self._current
         self.producer.counters = self.counters
-
-        on_reply = txmq.idempotent(
-            self.sessions,
-            group=f"{GROUP}/{STOCK_REPLIES}",
-            on_duplicate=lambda m, k: self.counters.add("replies_duplicate"),
-        )(self._apply_reply)
-        self.consumer = txmq.sync.PushConsumer(
-            broker,
-            GROUP,
-            namesrv=namesrv,
-            listener=on_reply,
-            instance_name=instance,
-            consume_from=ConsumeFrom.FIRST_OFFSET,
-            route_ttl=route_ttl,
+        self.saga = place_order(charge_deadline)
+        self.coordinator = Coordinator(
+            SERVICE, self.producer, self.sessions, [self.saga], on_end=self._ended
         )
-        self.consumer.subscribe(STOCK_REPLIES)
-        # the front's wait for the inventory (POST /orders?wait=S): offset lookups
-        self.admin = txmq.sync.AdminClient(broker, namesrv=namesrv)
+        self.participant = Participant(SERVICE, self.producer, self.sessions)
+        self.participant.action("confirm-order")(self._confirm)
+        self.consumers = [
+            txmq.sync.PushConsumer(
+                broker,
+                namesrv=namesrv,
+                instance_name=instance,
+                route_ttl=route_ttl,
+                **options,
+            )
+            for options in (
+                {**self.coordinator.consumer_options(), "listener": self._on_answer},
+                self.participant.consumer_options(),
+            )
+        ]
+        self.consumers[0].subscribe(self.coordinator.topic)
+        self.consumers[1].subscribe(self.participant.topic)
         self.server: JsonServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self, port: int = 0) -> Self:
         self.producer.start()
+        started: list[txmq.sync.PushConsumer] = []
         try:
-            self.consumer.start()
-            self.admin.start()
+            for consumer in self.consumers:
+                started.append(consumer.start())
         except BaseException:
-            self.consumer.stop()
+            for consumer in started:
+                consumer.stop()
             self.producer.stop()
             raise
         self.server = JsonServer(
@@ -182,8 +218,8 @@ class OrderService:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
-        self.admin.stop()
-        self.consumer.stop()
+        for consumer in self.consumers:
+            consumer.stop()
         self.producer.stop()
         self.engine.dispose()
 
@@ -195,75 +231,123 @@ class OrderService:
 
     # -- orders ----------------------------------------------------------------------------
 
-    def place(self, product: str, quantity: int) -> dict[str, Any]:
-        """Create an order and announce it, as one step; the order, and the name of the
-        broker set that stored its ``OrderCreated`` (``broker``)."""
+    def place(
+        self, product: str, quantity: int, customer: str, order_id: str | None = None
+    ) -> dict[str, Any]:
+        """Create an order and start its saga, as one step; the order, and the name of the
+        broker set that stored its first command (``broker``).  ``order_id`` (32 hex
+        digits; default: a new one) is also the saga's id: an order placed again with the
+        same id is refused (ValueError), not placed twice."""
         if not isinstance(product, str) or not 0 < len(product) <= 64:
             raise ValueError("product must be a name of 1 to 64 characters")
+        if not isinstance(customer, str) or not 0 < len(customer) <= 64:
+            raise ValueError("customer must be a name of 1 to 64 characters")
         if isinstance(quantity, bool) or not isinstance(quantity, int):
             raise ValueError("quantity must be a whole number")
         if not 0 < quantity <= MAX_QUANTITY:
             raise ValueError(f"quantity must be between 1 and {MAX_QUANTITY}")
-        order_id = uuid.uuid4().hex
+        if order_id is None:
+            order_id = uuid.uuid4().hex
+        elif not isinstance(order_id, str) or not _ID.match(order_id):
+            raise ValueError("id must be 32 hexadecimal digits (lower case)")
+        amount = price_of(product, quantity)
+        data = OrderData(order_id, product, quantity, customer, amount)
         self._current.order_id = order_id
-        event = OrderCreated(order_id, product, quantity)
-        msg = Message(
-            ORDER_CREATED, event.encode(), tags="OrderCreated", keys=[f"order-{order_id}-created"]
-        )
-        with transaction(self.producer, self.sessions) as tx:
-            order = Order(id=order_id, product=product, quantity=quantity, state=PENDING)
-            tx.session.add(order)
-            sent = tx.send(msg, sharding_key=order_id)
-            self.faults.reached("before-db-commit", order_id)
-        self.counters.add("orders_placed")
-        return {**order.as_dict(), "broker": sent.broker_name, "msg_id": sent.msg_id}
-
-    def wait_for_inventory(self, placed: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """``placed`` (from :meth:`place`) once the inventory service has consumed its
-        ``OrderCreated`` (then the order as it is now: CONFIRMED or CANCELLED if the reply
-        came back already), or after ``timeout`` seconds as it was; ``inventory`` says
-        which ("consumed" or "pending")."""
         try:
-            self.admin.wait_consumed(placed["msg_id"], INVENTORY_GROUP, timeout=timeout)
-        except TxmqError as exc:  # ConsumeTimeout, or the broker did not answer
-            log.info("order %s: inventory not seen yet (%s)", placed["id"], exc)
-            return {**placed, "inventory": "pending"}
-        with self.sessions() as s:
-            order = s.get(Order, placed["id"])
-            now = order.as_dict() if order is not None else {}
-        return {**placed, **now, "inventory": "consumed"}
+            with self.sessions() as session:
+                if session.get(Order, order_id) is not None:
+                    raise ValueError(f"order {order_id} exists already")
+                with self.coordinator.start(
+                    session, self.saga, data.as_dict(), saga_id=order_id
+                ) as saga:
+                    order = Order(
+                        id=order_id,
+                        product=product,
+                        quantity=quantity,
+                        customer=customer,
+                        amount=amount,
+                        state=PENDING,
+                    )
+                    session.add(order)
+        finally:
+            self._current.order_id = None
+        self.counters.add("orders_placed")
+        first = saga.sent[0]
+        return {**order.as_dict(), "broker": first.broker_name, "msg_id": first.msg_id}
 
-    def _apply_reply(self, msg: MessageExt, session: Session) -> None:
-        reply = StockReply.decode(msg.body)
-        order = session.get(Order, reply.order_id, with_for_update=True)
-        if order is None:  # cannot happen: the order commits before its message is sent
-            raise LookupError(f"reply for unknown order {reply.order_id}")
-        if order.state == PENDING:
-            order.state = CONFIRMED if reply.reserved else CANCELLED
-            order.reason = reply.reason
+    def wait_for_saga(self, placed: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """``placed`` (from :meth:`place`) as it is once its saga ended (CONFIRMED or
+        CANCELLED), or after ``timeout`` seconds (PENDING)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.sessions() as s:
+                order = s.get(Order, placed["id"])
+                now = order.as_dict() if order is not None else {}
+            if now.get("state", PENDING) != PENDING or time.monotonic() >= deadline:
+                return {**placed, **now}
+            time.sleep(0.05)
+
+    # -- the saga --------------------------------------------------------------------------
+
+    def _on_answer(self, msg: MessageExt) -> Any:
+        """The coordinator's listener, with the answer it decides on known to the fault
+        points (answers are keyed ``<saga id>/<step>/<op>``)."""
+        self._current.answer = msg.keys[0] if msg.keys else None
+        try:
+            return self.coordinator.listener(msg)
+        finally:
+            self._current.answer = None
+
+    def _confirm(self, data: dict[str, Any], session: Session) -> None:
+        """The last step: the order review; CONFIRMED, or refused (the saga refunds the
+        charge and releases the stock)."""
+        order_data = OrderData.of(data)
+        order = session.get(Order, order_data.order, with_for_update=True)
+        if order is None:  # cannot happen: the order commits with its saga
+            raise LookupError(f"no order {order_data.order}")
+        if order_data.customer in BLOCKLIST:
+            raise Refuse(f"order review: customer {order_data.customer!r} is blocked")
+        order.state = CONFIRMED
+        order.updated_at = datetime.now(UTC)
+        self.counters.add("confirmed")
+
+    def _ended(self, ended: Ended, session: Session) -> None:
+        """In the transaction that records the saga's end: a compensated saga cancels its
+        order, with the reason (a completed one confirmed it in its last step)."""
+        if ended.state != "COMPENSATED":
+            return
+        order = session.get(Order, ended.saga_id, with_for_update=True)
+        if order is not None and order.state == PENDING:
+            order.state = CANCELLED
+            order.reason = (ended.error or "")[:255] or None
             order.updated_at = datetime.now(UTC)
-        self.counters.add("replies_applied")
+        self.counters.add("cancelled")
 
     def stats(self) -> dict[str, Any]:
         with self.sessions() as s:
             by_state = dict(
                 s.execute(select(Order.state, func.count()).group_by(Order.state)).all()
             )
-        counters = self.counters.snapshot()
-        return {"orders": by_state, **counters}
+        return {"orders": by_state, **self.counters.snapshot()}
 
     # -- HTTP ------------------------------------------------------------------------------
 
     def _post_order(self, req: Request) -> tuple[int, Any]:
-        if not isinstance(req.body, dict):
-            raise ValueError('expected {"product": "...", "quantity": N}')
+        body = req.body
+        if not isinstance(body, dict):
+            raise ValueError('expected {"product": "...", "quantity": N, "customer": "..."}')
         wait = req.param("wait")
         timeout = float(wait) if wait is not None else 0.0
         if not 0 <= timeout <= MAX_WAIT:
             raise ValueError(f"wait must be between 0 and {MAX_WAIT} seconds")
-        placed = self.place(req.body.get("product"), req.body.get("quantity"))  # type: ignore[arg-type]
+        placed = self.place(
+            body.get("product"),  # type: ignore[arg-type]
+            body.get("quantity"),  # type: ignore[arg-type]
+            body.get("customer"),  # type: ignore[arg-type]
+            body.get("id"),
+        )
         if timeout:
-            placed = self.wait_for_inventory(placed, timeout)
+            placed = self.wait_for_saga(placed, timeout)
         return 201, placed
 
     def _get_orders(self, req: Request) -> tuple[int, Any]:
@@ -282,4 +366,15 @@ class OrderService:
             order = s.get(Order, order_id)
             if order is None:
                 raise LookupError(f"no order {order_id}")
-            return 200, order.as_dict()
+            info = saga_info(s.connection(), order_id)
+            saga = None
+            if info is not None:
+                saga = {
+                    "state": info.state,
+                    "error": info.error,
+                    "steps": [
+                        {"branch": e.branch, "op": e.op, "event": e.event, "detail": e.detail}
+                        for e in info.steps
+                    ],
+                }
+            return 200, {**order.as_dict(), "saga": saga}

@@ -129,9 +129,20 @@ class Proc:
         self.popen.wait(30)
         self._reader.join(10)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM, then SIGKILL if it does not end in time."""
+    def pause(self) -> None:
+        """SIGSTOP: the process stops where it is (as under a long GC pause, or a VM's)."""
+        self.popen.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: a paused process goes on."""
         if self.alive:
+            self.popen.send_signal(signal.SIGCONT)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a paused process resumed first), then SIGKILL if it does not end in
+        time."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGCONT)
             self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout)

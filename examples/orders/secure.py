@@ -32,21 +32,29 @@ def _rules(user: str, topics: dict[str, str]) -> list[Rule]:
     ]
 
 
-#: what each service may do (and nothing else)
+#: what each service may do (and nothing else); a saga's commands go to saga-<service>, its
+#: answers (and the deadlines the coordinator sends itself) to saga-orders-replies
 RULES = {
-    # a transactional producer of order-created, a consumer of stock-replies, and (for its
-    # front's wait) a reader of the inventory's progress on order-created
+    # the coordinator: commands to every participant (itself included, for its review),
+    # answers and deadlines to itself; consumes its answers and its own commands
     "order-service": {
-        "topic:order-created": "pub sub",
-        "topic:stock-replies": "sub",
-        "group:order-service": "sub",
-        "group:inventory-service": "sub",
+        "topic:saga-inventory": "pub",
+        "topic:saga-payment": "pub",
+        "topic:saga-orders": "pub sub",
+        "topic:saga-orders-replies": "pub sub",
+        "group:saga-orders-coordinator": "sub",
+        "group:saga-orders": "sub",
     },
-    # an orderly consumer of order-created; its outbox relay publishes stock-replies
+    # participants: consume their commands, answer the coordinator
     "inventory-service": {
-        "topic:order-created": "sub",
-        "group:inventory-service": "sub",
-        "topic:stock-replies": "pub",
+        "topic:saga-inventory": "sub",
+        "group:saga-inventory": "sub",
+        "topic:saga-orders-replies": "pub",
+    },
+    "payment-service": {
+        "topic:saga-payment": "sub",
+        "group:saga-payment": "sub",
+        "topic:saga-orders-replies": "pub",
     },
 }
 

@@ -1,18 +1,23 @@
-"""examples/orders end to end (PostgreSQL and SQLite; on a local cluster of a name server
-with the failover controller and two broker sets — broker-a a master and a slave, broker-b
-one broker — and on one broker alone): a load of orders while, in turn, the order service is
-SIGKILLed mid-transaction (before and after its database commit), a broker set is SIGKILLed
-and restarted while orders flow (in the cluster they move to the other set), in the cluster
-broker-a's master is SIGKILLed and the controller elects its slave (the killed node rejoins
-as a slave), the inventory consumer is SIGKILLed inside its handler, deliveries are
-duplicated and a poison message arrives; after a bounded wait the books balance every time.
+"""examples/orders end to end: three services (order, inventory, payment) whose orders are
+sagas (reserve the stock, charge, confirm; compensated in reverse on a refusal, a failure or
+a deadline), on PostgreSQL and SQLite; on a local cluster of a name server with the
+failover controller and two broker sets — broker-a a master and a slave, broker-b one
+broker — and on one broker alone.  A load of orders while, in turn: the order service is
+SIGKILLed starting a saga (before and after its database commit) and between two steps; a
+broker set is SIGKILLed and restarted while orders flow; in the cluster broker-a's master is
+SIGKILLed and the controller elects its slave; each participant is SIGKILLed inside its
+action and inside its compensation; the payment service is paused past a charge's
+deadline; commands are delivered twice; a compensation is delivered before its action; a
+poison command arrives.  After a bounded wait the books balance every time: money and
+stock, every saga COMPLETED or COMPENSATED, no effect applied twice.
 Also: the checker finds each kind of inconsistency seeded on purpose, a person can place and
 look at orders through the front, and the README's demo command exits 0 with its summary in
-both layouts."""
+every layout."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import subprocess
@@ -31,32 +36,38 @@ from examples.orders.demo import ALL_FAULTS, Demo, DemoConfig, default_faults, r
 from examples.orders.inventory_service import InventoryService
 from examples.orders.models import (
     CANCELLED,
+    CHARGED,
     CONFIRMED,
     PENDING,
     RESERVED,
+    Account,
+    Charge,
     Order,
     Reservation,
     Stock,
 )
 from examples.orders.order_service import OrderService
+from examples.orders.payment_service import PaymentService
 from examples.orders.web import request
-from tests.conftest import ROOT, running_async, wait_for
+from tests.conftest import ROOT, running_async
 from tests.sqla_support import pg_schema
 from txmq.broker.server import EmbeddedBroker
+from txmq.saga import State
+from txmq.sqla.tables import sagas
 
 pytestmark = pytest.mark.slow
 
-SMALL_STOCK = {"apple": 25, "fig": 25, "kiwi": 25, "pear": 25, "plum": 25}
+SMALL_STOCK = {"apple": 25, "fig": 25, "kiwi": 25, "pear": 25, "plum": 25, "gift": 100}
 
 
 @contextlib.contextmanager
-def databases(backend: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """The two services' databases: two SQLite files, or two fresh PostgreSQL schemas."""
+def databases(backend: str, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """The three services' databases: SQLite files, or fresh PostgreSQL schemas."""
     if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'orders.db'}", f"sqlite:///{tmp_path / 'inventory.db'}"
+        yield tuple(f"sqlite:///{tmp_path / f'{s}.db'}" for s in ("o", "i", "p"))  # type: ignore[misc]
     else:
-        with pg_schema() as orders_db, pg_schema() as inventory_db:
-            yield orders_db, inventory_db
+        with pg_schema() as orders_db, pg_schema() as inventory_db, pg_schema() as payment_db:
+            yield orders_db, inventory_db, payment_db
 
 
 @pytest.mark.timeout(300)
@@ -67,11 +78,12 @@ def databases(backend: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
 def test_every_fault_in_turn_and_the_books_balance(
     backend: str, layout: str, tmp_path: Path
 ) -> None:
-    with databases(backend, tmp_path) as (orders_db, inventory_db):
+    with databases(backend, tmp_path) as (orders_db, inventory_db, payment_db):
         config = DemoConfig(
             orders=140,
             orders_db=orders_db,
             inventory_db=inventory_db,
+            payment_db=payment_db,
             stock=dict(SMALL_STOCK),  # ~280 units asked for, 125 there: many cancelled
             duplicates=10,
             single_broker=layout == "single",
@@ -82,13 +94,19 @@ def test_every_fault_in_turn_and_the_books_balance(
     assert result.report.ok, result.report.problems
     expected = default_faults(layout == "single")
     assert [f.name for f in result.faults] == list(expected) and not failed, failed
-    orders = result.report.orders
+    orders, report = result.report.orders, result.report
     assert orders[PENDING] == 0 and orders[CONFIRMED] > 0 and orders[CANCELLED] > 0
+    assert set(report.sagas) == {State.COMPLETED, State.COMPENSATED}
+    assert report.sagas[State.COMPLETED] == orders[CONFIRMED]
     # every accepted order exists, plus the one committed by the order service that was
     # killed before it could answer; the one killed before its commit does not
     assert sum(orders.values()) == result.accepted + 1
-    assert sum(st["initial"] for st in result.report.stock) == 125
-    assert result.inventory["duplicates_skipped"] >= 10
+    assert sum(st["initial"] for st in report.stock) == 225
+    # compensations ran: stock released (declined cards) and charges refunded (refused by
+    # the order review)
+    assert report.reservations["RELEASED"] > 0 and report.charges["REFUNDED"] > 0
+    duplicates = next(f for f in result.faults if f.name == "duplicates")
+    assert duplicates.data["sent"] >= 10, duplicates.data  # a reserve (and a charge) each
     assert result.dead_lettered == ["poison-1"]
     broker_fault = next(f for f in result.faults if f.name == "broker-restart")
     if layout == "single":
@@ -113,16 +131,55 @@ def test_every_fault_in_turn_and_the_books_balance(
     assert min(result.by_broker.values()) > 0 and sum(result.by_broker.values()) == result.accepted
 
 
-def _seed_inconsistent(orders_db: str, inventory_db: str) -> None:
-    o, i = dbs.connect(orders_db), dbs.connect(inventory_db)
+def _order(oid: str, product: str, quantity: int, state: str) -> Order:
+    return Order(
+        id=oid, product=product, quantity=quantity, customer="ann", amount=3 * quantity, state=state
+    )
+
+
+def _saga(oid: str, state: str) -> dict[str, object]:
+    return {
+        "saga_id": oid,
+        "name": "place-order",
+        "definition": {},
+        "coordinator": "orders",
+        "state": state,
+        "step": 0,
+        "op": "action",
+        "data": {},
+        "effected": [],
+    }
+
+
+def _seed_inconsistent(orders_db: str, inventory_db: str, payment_db: str) -> None:
+    o, i, p = dbs.connect(orders_db), dbs.connect(inventory_db), dbs.connect(payment_db)
     try:
         with Session(o) as s, s.begin():
             s.add_all(
                 [
-                    Order(id="a" * 32, product="apple", quantity=2, state=CONFIRMED),
-                    Order(id="b" * 32, product="apple", quantity=1, state=PENDING),
-                    Order(id="c" * 32, product="pear", quantity=1, state=CONFIRMED),
-                    Order(id="d" * 32, product="pear", quantity=3, state=CANCELLED),
+                    _order("a" * 32, "apple", 2, CONFIRMED),
+                    _order("b" * 32, "apple", 1, PENDING),
+                    _order("c" * 32, "pear", 1, CONFIRMED),
+                    _order("d" * 32, "pear", 3, CANCELLED),
+                ]
+            )
+            s.execute(
+                sagas.insert(),
+                [
+                    _saga("a" * 32, State.COMPLETED),
+                    _saga("b" * 32, State.RUNNING),
+                    _saga("c" * 32, State.COMPLETED),
+                    # d's saga completed, but the order says cancelled
+                    _saga("d" * 32, State.COMPLETED),
+                ],
+            )
+        with Session(p) as s, s.begin():
+            s.add_all(
+                [
+                    # ann: 6 charged for a, but her balance paid twice
+                    Account(customer="ann", initial=100, balance=88),
+                    Charge(order_id="a" * 32, customer="ann", amount=6, state=CHARGED),
+                    Charge(order_id="c" * 32, customer="ann", amount=3, state=CHARGED),
                 ]
             )
         with Session(i) as s, s.begin():
@@ -141,27 +198,37 @@ def _seed_inconsistent(orders_db: str, inventory_db: str) -> None:
     finally:
         o.dispose()
         i.dispose()
+        p.dispose()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_the_checker_finds_exactly_the_inconsistencies_seeded(backend: str, tmp_path: Path) -> None:
-    with databases(backend, tmp_path) as (orders_db, inventory_db):
-        dbs.upgrade("orders", orders_db)
-        dbs.upgrade("inventory", inventory_db)
-        healthy = check(orders_db, inventory_db)
+    with databases(backend, tmp_path) as (orders_db, inventory_db, payment_db):
+        for service, url in (
+            ("orders", orders_db),
+            ("inventory", inventory_db),
+            ("payment", payment_db),
+        ):
+            dbs.upgrade(service, url)
+        healthy = check(orders_db, inventory_db, payment_db)
         assert healthy.ok and healthy.problems == []  # empty books balance
-        _seed_inconsistent(orders_db, inventory_db)
-        report = check(orders_db, inventory_db)
+        _seed_inconsistent(orders_db, inventory_db, payment_db)
+        report = check(orders_db, inventory_db, payment_db)
     assert not report.ok
+    b, c, d, e = (x * 32 for x in "bcde")
     assert report.problems == [
-        f"1 order(s) still PENDING: {'b' * 32}",
+        f"1 order(s) still PENDING: {b}",
+        f"1 saga(s) still RUNNING: {b}",
         "apple: reserved 4 but its reservations hold 2 (stock taken twice, or given back wrongly)",
-        f"1 order(s) CONFIRMED without a reservation: {'c' * 32}",
-        f"1 order(s) CANCELLED but its stock is held or it was never seen: {'d' * 32}",
-        f"1 order(s) reservations for orders that do not exist (phantom messages): {'e' * 32}",
+        "ann: balance 88 + charged 9 != initial 100 (money taken twice, or given back wrongly)",
+        f"1 order(s) CONFIRMED without its stock reserved and its charge: {c}",
+        f"1 order(s) whose state disagrees with its saga's: {d}",
+        f"1 order(s) CANCELLED but stock or money still held: {d}",
+        f"1 order(s) reserved or charged for orders that do not exist (phantom commands): {e}",
     ]
     assert report.orders == {CONFIRMED: 2, PENDING: 1, CANCELLED: 1}
     assert report.reservations == {RESERVED: 3}
+    assert report.sagas == {State.COMPLETED: 3, State.RUNNING: 1}
 
 
 def front(*args: str) -> subprocess.CompletedProcess[str]:
@@ -178,46 +245,88 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
     tmp_path: Path, embedded_broker: Callable[..., EmbeddedBroker]
 ) -> None:
     b = embedded_broker()
-    orders_db, inventory_db = f"sqlite:///{tmp_path / 'o.db'}", f"sqlite:///{tmp_path / 'i.db'}"
+    orders_db, inventory_db, payment_db = (f"sqlite:///{tmp_path / f'{s}.db'}" for s in "oip")
     r = front("seed", "--db", inventory_db, "apple=3")
     assert r.returncode == 0, r.stderr
+    r = front("seed-accounts", "--db", payment_db, "ann=100", "eve=0")
+    assert r.returncode == 0 and "accounts: {'ann': 100, 'eve': 0}" in r.stdout, r
+    r = front("seed-accounts", "--db", payment_db, "ann")
+    assert r.returncode != 0 and "expected CUSTOMER=NUMBER, got 'ann'" in r.stderr, r
     dbs.upgrade("orders", orders_db)
     inventory = InventoryService(inventory_db, b.address)
-    with running_async(inventory):
-        with OrderService(orders_db, b.address) as orders:
-            assert orders.server is not None
-            url = orders.server.url
-            r = front("place", "--url", url, "--product", "apple", "--quantity", "2")
-            assert r.returncode == 0 and '"state": "PENDING"' in r.stdout, r
-            r = front("place", "--url", url, "--product", "apple", "--quantity", "2")
-            assert r.returncode == 0, r
-            r = front("place", "--url", url, "--product", "apple", "--quantity", "0")
-            assert r.returncode == 1 and "quantity must be between 1" in r.stdout, r
-            wait_for(lambda: check(orders_db, inventory_db).pending == 0)
-            r = front("orders", "--url", url, "--state", "cancelled")
-            assert r.returncode == 0, r
-            assert r.stdout.count('"state": "CANCELLED"') == 1, r.stdout
-            assert '"CONFIRMED"' not in r.stdout and '"insufficient stock"' in r.stdout
-            r = front("orders", "--url", url)
-            assert r.stdout.count('"state": "CONFIRMED"') == 1, r.stdout
-            r = front("orders", "--url", url, "--state", "lost")
-            assert r.returncode == 1 and "state must be PENDING" in r.stdout, r
-            bad = urllib.request.Request(url + "/orders", data=b"{nope", method="POST")
-            with pytest.raises(urllib.error.HTTPError) as info:
-                urllib.request.urlopen(bad, timeout=10)
-            assert info.value.code == 400 and b"not JSON" in info.value.read()
-            info.value.close()
-            assert request(url, "GET", "/orders/" + "f" * 32) == (
-                404,
-                {"error": f"no order {'f' * 32}"},
-            )
-            assert request(url, "GET", "/nowhere")[0] == 404
-            assert request(url, "POST", "/faults", {"crash": "sideways"})[0] == 400
-            assert inventory.server is not None
-            r = front("stock", "--url", inventory.server.url)
-            assert r.returncode == 0, r
-            assert '"available": 1' in r.stdout and '"reserved": 2' in r.stdout, r.stdout
+    with (
+        running_async(inventory),
+        PaymentService(payment_db, b.address) as payment,
+        OrderService(orders_db, b.address) as orders,
+    ):
+        assert orders.server is not None and payment.server is not None
+        url = orders.server.url
+
+        def place(*args: str) -> subprocess.CompletedProcess[str]:
+            return front("place", "--url", url, "--product", "apple", *args)
+
+        r = place("--quantity", "2", "--customer", "ann", "--wait", "20")
+        assert r.returncode == 0 and '"state": "CONFIRMED"' in r.stdout, r
+        assert '"amount": 6' in r.stdout, r.stdout  # 2 apples at 3
+        # out of stock: refused at the first step, nothing to undo
+        r = place("--quantity", "2", "--customer", "ann", "--wait", "20")
+        assert '"state": "CANCELLED"' in r.stdout and "insufficient stock" in r.stdout, r
+        # reserved, then the card is declined: the stock is released
+        r = place("--quantity", "1", "--customer", "eve", "--wait", "20")
+        assert '"state": "CANCELLED"' in r.stdout and "card declined" in r.stdout, r
+        declined = json.loads(r.stdout)["id"]
+        r = place("--quantity", "0", "--customer", "ann")
+        assert r.returncode == 1 and "quantity must be between 1" in r.stdout, r
+        r = front("orders", "--url", url, "--state", "cancelled")
+        assert r.returncode == 0 and r.stdout.count('"state": "CANCELLED"') == 2, r.stdout
+        r = front("orders", "--url", url)
+        assert r.stdout.count('"state": "CONFIRMED"') == 1, r.stdout
+        r = front("orders", "--url", url, "--state", "lost")
+        assert r.returncode == 1 and "state must be PENDING" in r.stdout, r
+        status, one = request(url, "GET", f"/orders/{declined}")
+        assert status == 200 and one["saga"]["state"] == "COMPENSATED", one
+        assert [(st["branch"], st["op"], st["event"]) for st in one["saga"]["steps"]] == [
+            ("reserve-stock", "action", "sent"),
+            ("reserve-stock", "action", "done"),
+            ("charge", "action", "sent"),
+            ("charge", "action", "refused"),
+            ("reserve-stock", "compensation", "sent"),
+            ("reserve-stock", "compensation", "done"),
+        ]
+        # a client's own id: a retried request cannot place the order twice
+        again = {"product": "apple", "quantity": 1, "customer": "ann", "id": declined}
+        assert request(url, "POST", "/orders", again) == (
+            400,
+            {"error": f"order {declined} exists already"},
+        )
+        bad = urllib.request.Request(url + "/orders", data=b"{nope", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(bad, timeout=10)
+        assert info.value.code == 400 and b"not JSON" in info.value.read()
+        info.value.close()
+        assert request(url, "GET", "/orders/" + "f" * 32) == (
+            404,
+            {"error": f"no order {'f' * 32}"},
+        )
+        assert request(url, "GET", "/nowhere")[0] == 404
+        assert request(url, "POST", "/faults", {"crash": "sideways"})[0] == 400
+        assert inventory.server is not None
+        r = front("stock", "--url", inventory.server.url)
+        assert r.returncode == 0, r
+        assert '"available": 1' in r.stdout and '"reserved": 2' in r.stdout, r.stdout
+        r = front("accounts", "--url", payment.server.url)
+        assert '"balance": 94' in r.stdout, r.stdout
     r = front("check", "--orders-db", orders_db, "--inventory-db", inventory_db)
+    assert r.returncode == 2 and "--payment-db" in r.stderr, r
+    r = front(
+        "check",
+        "--orders-db",
+        orders_db,
+        "--inventory-db",
+        inventory_db,
+        "--payment-db",
+        payment_db,
+    )
     assert r.returncode == 0 and "BALANCED" in r.stdout, r
 
 
@@ -241,7 +350,8 @@ def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
     assert out.count("  [ok] ") == len(default_faults(layout == "single")), out
     assert "[FAILED]" not in out
     if layout == "secure":
-        assert "ACL on every port" in out and "users demo-operator, inventory-service" in out
+        assert "ACL on every port" in out
+        assert "users demo-operator, inventory-service, order-service, payment-service" in out
         assert "mutual TLS (CA " in out
         assert "access control: 0 requests refused by the servers" in out, out
     if layout != "single":

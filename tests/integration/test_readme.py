@@ -554,8 +554,9 @@ PLAN: dict[str, Runner | str] = {
     "books:     BALANCED": "the demo's output, not a command",
     "port (the seam": "the package's tree, not a command",
     "python -m examples.orders seed": "services started by hand that run until stopped; "
-    "tests/acceptance/test_orders.py drives the same subcommands (seed, place, stock, "
-    "check) and the services' fronts",
+    "tests/acceptance/test_orders.py::test_a_person_places_and_looks_at_orders_through_the_front "
+    "drives the same subcommands (seed, seed-accounts, place, orders, stock, accounts, "
+    "check) and the three services' fronts",
     "txmq namesrv start --port 9876": run_cluster_by_hand,
     "txmq namesrv start --controller-store ./controller": run_replicated_set_by_hand,
     "pip install rocketmq-python-client": run_official_client,

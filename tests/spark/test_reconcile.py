@@ -1,5 +1,6 @@
-"""The reconciliation job on real data: the orders example on PostgreSQL with a real broker,
-then one hand-made fault of every anomaly class; the job finds exactly those."""
+"""The reconciliation job on real data: the orders example (its orders are sagas across three
+services, each step a transactional message) on PostgreSQL with a real broker, then one
+hand-made fault of every anomaly class; the job finds exactly those."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import Engine, Table, func, insert, select
 from sqlalchemy.orm import Session
 
 from examples.orders import db as dbs
 from examples.orders.checker import check
 from examples.orders.inventory_service import InventoryService
-from examples.orders.models import ORDER_CREATED, STOCK_REPLIES
 from examples.orders.order_service import OrderService
+from examples.orders.payment_service import PaymentService
 from tests.conftest import ROOT, running_async, wait_for
 from tests.sqla_support import pg_schema
 from txmq.broker.server import EmbeddedBroker
@@ -41,8 +42,12 @@ from txmq.sync import AdminClient, Producer, TransactionProducer
 # orders example on PostgreSQL) and every test starts Spark work on 2 cores
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
+#: the seeded faults' events: a hand-written choreography beside the sagas (a transactional
+#: send of ORDER_CREATED, consumed idempotently by INVENTORY_GROUP)
+ORDER_CREATED = "order-created"
 INVENTORY_GROUP = "inventory-service/order-created"
-ORDERS_GROUP = "order-service/stock-replies"
+#: its healthy event, consumed once (the duplicate fault applies it again under its id)
+HEALTHY_KEY = "order-healthy-created"
 
 
 @dataclass
@@ -52,10 +57,14 @@ class World:
     store: Path
     orders_db: str
     inventory_db: str
+    payment_db: str
     address: str
     expected: dict[str, set[str]] = field(default_factory=lambda: {c: set() for c in CLASSES})
     seeded_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     lost_outbox: str = ""
+    #: the transactions of the healthy run: the sagas' (their services' logs) and the one
+    #: that failed
+    healthy: int = 0
 
 
 class Undecided:
@@ -68,14 +77,16 @@ class Undecided:
         return LocalTransactionState.UNKNOWN
 
 
-def _run_orders(orders_db: str, inventory_db: str, address: str) -> None:
-    """Orders placed through the real services until every one is settled."""
+def _run_orders(w: World) -> None:
+    """Orders placed through the real services until every saga ended; beside them, one
+    event of a hand-written choreography, consumed once."""
     with (
-        running_async(InventoryService(inventory_db, address)),
-        OrderService(orders_db, address) as orders,
+        running_async(InventoryService(w.inventory_db, w.address)),
+        PaymentService(w.payment_db, w.address),
+        OrderService(w.orders_db, w.address) as orders,
     ):
-        for i in range(12):
-            orders.place(["apple", "pear"][i % 2], 1 + i % 3)
+        for i in range(12):  # some out of stock, some declined (eve cannot pay)
+            orders.place(["apple", "pear"][i % 2], 1 + i % 3, "eve" if i % 4 == 3 else "ann")
         # a local transaction that fails: its half message is rolled back (healthy)
         with (
             pytest.raises(RuntimeError),
@@ -83,9 +94,21 @@ def _run_orders(orders_db: str, inventory_db: str, address: str) -> None:
         ):
             tx.send(Message(ORDER_CREATED, b"{}", keys=["order-never-created"]))
             raise RuntimeError("the business rule said no")
-        wait_for(lambda: check(orders_db, inventory_db).pending == 0, timeout=60)
-        report = check(orders_db, inventory_db)
+        wait_for(lambda: check(w.orders_db, w.inventory_db, w.payment_db).pending == 0, timeout=60)
+        report = check(w.orders_db, w.inventory_db, w.payment_db)
         assert report.ok, report.problems
+    with Producer(w.address, "choreography") as p:
+        p.send(Message(ORDER_CREATED, b"{}", keys=[HEALTHY_KEY]))
+    inventory = dbs.connect(w.inventory_db)
+    _insert(inventory, consumed_keys, consumer_group=INVENTORY_GROUP, key=HEALTHY_KEY, state="done")
+    inventory.dispose()
+    logged = 0
+    for db in (w.orders_db, w.inventory_db, w.payment_db):
+        engine = dbs.connect(db)
+        with engine.connect() as conn:
+            logged += conn.execute(select(func.count()).select_from(transaction_log)).scalar_one()
+        engine.dispose()
+    w.healthy = logged + 1
 
 
 def _insert(engine: Engine, table: Table, **values: Any) -> None:
@@ -179,7 +202,7 @@ def _seed_faults(w: World) -> None:
         i,
         outbox,
         msg_id=lost_outbox,
-        topic=STOCK_REPLIES,
+        topic="stock-replies",
         keys="order-x-stock",
         body=b"{}",
         state="parked",
@@ -189,15 +212,9 @@ def _seed_faults(w: World) -> None:
     )
     w.expected["lost"].add(lost_outbox)
     w.lost_outbox = lost_outbox
-    # duplicate: one order applied by the inventory group under two keys (its id and its key)
+    # duplicate: one event applied by the inventory group under two keys (its id and its key)
+    key = HEALTHY_KEY
     with Session(i) as s, s.begin():
-        key = s.scalars(
-            select(consumed_keys.c.key)
-            .where(consumed_keys.c.consumer_group == INVENTORY_GROUP)
-            .where(consumed_keys.c.key != "order-phantom-created")
-            .order_by(consumed_keys.c.key)
-            .limit(1)
-        ).one()
         with AdminClient(w.address) as admin:
             msg = next(m for m in admin.messages_by_key(key) if m.topic == ORDER_CREATED)
         s.execute(
@@ -215,10 +232,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     from txmq.broker.state.config import BrokerConfig
 
     folder = tmp_path_factory.mktemp("reconcile")
-    with pg_schema() as orders_db, pg_schema() as inventory_db:
+    with pg_schema() as orders_db, pg_schema() as inventory_db, pg_schema() as payment_db:
         dbs.upgrade("orders", orders_db)
         dbs.upgrade("inventory", inventory_db)
+        dbs.upgrade("payment", payment_db)
         dbs.seed_stock(inventory_db, {"apple": 8, "pear": 8})
+        dbs.seed_accounts(payment_db, {"ann": 100, "eve": 0})
         broker = EmbeddedBroker(
             BrokerConfig(
                 store=folder / "store",
@@ -228,8 +247,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             )
         ).start()
         try:
-            w = World(folder / "store", orders_db, inventory_db, broker.address)
-            _run_orders(orders_db, inventory_db, broker.address)
+            w = World(folder / "store", orders_db, inventory_db, payment_db, broker.address)
+            _run_orders(w)
             w.seeded_at = datetime.now(UTC)
             _seed_faults(w)
             yield w
@@ -242,6 +261,7 @@ def _job_args(w: World, out: Path) -> list[str]:
     now = datetime.now(UTC) + timedelta(minutes=1)
     return [
         *("--store", str(w.store), "--db", w.orders_db, "--db", w.inventory_db),
+        *("--db", w.payment_db),
         *("--out", str(out), "--sla", "30s", "--now", now.isoformat()),
     ]
 
@@ -273,9 +293,8 @@ def test_finds_exactly_the_anomalies_seeded(
     assert "needs attention: 8 anomalies" in summary, summary
     assert "decide ROLLBACK" in summary  # the parked half never committed locally
     assert f"{INVENTORY_GROUP} <- {ORDER_CREATED}" in summary
-    assert f"{ORDERS_GROUP} <- {STOCK_REPLIES}" in summary
-    # 12 orders + the failed one + the seeded transactional sends
-    assert "reconciled 18 transactional sends" in summary, summary
+    # the sagas' steps + the failed one + the seeded transactional sends
+    assert f"reconciled {world.healthy + 5} transactional sends" in summary, summary
 
 
 def test_shuffled_keys_and_capped_tables_keep_the_counts_exact(
@@ -308,7 +327,7 @@ def test_two_windows_split_the_anomalies_between_them(
     cut = world.seeded_at.isoformat()
     rc = _reconcile(world, tmp_path / "before", spark, "--until", cut)
     summary = capsys.readouterr().out
-    assert rc == 1 and "reconciled 13 transactional sends" in summary, summary
+    assert rc == 1 and f"reconciled {world.healthy} transactional sends" in summary, summary
     before = _found(spark, tmp_path / "before")
     assert before == {
         c: (
