@@ -275,6 +275,44 @@ def test_reconcile_page_without_a_good_report_says_so(
     assert 'class="bad report-problem"' in r.text and said in r.text, r.text
 
 
+def test_reconcile_page_shows_saga_rows_and_the_evidence_of_consumption(tmp_path: Path) -> None:
+    stuck = {
+        "saga_id": "s-1",
+        "saga": "checkout",
+        "state": "PARKED",
+        "step": 1,
+        "branch": "charge-card",
+        "op": "compensation",
+        "service": "payment",
+        "detail": "PARKED for 1:00:00, past the SLA: waits for an operator",
+        "at": datetime(2026, 11, 23, 9, 0),
+        "age": "1:00:00",
+        "db": "sqlite:///orders.db",
+        "participant_db": "sqlite:///payment.db",
+    }
+    write_summary(tmp_path, {"saga_stuck": 1}, {"saga_stuck": [stuck]})
+    data = json.loads((tmp_path / "summary.json").read_text())
+    data["facts"]["evidence"] = {"billing": "committed offsets", "audit": "none"}
+    data["facts"]["sagas"] = 7
+    data["facts"]["saga_participants"] = {"payment": ["sqlite:///payment.db"]}
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    config = ConsoleConfig(broker="127.0.0.1:1", reports=str(tmp_path))
+    with TestClient(create_app(config, sample=False), base_url="http://127.0.0.1") as web:
+        page = web.get("/reconcile").text
+    table = page[page.index('<table class="grid examples" data-class="saga_stuck">') :]
+    table = table[: table.index("</table>")]
+    headings = re.findall(r"<th>([^<]*)</th>", table)
+    assert headings == [
+        *("saga id", "saga", "state", "step", "branch", "op", "service", "detail", "at"),
+        *("age", "participant database"),
+    ]
+    assert "<td>charge-card</td>" in table and "<td>sqlite:///payment.db</td>" in table
+    assert "waits for an operator to retry or resolve it" in page  # the class explained
+    assert "audit: none; billing: committed offsets" in page
+    assert "<th>sagas judged</th><td>7</td>" in page
+    assert "payment: sqlite:///payment.db" in page
+
+
 def test_reconcile_page_unconfigured_or_missing_folder(tmp_path: Path) -> None:
     for reports, said in [
         (None, "without --reports DIR"),

@@ -110,6 +110,10 @@ def test_each_record_becomes_its_row(tmp_path: Path) -> None:
     assert by_kind["message"][3]["transaction_id"] is None
     commit = by_kind["message"][40]  # a transaction's commit copy names its half
     assert (commit["msg_id"], commit["half_offset"]) == ("H1", offsets["half"])
+    # each message is placed in its queue: what a group's committed offset is compared with
+    assert [(m["queue_id"], m["queue_offset"]) for m in by_kind["message"]] == [
+        (0, i) for i in range(61)
+    ]
     half, half2 = by_kind["half"]
     assert (half["topic"], half["group"], half["msg_id"], half["transaction_id"]) == (
         "orders",
@@ -123,9 +127,10 @@ def test_each_record_becomes_its_row(tmp_path: Path) -> None:
     assert half["resolution"] == "COMMIT" and half["op_ts"] >= half["store_ts"]
     assert (half2["msg_id"], half2["key"], half2["nkeys"]) == ("H2", "H2", 0)
     assert half2["resolution"] is None and half2["op_ts"] is None
+    assert (half["queue_id"], half["queue_offset"]) == (None, None)
     (op,) = by_kind["op"]  # the second half's, segments later
     assert (op["half_offset"], op["resolution"]) == (offsets["half2"], "ROLLBACK")
-    assert op["op_ts"] is None
+    assert op["op_ts"] is None and op["queue_offset"] is None
     (retry,) = by_kind["retry"]
     assert (retry["group"], retry["msg_id"], retry["topic"], retry["reconsume_times"]) == (
         "cg",
@@ -133,6 +138,8 @@ def test_each_record_becomes_its_row(tmp_path: Path) -> None:
         "orders",
         2,
     )
+    # a retry copy's place is in its group's retry topic (the first there)
+    assert (retry["queue_id"], retry["queue_offset"]) == (0, 0)
     (dlq,) = by_kind["dlq"]
     assert (dlq["group"], dlq["msg_id"], dlq["key"], dlq["reconsume_times"]) == (
         "cg",

@@ -16,10 +16,12 @@ def add_parser(sub: SubParsers) -> None:
     r = add_command(
         sub,
         "reconcile",
-        help="find lost, phantom, unconsumed, duplicate, parked and dead-lettered messages",
+        help="find lost, phantom, unconsumed, duplicate, parked and dead-lettered messages, "
+        "and stuck or partly compensated sagas",
         description=(
-            "A PySpark job over the broker's store (one per broker set of a cluster) and "
-            "txmq's tables in each database; "
+            "A PySpark job over the broker's store (one per broker set of a cluster: its "
+            "messages and its consumer groups' committed offsets) and txmq's tables in each "
+            "database (transaction log, outbox, consumed keys, sagas and their barrier rows); "
             "writes a Parquet table per anomaly class and exits 1 if any needs attention."
         ),
         examples="  txmq reconcile --store /var/lib/txmq --db sqlite:///orders.db "

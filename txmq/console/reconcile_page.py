@@ -24,11 +24,23 @@ from starlette.responses import Response
 
 from txmq.console.web import page, state_of
 
-__all__ = ["CLASSES", "EXPLAINED", "Report", "find_summary", "load_report", "reconcile"]
+__all__ = [
+    "CLASSES",
+    "EXPLAINED",
+    "Report",
+    "example_columns",
+    "find_summary",
+    "load_report",
+    "reconcile",
+]
 
 SUMMARY = "summary.json"
 #: the anomaly classes, in the order the job prints them (spark.classify.CLASSES)
-CLASSES = ("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered")
+CLASSES = (
+    *("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered"),
+    *("saga_stuck", "saga_partly_compensated", "saga_effect_without_barrier"),
+    "saga_barrier_without_saga",
+)
 #: what each class means, and where the console helps with it
 EXPLAINED: dict[str, tuple[str, str]] = {
     "lost": (
@@ -44,7 +56,8 @@ EXPLAINED: dict[str, tuple[str, str]] = {
     ),
     "unconsumed": (
         "a committed message of a topic a consumer group is expected to consume, older than "
-        "the SLA, that the group has not consumed (nor dead-lettered)",
+        "the SLA, that the group has not consumed (nor dead-lettered): no consumed key of the "
+        "group names it, and the group's committed offset has not passed it",
         "/groups",
     ),
     "duplicate": (
@@ -61,6 +74,26 @@ EXPLAINED: dict[str, tuple[str, str]] = {
         "a message in %DLQ%<group> that the group has not consumed since",
         "/dlq",
     ),
+    "saga_stuck": (
+        "a saga not COMPLETED nor COMPENSATED whose row has not changed for longer than the "
+        "SLA (a PARKED one waits for an operator to retry or resolve it)",
+        "/sagas",
+    ),
+    "saga_partly_compensated": (
+        "compensation did not undo every effect: a COMPENSATED saga (or one compensating past "
+        "the SLA) with a step that took effect but has no compensation barrier row",
+        "/sagas",
+    ),
+    "saga_effect_without_barrier": (
+        "the step log says an operation was done, but its participant's database has no "
+        "barrier row for it",
+        "/sagas",
+    ),
+    "saga_barrier_without_saga": (
+        "barrier rows in a participant's database whose saga none of the coordinators' "
+        "databases given has",
+        "",
+    ),
 }
 #: the columns of an example row the page shows (the job's summary leaves out "db" too)
 EXAMPLE_COLUMNS = (
@@ -75,6 +108,27 @@ EXAMPLE_COLUMNS = (
     "at",
     "broker",
 )
+#: ... of a saga class's row (spark.sagas.SAGA_COLUMNS)
+SAGA_EXAMPLE_COLUMNS = (
+    "saga_id",
+    "saga",
+    "state",
+    "step",
+    "branch",
+    "op",
+    "service",
+    "detail",
+    "at",
+    "age",
+    "participant_db",
+)
+#: a column's heading, where it is not its name with spaces
+HEADINGS = {"broker": "broker set", "participant_db": "participant database"}
+
+
+def example_columns(name: str) -> tuple[str, ...]:
+    """The columns the page shows of class ``name``'s example rows."""
+    return SAGA_EXAMPLE_COLUMNS if name.startswith("saga_") else EXAMPLE_COLUMNS
 
 
 class BadSummary(ValueError):
@@ -87,8 +141,10 @@ class ClassRow:
     count: int
     explanation: str
     link: str
-    #: the first rows of the class, as text per :data:`EXAMPLE_COLUMNS`
+    #: the first rows of the class, as text per :attr:`columns`
     examples: list[list[str]] = field(default_factory=list)
+    #: the columns of the examples (:func:`example_columns`)
+    columns: tuple[str, ...] = EXAMPLE_COLUMNS
     #: rows its Parquet table holds when --max-rows cut it (0: all of them)
     truncated: int = 0
 
@@ -156,9 +212,8 @@ def parse_report(data: Any, path: str, written: float) -> Report:
         rows = examples.get(name) or []
         if not isinstance(rows, list):
             raise BadSummary(f"the examples of {name!r} are not a list")
-        shown = [
-            [_text(r.get(col)) for col in EXAMPLE_COLUMNS] for r in rows if isinstance(r, dict)
-        ]
+        columns = example_columns(str(name))
+        shown = [[_text(r.get(col)) for col in columns] for r in rows if isinstance(r, dict)]
         explanation, link = EXPLAINED.get(name, ("(a class this console does not know)", ""))
         cut = truncated.get(name, 0)
         classes.append(
@@ -168,6 +223,7 @@ def parse_report(data: Any, path: str, written: float) -> Report:
                 explanation=explanation,
                 link=link,
                 examples=shown,
+                columns=columns,
                 truncated=cut if isinstance(cut, int) and not isinstance(cut, bool) else 0,
             )
         )
@@ -210,12 +266,28 @@ def _facts(report: Report) -> list[tuple[str, str]]:
     if isinstance(expected, list):
         pairs = [f"{e[0]} <- {e[1]}" for e in expected if isinstance(e, list) and len(e) == 2]
         out.append(("expected consumers", ", ".join(pairs) or "(none)"))
+    evidence = f.get("evidence")
+    if isinstance(evidence, dict) and evidence:
+        shown = "; ".join(f"{g}: {e}" for g, e in sorted(evidence.items()))
+        out.append(("evidence of consumption", shown))
     add("transactional sends", "transactions")
     add("outbox rows", "outbox_rows")
     add("committed messages", "messages")
     add("stored on more than one broker set", "multi_stored")
     add("waiting in retry topics", "retrying")
     add("consumed keys", "consumed_keys")
+    add("sagas judged", "sagas")
+    served = f.get("saga_participants")
+    if isinstance(served, dict) and served:
+        out.append(
+            (
+                "saga participants",
+                "; ".join(
+                    f"{s}: {', '.join(map(str, d)) if isinstance(d, list) else d}"
+                    for s, d in sorted(served.items())
+                ),
+            )
+        )
     add("Spark master", "master")
     seconds = f.get("seconds")
     if isinstance(seconds, dict) and seconds:
@@ -246,6 +318,9 @@ async def reconcile(request: Request) -> Response:
         context["problem"] = f"cannot read the report under {folder}: {exc}"
     else:
         context.update(
-            report=report, facts=_facts(report), age_s=max(time.time() - report.written, 0.0)
+            report=report,
+            facts=_facts(report),
+            age_s=max(time.time() - report.written, 0.0),
+            headings=HEADINGS,
         )
     return page(request, "reconcile", context)

@@ -3,11 +3,17 @@
 Inputs (see :mod:`spark.sources`): ``store`` rows from the broker stores (a ``broker``
 column names the broker set of each: a cluster has a store per broker set, and a half is
 named by its broker set and commit-log offset, a message by its id), and ``log`` /
-``outbox`` / ``consumed`` rows from the databases (each with a ``db`` column).  A
+``outbox`` / ``consumed`` rows from the databases (each with a ``db`` column), and the
+consumer groups' committed offsets from the stores (:mod:`spark.offsets`).  A
 transaction is named by its transaction id (a transactional send, checked against the
 local-transaction log) or by its message id (an outbox row).  A message is matched to a
 consumer group's consumed keys by its message id or any of its keys, as
-``txmq.idempotent``'s key functions may pick either.
+``txmq.idempotent``'s key functions may pick either; a group that records no consumed
+keys (a plain push consumer) consumed a message when its committed offset for the
+message's queue passed it (and the offset of ``%RETRY%<group>`` passed any retry copy of
+it).  Either evidence is enough: a message is unconsumed by G when neither says G
+consumed it; the summary says which evidence each expected group had (``evidence``:
+consumed keys, committed offsets, both, or none).
 
 The anomaly classes (:data:`CLASSES`), each a DataFrame of :data:`COLUMNS`:
 
@@ -20,7 +26,8 @@ The anomaly classes (:data:`CLASSES`), each a DataFrame of :data:`COLUMNS`:
     (rolled back by a check, or no row at all) — for the producer groups the databases know.
 ``unconsumed``
     a committed message of a topic that consumer group G is expected to consume, older than
-    the SLA, with no ``done`` consumed key of G (and not dead-lettered by G: that is below).
+    the SLA, with no ``done`` consumed key of G and not passed by G's committed offsets (and
+    not dead-lettered by G: that is below).
 ``duplicate``
     one event (a message's first key, else its id) applied by G under more than one
     consumed key — e.g. once by message id and once by key after the key function changed,
@@ -31,8 +38,14 @@ The anomaly classes (:data:`CLASSES`), each a DataFrame of :data:`COLUMNS`:
     a message in ``%DLQ%<G>`` that G has not consumed since (whatever other groups did):
     one row per group that gave up on the message.
 
+The saga classes (``saga_stuck``, ``saga_partly_compensated``, ``saga_effect_without_barrier``,
+``saga_barrier_without_saga``) are :mod:`spark.sagas`'s, with columns of their own.
+
 Group G is expected to consume topic T when told so (``expect``), or else when G has
-consumed at least one message of T (which costs a pass of its own).  A row belongs to the
+consumed at least one message of T (which costs a pass of its own): by a consumed key, or
+by a committed offset above 0 for one of T's queues (then G is the broker's group name,
+unless a group with consumed keys of T names that broker group already, as
+``inventory-service/order-created`` names ``inventory-service``).  A row belongs to the
 run when its anchor time (local commit, outbox insert, broker store time, dead-letter time)
 is inside the window.  Every view is as of one time (``run.now``: the caller reads them so),
 and a transaction younger than the SLA is in flight, not lost.
@@ -50,15 +63,24 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from txmq.spark import messages, transactions
+from txmq.spark import messages, offsets, transactions
 from txmq.spark.common import Run, mapped
 from txmq.spark.details import COLUMNS, Anomalies, anomalies
 from txmq.spark.options import MAX_ROWS, BadOption
+from txmq.spark.sagas import SAGA_CLASSES, SAGA_COLUMNS
 from txmq.spark.sources import Database
 
-__all__ = ["CLASSES", "COLUMNS", "Facts", "classify"]
+__all__ = ["CLASSES", "COLUMNS", "MESSAGE_CLASSES", "SAGA_CLASSES", "Facts", "classify", "columns"]
 
-CLASSES = ("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered")
+#: the classes of transactions and messages (columns :data:`COLUMNS`)
+MESSAGE_CLASSES = ("lost", "phantom", "unconsumed", "duplicate", "parked", "dead_lettered")
+#: every class, in the order the summary shows them
+CLASSES = MESSAGE_CLASSES + SAGA_CLASSES
+
+
+def columns(anomaly: str) -> tuple[str, ...]:
+    """The columns of class ``anomaly``'s rows."""
+    return SAGA_COLUMNS if anomaly in SAGA_CLASSES else COLUMNS
 
 
 @dataclass
@@ -67,6 +89,8 @@ class Facts:
 
     counts: dict[str, int]
     expected: list[tuple[str, str]]
+    #: each expected group's evidence of consumption (one of spark.offsets.EVIDENCE)
+    evidence: dict[str, str]
 
 
 def classify(
@@ -80,6 +104,7 @@ def classify(
     expect: Iterable[tuple[str, str]] | None = None,
     producer_groups: Iterable[str] = (),
     consumer_groups: Iterable[str] = (),
+    committed: Sequence[offsets.Committed] = (),
     broadcast: bool = True,
     max_rows: int = MAX_ROWS,
 ) -> tuple[Anomalies, Facts]:
@@ -88,6 +113,7 @@ def classify(
     ``dbs``: the databases the tables come from (the anomalies' rows are fetched from them);
     ``producer_groups``: the groups whose transactions the logs hold (the broker's halves of
     other groups are not checked); ``consumer_groups``: the groups with consumed keys;
+    ``committed``: the broker groups' committed offsets (:func:`spark.offsets.read_offsets`);
     ``broadcast``: the consumed keys fit in the driver's memory; ``max_rows``: the most rows
     of a class put together (its count stays exact).  The big passes run here,
     each once; what is left is small and put together on the driver."""
@@ -95,12 +121,17 @@ def classify(
     with run.step("transactions"):
         txc = transactions.candidates(run, store, log, sorted(set(producer_groups)))
 
-    names = sorted(set(consumer_groups))
+    key_groups = set(consumer_groups)
+    names = sorted(key_groups)
     if expect is None:
         keys = messages.consumed_hashes(consumed, _groups(spark, names, {}), broadcast)
         with run.step("expected consumers"):
             seen = messages.pairs(store, keys).collect()
         pairs = {(names[r["gi"]], r["topic"]) for r in seen}
+        # the groups that consumed a topic by their committed offsets, unless a group with
+        # consumed keys of the topic stands for that broker group already
+        keyed = {(messages.broker_group(g), t) for g, t in pairs}
+        pairs |= offsets.consumed_topics(committed) - keyed
     else:
         pairs = set(expect)
     expected = sorted(pairs)
@@ -116,15 +147,25 @@ def classify(
     names += sorted(set(bit) - set(names))  # expected, without consumed keys yet
     keys = messages.consumed_hashes(consumed, _groups(spark, names, bit), broadcast)
     db_index = mapped(F.col("db"), {d.name: i for i, d in enumerate(dbs)}, 0)
+    marks = offsets.marks(spark, committed, bit)
+    evidence = offsets.evidence(pairs, key_groups, committed)
     with run.step("messages"):
-        flagged = messages.flags(run, store, outbox, keys, need, db_index, bit, names)
+        flagged = messages.flags(run, store, outbox, keys, need, db_index, bit, names, marks)
     with run.step("details"):
         found = anomalies(
-            run, store, txc, flagged, dbs=dbs, bits=bit, groups=names, max_rows=max_rows
+            run,
+            store,
+            txc,
+            flagged,
+            dbs=dbs,
+            bits=bit,
+            groups=names,
+            evidence=evidence,
+            max_rows=max_rows,
         )
         counts = run.counts()
         counts["retrying"] = flagged.where(F.col("retrying")).count()
-    return found, Facts(counts, expected)
+    return found, Facts(counts, expected, evidence)
 
 
 def _groups(spark: SparkSession, names: list[str], bit: dict[str, int]) -> DataFrame:

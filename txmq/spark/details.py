@@ -47,6 +47,14 @@ COLUMNS = (
 SCHEMA = pa.schema(
     [(c, pa.timestamp("us", tz="UTC") if c == "at" else pa.string()) for c in COLUMNS[1:]]
 )
+#: an unconsumed row's detail, by the evidence its group's consumption was judged on
+_UNCONSUMED = {
+    "consumed keys": "no consumed key after the SLA",
+    "committed offsets": "not passed by the group's committed offset after the SLA",
+    "both": "no consumed key, and not passed by the group's committed offset, after the SLA",
+    "none": "the group has neither consumed keys nor committed offsets: no evidence it "
+    "consumed anything",
+}
 _OREF_BITS = 48
 _ID_MASK = (1 << _OREF_BITS) - 1
 _NULLABLE = {
@@ -232,11 +240,14 @@ def anomalies(
     dbs: Sequence[Database],
     bits: Mapping[str, int],
     groups: Sequence[str],
+    evidence: Mapping[str, str] | None = None,
     max_rows: int,
 ) -> Anomalies:
     """The anomalies of each class, from the transaction candidates ``txc`` and the messages
     and events ``flagged``.  ``bits``: expected group -> bit; ``groups``: consumer group
-    names by index; ``max_rows``: the most rows a class gets (its count stays exact)."""
+    names by index; ``evidence``: expected group -> what its consumption was judged on
+    (:data:`spark.offsets.EVIDENCE`; the detail of its unconsumed rows says it);
+    ``max_rows``: the most rows a class gets (its count stays exact)."""
     part1 = F.col("part") == 1
     what = (
         F.when(F.col("late"), "late")
@@ -316,11 +327,12 @@ def anomalies(
         )
     )
     late = late.merge(messages, on="mh")
+    said = {g: _UNCONSUMED[(evidence or {}).get(g, "consumed keys")] for g in bits}
     out["unconsumed"] = _about_messages(
         late,
         "unconsumed",
         broker_state="COMMITTED",
-        detail="no consumed key after the SLA",
+        detail=late["group"].map(said),
         broker=late["broker"],
     )
     out["duplicate"] = _duplicates(run, flags, found, dbs, groups)

@@ -6,12 +6,15 @@
         --db postgresql+psycopg://app@db/inventory --sla 10m --out reconcile-out
 
 reads the broker's store (in a cluster, ``--store`` once per broker set:
-``--store broker-a=/mnt/a/store --store broker-b=/mnt/b/store``) and txmq's tables in every
-``--db`` (a database may hold a transaction log, an outbox and consumed keys, or any of
-them), classifies (see
-:mod:`txmq.spark.classify`), writes one Parquet table per anomaly class under ``--out``, prints a
-summary (also in ``summary.json``) and exits 0 when nothing needs attention, 1 when
-something does, 2 on bad input (unreadable store or database, bad option).
+``--store broker-a=/mnt/a/store --store broker-b=/mnt/b/store``), with the consumer groups'
+committed offsets it keeps (``<store>/config/offsets.json``), and txmq's tables in every
+``--db`` (a database may hold a transaction log, an outbox, consumed keys, sagas and their
+step log, saga barrier rows, or any of them), classifies (see :mod:`txmq.spark.classify`
+and, for sagas, :mod:`txmq.spark.sagas`), writes one Parquet table per anomaly class under
+``--out``, prints a summary (also in ``summary.json``: the counts, the first rows of each
+class, and facts such as each expected consumer group's evidence of consumption, consumed
+keys or committed offsets) and exits 0 when nothing needs attention, 1 when something
+does, 2 on bad input (unreadable store or database, bad option).
 """
 
 from __future__ import annotations
@@ -175,10 +178,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="a database with txmq tables (SQLAlchemy URL); repeat for each service",
+        help="a database with txmq tables (SQLAlchemy URL): transaction log, outbox, consumed "
+        "keys, sagas, saga barrier; repeat for each service (a saga's participants are the "
+        "databases holding its barrier rows)",
     )
     p.add_argument("--out", default="reconcile-out", help="folder for the Parquet tables")
-    p.add_argument("--sla", default="10m", help="how long delivery and consumption may take")
+    p.add_argument(
+        "--sla",
+        default="10m",
+        help="how long delivery and consumption may take, and a saga may stay unchanged",
+    )
     p.add_argument("--since", help="only transactions from this time (ISO 8601, or -1h)")
     p.add_argument("--until", help="only transactions before this time")
     p.add_argument("--now", help="read every view as of this time (default: now)")
@@ -188,7 +197,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="GROUP=TOPIC[,TOPIC]",
         help="consumer group GROUP must consume every message of TOPIC (default: the topics "
-        "each group has consumed from)",
+        "each group has consumed from, by its consumed keys or its committed offsets)",
     )
     p.add_argument(
         "--producer-group",
@@ -343,6 +352,7 @@ class Result:
 
     def summary(self) -> str:
         from txmq.observability.fmt import format_table
+        from txmq.spark.classify import CLASSES, columns
 
         f = self.facts
         lines = [
@@ -353,6 +363,18 @@ class Result:
             + (", ".join(f"{g} <- {t}" for g, t in f["expected"]) or "(none)"),
             f"messages waiting in retry topics: {f['retrying']}",
         ]
+        evidence = f.get("evidence") or {}
+        if evidence:
+            lines.append(
+                "evidence of consumption: "
+                + "; ".join(f"{g}: {e}" for g, e in sorted(evidence.items()))
+            )
+        if f.get("sagas") or f.get("saga_participants"):
+            served = f.get("saga_participants") or {}
+            lines.append(
+                f"sagas judged: {f.get('sagas', 0)}; participant databases: "
+                + ("; ".join(f"{s}: {', '.join(d)}" for s, d in served.items()) or "(none)")
+            )
         stores = f.get("stores", {})
         if len(stores) > 1:
             lines += [
@@ -361,15 +383,13 @@ class Result:
                 f"message, and no anomaly of itself): {f.get('multi_stored', 0)}",
             ]
         lines.append("")
-        from txmq.spark.classify import CLASSES, COLUMNS
-
         lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
         for c, n in f.get("truncated", {}).items():
             lines.append(f"{c}: the table holds the first {n:,} of {self.counts[c]:,} (--max-rows)")
         for c in CLASSES:
             if self.examples[c]:
                 lines += ["", f"{c} (first {len(self.examples[c])}):"]
-                cols = [c for c in COLUMNS if c not in ("anomaly", "db")]
+                cols = [x for x in columns(c) if x not in ("anomaly", "db", "participant_db")]
                 lines.append(format_table(self.examples[c], cols))
         lines += [
             "",
@@ -383,25 +403,31 @@ class Result:
 
 def _examples(rows: Any, n: int) -> list[dict[str, Any]]:
     """The first ``n`` anomaly rows (by time, then ids), as dicts of plain values."""
-    first = rows.sort_values(["at", "msg_id", "transaction_id"], na_position="first").head(n)
+    ids = [c for c in ("msg_id", "transaction_id", "saga_id") if c in rows.columns]
+    first = rows.sort_values(["at", *ids], na_position="first").head(n)
     out = []
     for r in first.drop(columns="anomaly").to_dict("records"):
         at = r["at"]
         r["at"] = None if at is None or at != at else at.tz_convert(None).to_pydatetime()
-        out.append(r)
+        out.append({k: None if _missing(v) else v for k, v in r.items()})
     return out
 
 
-def _write(rows: Any, folder: Path) -> None:
+def _missing(value: Any) -> bool:
+    """A null as pandas has it (None, NaN, pd.NA)."""
+    import pandas as pd  # type: ignore[import-untyped]
+
+    return value is None or (not isinstance(value, list | dict | str) and bool(pd.isna(value)))
+
+
+def _write(rows: Any, folder: Path, schema: Any) -> None:
     """One anomaly table: ``folder`` as a Parquet table of one file (replaced)."""
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    from txmq.spark.details import SCHEMA
-
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    table = pa.Table.from_pandas(rows[SCHEMA.names], schema=SCHEMA, preserve_index=False)
+    table = pa.Table.from_pandas(rows[schema.names], schema=schema, preserve_index=False)
     pq.write_table(table, folder / "part-00000.parquet")
 
 
@@ -413,6 +439,9 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     """Reconcile once (with ``spark``, or a session made from ``opts``)."""
     from txmq.spark.classify import CLASSES, classify
     from txmq.spark.common import Run, ms
+    from txmq.spark.details import SCHEMA
+    from txmq.spark.offsets import read_offsets
+    from txmq.spark.sagas import SAGA_CLASSES, SAGA_SCHEMA, SagaFindings, reconcile_sagas
     from txmq.spark.sources import Database, read_stores
     from txmq.spark.store_source import segments
 
@@ -420,6 +449,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     stores = broker_stores(opts.stores)
     for _, path in stores:
         segments(path)  # clear errors before any Spark work
+    committed = read_offsets(stores)
     dbs = [Database(url) for url in opts.dbs]
     pg = [db for db in dbs if db.pg]
     if pg and spark is None and not Path(opts.jdbc_jar).is_file():
@@ -440,6 +470,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         )
         consumer_groups = set().union(*(db.consumer_groups() for db in dbs))
         keys = sum(db.estimate("consumed") for db in dbs)
+        with_sagas = any(db.holds(k) for db in dbs for k in ("sagas", "barrier"))
         if spark is None:
             spark = session(opts.master, opts.jdbc_jar, **dict(opts.conf))
         run = Run(spark, now, opts.sla, opts.since, opts.until)
@@ -470,18 +501,46 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             expect=opts.expect,
             producer_groups=producer_groups,
             consumer_groups=consumer_groups,
+            committed=committed,
             broadcast=keys <= limit,
             max_rows=opts.max_rows,
         )
+        sagas = SagaFindings()
+        if with_sagas:
+            # a saga's row, step log and barrier rows: from its creation (with the SLA as
+            # margin) up to "as of" (its steps may come any time after it started)
+            saga_tables = {
+                kind: _union(
+                    [
+                        db.read(
+                            spark,
+                            kind,
+                            since=since_read,
+                            until=until_read if kind == "sagas" else now,
+                            partitions=opts.partitions,
+                        )
+                        for db in dbs
+                    ]
+                )
+                for kind in ("sagas", "steps", "barrier")
+            }
+            sagas = reconcile_sagas(run, **saga_tables, dbs=dbs, max_rows=opts.max_rows)
+        rows = {**anomalies.rows, **sagas.rows}
+        totals = {**anomalies.totals, **sagas.totals}
         out = Path(opts.out)
         with run.step("write"):
-            counts = {c: anomalies.count(c) for c in CLASSES}
-            examples = {c: _examples(anomalies.rows[c], opts.examples) for c in CLASSES}
+            counts = {c: totals.get(c, len(rows[c])) for c in CLASSES}
+            examples = {c: _examples(rows[c], opts.examples) for c in CLASSES}
             for c in CLASSES:
-                _write(anomalies.rows[c], out / c)
+                _write(rows[c], out / c, SAGA_SCHEMA if c in SAGA_CLASSES else SCHEMA)
         fact_values: dict[str, Any] = {
             **facts.counts,
             "expected": facts.expected,
+            # what each expected group's consumption was judged on
+            "evidence": facts.evidence,
+            "sagas": sagas.sagas,
+            # service -> the databases its barrier rows are in (see txmq.spark.sagas)
+            "saga_participants": sagas.participants,
             "window": f"{opts.since.isoformat() if opts.since else 'beginning'} .. "
             f"{opts.until.isoformat() if opts.until else 'end'}",
             "sla": str(opts.sla),
@@ -491,7 +550,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             "consumed_keys": f"about {keys:,}, {'broadcast' if keys <= limit else 'shuffled'}",
             "seconds": run.seconds,
             # the classes with more rows than --max-rows: their tables hold the first ones
-            "truncated": {c: opts.max_rows for c in anomalies.totals},
+            "truncated": {c: opts.max_rows for c in totals},
         }
         run.unpersist()
     finally:

@@ -9,7 +9,10 @@ id, its first key and any further keys, without a shuffle.  Then one shuffle gro
 kinds of rows at once:
 
 * per message (``part`` 0, by the id's hash): stored? dead-lettered by which expected
-  groups? waiting in a retry topic? its outbox row? which expected groups consumed it?
+  groups? waiting in a retry topic? its outbox row? which expected groups consumed it, by
+  a consumed key, or by their committed offsets (:mod:`txmq.spark.offsets`: the message
+  below the group's offset for its queue, and no retry copy of it above the group's offset
+  in ``%RETRY%<group>``)?
   Message ids are unique in a cluster: the copies of one message on several broker sets
   (a send retried on another) are one message, consumed when any copy is.
 * per dead letter (``part`` 2, by the id's hash and the group's): has the group that gave
@@ -30,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from txmq.protocol.message import retry_topic
 from txmq.spark.common import Run, mapped
 
 __all__ = ["MAX_GROUPS", "broker_group", "consumed_hashes", "flags", "pairs"]
@@ -88,6 +92,8 @@ def _probed(
         "store_ts",
         "msg_id",
         "key",
+        "queue_id",
+        "queue_offset",
         F.xxhash64("msg_id").alias("mh"),
         F.xxhash64("key").alias("kh"),
         multi.alias("multi"),
@@ -128,6 +134,36 @@ def broker_group(group: str) -> str:
 _STORED, _HIT, _RETRY = 1, 2, 4
 
 
+def _passed(main: DataFrame, marks: DataFrame | None) -> DataFrame:
+    """``main`` with ``opass`` (a message's row: the bits of the expected groups whose
+    committed offset for its queue passed it) and ``waiting`` (a retry copy's row: its
+    group's committed offset in ``%RETRY%<group>`` has not passed it), from ``marks``
+    (:func:`txmq.spark.offsets.marks`: a few rows, broadcast)."""
+    kind = F.col("kind")
+    zero = F.lit(0).cast("long")
+    if marks is None:
+        return main.withColumn("opass", zero).withColumn("waiting", kind == "retry")
+    qtopic = F.when(kind == "message", F.col("topic")).when(
+        kind == "retry", F.concat(F.lit(retry_topic("")), F.col("group"))
+    )
+    joined = main.withColumn("qtopic", qtopic).join(
+        F.broadcast(marks), ["broker", "qtopic", "queue_id"], "left"
+    )
+
+    def below(x: Column) -> Column:
+        return F.col("queue_offset") < x["offset"]
+
+    opass = F.aggregate(
+        "marks", zero, lambda acc, x: acc.bitwiseOR(F.when(below(x), x["bits"]).otherwise(zero))
+    )
+    done = F.exists("marks", lambda x: (x["bgroup"] == F.col("group")) & below(x))
+    return joined.select(
+        *main.columns,
+        F.when(kind == "message", F.coalesce(opass, zero)).otherwise(zero).alias("opass"),
+        ((kind == "retry") & ~F.coalesce(done, F.lit(False))).alias("waiting"),
+    )
+
+
 def flags(
     run: Run,
     store: DataFrame,
@@ -137,6 +173,7 @@ def flags(
     db_index: Column,
     bits: Mapping[str, int],
     groups: Sequence[str],
+    marks: DataFrame | None = None,
 ) -> DataFrame:
     """The messages and events with something wrong, in one pass (see the module docstring).
 
@@ -144,11 +181,13 @@ def flags(
     outbox row's database as a small int (``oref`` is ``db_index << 48 | id``).  ``bits``:
     expected group -> its bit; ``groups``: the consumer groups by index (``gi``).  A dead
     letter of broker group B is matched to the consumed keys of the groups that name B
-    (:func:`broker_group`).
+    (:func:`broker_group`), and so are B's committed offsets (``marks``, see
+    :func:`txmq.spark.offsets.marks`; None: no store has any).
 
     Rows of ``part`` 0 (``k`` the message id's hash) say ``late`` (unconsumed: ``missing``
     bits, without the groups that dead-lettered it), ``never_sent`` (an outbox row the broker
-    does not have: ``oref``), or ``retrying`` (waiting in a retry topic, consumed by nobody);
+    does not have: ``oref``), or ``retrying`` (waiting in a retry topic, its group's offset
+    there short of it, and consumed by nobody's key);
     rows of ``part`` 1 (``k`` the event's hash, ``g`` the group's index) are events a group
     applied under two tokens or more; rows of ``part`` 2 (``k`` the message id's hash, ``g``
     the hash of a group's name) say ``dead``: the group dead-lettered the message and has not
@@ -157,6 +196,7 @@ def flags(
     null_int = F.lit(None).cast("int")
     zero = F.lit(0)
     main, extra = _probed(store, keys, ("message", "dlq", "retry"))
+    main = _passed(main, marks)
     kind = F.col("kind")
     is_msg = kind == "message"
     is_dlq = kind == "dlq"
@@ -167,6 +207,10 @@ def flags(
     for g, b in bits.items():
         gave_up_bits[broker_group(g)] = gave_up_bits.get(broker_group(g), 0) | b
     gave_up = F.when(is_dlq, mapped(F.col("group"), gave_up_bits, 0)).otherwise(0).cast("long")
+    # a retry copy its group has not passed yet: the expected groups of that broker group
+    # have not consumed the message by their offsets (whatever the original's offset says)
+    waiting = F.col("waiting")
+    pending = F.when(waiting, mapped(F.col("group"), gave_up_bits, 0)).otherwise(0).cast("long")
     owners = {i: broker_group(g) for i, g in enumerate(groups)}
 
     def its_own(gi: Column) -> Column:
@@ -179,7 +223,7 @@ def flags(
         f = F.when(hit, _HIT).otherwise(0)
         if own:
             f = f.bitwiseOR(F.when(is_msg, _STORED).otherwise(0)).bitwiseOR(
-                F.when(kind == "retry", _RETRY).otherwise(0)
+                F.when(waiting, _RETRY).otherwise(0)
             )
         return {
             "flags": f,
@@ -191,6 +235,8 @@ def flags(
             ).cast("long"),
             "got": got,
             "gave_up": gave_up if own else zero.cast("long"),
+            "opass": F.col("opass") if own else zero.cast("long"),
+            "rpend": pending if own else zero.cast("long"),
             "outbox_at": null_long,
             "oref": null_long,
         }
@@ -204,6 +250,8 @@ def flags(
             "need": zero.cast("long"),
             "got": zero.cast("long"),
             "gave_up": zero.cast("long"),
+            "opass": zero.cast("long"),
+            "rpend": zero.cast("long"),
             "outbox_at": null_long,
             "oref": null_long,
         }
@@ -281,6 +329,8 @@ def flags(
         zero.cast("long").alias("need"),
         zero.cast("long").alias("got"),
         zero.cast("long").alias("gave_up"),
+        zero.cast("long").alias("opass"),
+        zero.cast("long").alias("rpend"),
         F.col("created_ms").alias("outbox_at"),
         F.shiftleft(db_index.cast("long"), 48).bitwiseOR(F.col("id")).alias("oref"),
     )
@@ -299,6 +349,8 @@ def flags(
             F.bit_or("need").alias("need"),
             F.bit_or("got").alias("got"),
             F.bit_or("gave_up").alias("gave_up"),
+            F.bit_or("opass").alias("opass"),
+            F.bit_or("rpend").alias("rpend"),
             F.min("outbox_at").alias("outbox_at"),
             F.min("oref").alias("oref"),
             F.min("tok").alias("lo"),
@@ -315,8 +367,11 @@ def flags(
     grouped = run.counted(
         grouped, "multi_stored", stored_in_window & (F.col("blo") != F.col("bhi"))
     )
-    # the expected groups that neither consumed the message nor dead-lettered it
-    missing = F.col("need").bitwiseAND(F.bitwise_not(F.col("got").bitwiseOR(F.col("gave_up"))))
+    # the expected groups that neither consumed the message (by a consumed key, or by their
+    # committed offsets with no retry copy still waiting) nor dead-lettered it
+    by_offsets = F.col("opass").bitwiseAND(F.bitwise_not(F.col("rpend")))
+    done = F.col("got").bitwiseOR(F.col("gave_up")).bitwiseOR(by_offsets)
+    missing = F.col("need").bitwiseAND(F.bitwise_not(done))
     late = stored_in_window & (F.col("at") < run.cutoff) & (missing != 0)
     never_sent = (
         own_row

@@ -5,7 +5,8 @@ PostgreSQL tables are read through JDBC (the driver jar from Debian's
 column; the bounds and the list of tables come from a quick query through SQLAlchemy, which
 also turns an unreachable database into a clear error before Spark starts reading.  SQLite
 files (the embedded demo) are read through SQLAlchemy on the driver.  Databases are named by
-their SQLAlchemy URLs, as everywhere else in txmq.
+their SQLAlchemy URLs, as everywhere else in txmq.  A table a database does not have is
+read as no rows (every database has the tables it uses, whichever they are).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ class Table:
     name: str
     columns: str  # Spark DDL of the columns read
     time_column: str  # the window applies to it
-    split_column: str  # indexed: JDBC partitions are ranges of it
+    split_column: str | None  # indexed: JDBC partitions are ranges of it (None: one read)
+    #: timestamp columns read as epoch milliseconds too: (column, name of the ms column)
+    ms: tuple[tuple[str, str], ...] = (("created_at", "created_ms"),)
+    #: JSON columns, read as their text
+    json: tuple[str, ...] = ()
 
     @property
     def types(self) -> list[tuple[str, str]]:
@@ -83,6 +88,30 @@ TABLES = {
         "created_at",
         "created_at",
     ),
+    # sagas (txmq.saga): the coordinator's rows and step log, each participant's barrier
+    "sagas": Table(
+        "txmq_sagas",
+        "saga_id string, name string, definition string, coordinator string, state string, "
+        "step int, op string, effected string, error string, created_at timestamp, "
+        "updated_at timestamp",
+        "created_at",
+        None,  # no index but the primary key (text) and (state, updated_at)
+        ms=(("created_at", "created_ms"), ("updated_at", "updated_ms")),
+        json=("definition", "effected"),
+    ),
+    "steps": Table(
+        "txmq_saga_steps",
+        "id long, saga_id string, step int, branch string, op string, event string, at timestamp",
+        "at",
+        "id",
+        ms=(("at", "at_ms"),),
+    ),
+    "barrier": Table(
+        "txmq_saga_barrier",
+        "saga_id string, branch string, op string, reason string, created_at timestamp",
+        "created_at",
+        "created_at",
+    ),
 }
 
 
@@ -109,10 +138,11 @@ def _where(table: Table, since: datetime | None, until: datetime | None, pg: boo
         return f"'{t.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f')}'"
 
     parts = []
+    column = f'"{table.time_column}"'
     if since is not None:
-        parts.append(f"{table.time_column} >= {literal(since)}")
+        parts.append(f"{column} >= {literal(since)}")
     if until is not None:
-        parts.append(f"{table.time_column} < {literal(until)}")
+        parts.append(f"{column} < {literal(until)}")
     return " AND ".join(parts) or "1 = 1"
 
 
@@ -153,6 +183,14 @@ class Database:
                 self._tables = set(inspect(conn).get_table_names())
         return TABLES[kind].name in self._tables
 
+    def holds(self, kind: str) -> bool:
+        """Whether the database has table ``kind`` with a row in it (one index probe)."""
+        if not self.has(kind):
+            return False
+        table = TABLES[kind].name
+        with self.connect(table) as conn:
+            return conn.execute(text(f"SELECT 1 FROM {table} LIMIT 1")).first() is not None
+
     def read(
         self,
         spark: SparkSession,
@@ -162,39 +200,47 @@ class Database:
         until: datetime | None = None,
         partitions: int = 2,
     ) -> DataFrame:
-        """Table ``kind`` within the window, with ``created_ms`` (``created_at`` as epoch
-        milliseconds) and a ``db`` column naming the database; empty if the database does not
-        have the table.  PostgreSQL: JDBC, ``partitions`` ranges of
-        an indexed column; SQLite: read here, on the driver."""
+        """Table ``kind`` within the window, with its times as epoch milliseconds too
+        (``created_ms`` for ``created_at``, see :attr:`Table.ms`) and a ``db`` column naming
+        the database; empty if the database does not have the table.  PostgreSQL: JDBC,
+        ``partitions`` ranges of an indexed column; SQLite: read here, on the driver."""
         table = TABLES[kind]
         names = table.names
-        columns = table.columns + ", created_ms long"
+        columns = table.columns + "".join(f", {alias} long" for _, alias in table.ms)
         if not self.has(kind):
             return self._with_db(spark.createDataFrame([], columns))
         where = _where(table, since, until, self.pg)
+        lo: Any = None
+        hi: Any = None
         with self.connect(table.name) as conn:
             if not self.pg:  # SQLite: small, read on the driver
-                rows = conn.execute(
-                    text(f"SELECT {', '.join(names)} FROM {table.name} WHERE {where}")
-                ).all()
-                at = names.index("created_at")
+                q = f"SELECT {_quoted(names)} FROM {table.name} WHERE {where}"
+                rows = conn.execute(text(q)).all()
+                at = [names.index(c) for c, _ in table.ms]
                 return self._with_db(
                     spark.createDataFrame(
-                        [(*r, ms(r[at])) for r in (_sqlite_row(r, names) for r in rows)],
+                        [
+                            (*r, *(None if r[i] is None else ms(r[i]) for i in at))
+                            for r in (_sqlite_row(r, names) for r in rows)
+                        ],
                         columns,
                     )
                 )
-            lo, hi = conn.execute(
-                text(
-                    f"SELECT min({table.split_column}), max({table.split_column}) "
-                    f"FROM {table.name} WHERE {where}"
-                )
-            ).one()
+            if table.split_column is not None:
+                lo, hi = conn.execute(
+                    text(
+                        f"SELECT min({table.split_column}), max({table.split_column}) "
+                        f"FROM {table.name} WHERE {where}"
+                    )
+                ).one()
         url, props = jdbc_url(self.url)
-        # the time as epoch milliseconds too: what the passes use, and a number is much
+        # the times as epoch milliseconds too: what the passes use, and a number is much
         # cheaper for the driver to read than a timestamp's text
-        at_ms = "floor(extract(epoch FROM created_at) * 1000)::bigint AS created_ms"
-        query = f"(SELECT {', '.join(names)}, {at_ms} FROM {table.name} WHERE {where}) AS t"
+        at_ms = [
+            f'floor(extract(epoch FROM "{c}") * 1000)::bigint AS {alias}' for c, alias in table.ms
+        ]
+        read = [f'"{n}"::text AS "{n}"' if n in table.json else f'"{n}"' for n in names]
+        query = f"(SELECT {', '.join(read + at_ms)} FROM {table.name} WHERE {where}) AS t"
         reader = spark.read.format("jdbc").option("url", url).option("dbtable", query)
         reader = reader.option("fetchsize", "50000").options(**props)
         if lo is not None and partitions > 1 and lo != hi:
@@ -210,8 +256,9 @@ class Database:
                 .option("numPartitions", str(partitions))
             )
         df = reader.load()
-        cast = [f"CAST({c} AS {t}) AS {c}" for c, t in table.types]
-        return self._with_db(df.selectExpr(*cast, "CAST(created_ms AS long) AS created_ms"))
+        cast = [f"CAST(`{c}` AS {t}) AS `{c}`" for c, t in table.types]
+        cast += [f"CAST({alias} AS long) AS {alias}" for _, alias in table.ms]
+        return self._with_db(df.selectExpr(*cast))
 
     def producer_groups(
         self, since: datetime | None = None, until: datetime | None = None
@@ -269,7 +316,7 @@ class Database:
         (col, values), *fixed = sorted(where.items(), key=lambda kv: -len(kv[1]))
         cond = " AND ".join(f"{c} IN :{c}" for c in [col, *(c for c, _ in fixed)])
         q = text(
-            f"SELECT {', '.join(names)} FROM {table.name} WHERE {cond}"
+            f"SELECT {_quoted(names)} FROM {table.name} WHERE {cond}"
             + (f" AND {extra}" if extra else "")
         ).bindparams(*(bindparam(c, expanding=True) for c in [col, *(c for c, _ in fixed)]))
         out: list[tuple[Any, ...]] = []
@@ -286,10 +333,15 @@ class Database:
         return df.withColumn("db", F.lit(self.name))
 
 
+def _quoted(names: Sequence[str]) -> str:
+    """Column names as a select list (quoted: ``at`` is a keyword of PostgreSQL's)."""
+    return ", ".join(f'"{n}"' for n in names)
+
+
 def _sqlite_row(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
     out = []
     for name, value in zip(names, row, strict=True):
-        if isinstance(value, str) and name.endswith("_at"):
+        if isinstance(value, str) and (name == "at" or name.endswith("_at")):
             value = datetime.fromisoformat(value)
         out.append(value)
     return tuple(out)

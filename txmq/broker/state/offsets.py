@@ -20,7 +20,9 @@ GroupName = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class OffsetsFile(msgspec.Struct):
-    """``offsets.json``: group -> topic -> queue id -> offset."""
+    """``offsets.json``: group -> topic -> queue id -> offset (the next offset the group
+    consumes: every message below it was consumed, or sent back for a retry).  The
+    reconciliation job reads this file (:mod:`txmq.spark.offsets`): keep the two in step."""
 
     offsets: dict[GroupName, dict[TopicName, dict[NonNegative, NonNegative]]] = {}
 

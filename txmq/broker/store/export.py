@@ -26,8 +26,11 @@ dlq       a copy in ``%DLQ%<group>``, the same columns as ``retry``
 ========  ==================================================================================
 
 ``key`` is a message's first key, else its id (the event a consumer deduplicates on);
-``nkeys`` how many keys it has.  An export holds a row group per kind, so a reader that
-wants some kinds skips the others by the row groups' statistics.
+``nkeys`` how many keys it has.  ``queue_id`` and ``queue_offset`` place a ``message``,
+``retry`` or ``dlq`` row in the queue it is stored in (a retry copy's in ``%RETRY%<group>``,
+a dead letter's in ``%DLQ%<group>``): a consumer group's committed offset for that queue
+passed it or not (null for halves and op records).  An export holds a row group per kind,
+so a reader that wants some kinds skips the others by the row groups' statistics.
 Schedule copies and parked copies (their op record says PARKED) are skipped.  A torn tail of
 the newest segment is a write in progress and is left for the next run; damage anywhere else
 is :class:`StoreUnreadable`.
@@ -85,8 +88,9 @@ __all__ = [
 
 log = logging.getLogger("txmq.broker.store")
 
-#: bumped when the rows change; an export of another version is ignored (and redone)
-VERSION = "3"
+#: bumped when the rows change; an export of another version is ignored (the job decodes
+#: its segment instead) and redone by the broker's next export (4: queue_id, queue_offset)
+VERSION = "4"
 #: (name, type) of each row column; types are Arrow type names
 FIELDS = (
     ("kind", "string"),
@@ -102,6 +106,8 @@ FIELDS = (
     ("reconsume_times", "int32"),
     ("nkeys", "int32"),
     ("op_ts", "int64"),
+    ("queue_id", "int32"),
+    ("queue_offset", "int64"),
 )
 _RETRY, _DLQ = retry_topic(""), dlq_topic("")
 _CHUNK = 8 * 1024 * 1024
@@ -164,6 +170,8 @@ def _op_row(body: bytes | memoryview, store_ts: int, reconsume: int) -> tuple[An
             reconsume,
             None,
             None,
+            None,
+            None,
         )
     try:
         d = json.loads(bytes(body))
@@ -182,6 +190,8 @@ def _op_row(body: bytes | memoryview, store_ts: int, reconsume: int) -> tuple[An
         resolution,
         store_ts,
         reconsume,
+        None,
+        None,
         None,
         None,
     )
@@ -275,6 +285,8 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
                     h[10],
                     nkeys,
                     None,
+                    None,
+                    None,
                 ]
                 if len(pending) > _PENDING:
                     append(tuple(pending.pop(next(iter(pending)))))
@@ -299,6 +311,8 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
                         h[10],
                         nkeys,
                         None,
+                        h[3],
+                        h[5],
                     )
                 )
             elif not is_system_topic(topic):  # schedule and parked copies are skipped
@@ -318,6 +332,8 @@ def scan_segment(path: str | Path, last: bool, since_ms: int = 0) -> Iterator[An
                         h[10],
                         nkeys,
                         None,
+                        h[3],
+                        h[5],
                     )
                 )
             if len(rows) >= _BATCH:
