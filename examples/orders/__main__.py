@@ -31,19 +31,22 @@ from examples.orders import db as dbs
 __all__ = ["main"]
 
 
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """What every service is given: where the brokers are, and how it talks to them."""
+    return {
+        "broker": args.broker,
+        "namesrv": args.namesrv,
+        "instance": args.instance,
+        "heartbeat_interval": args.heartbeat_interval,
+        "route_ttl": args.route_ttl,
+    }
+
+
 def _serve_orders(args: argparse.Namespace) -> int:
     from examples.orders.order_service import OrderService
 
     dbs.upgrade("orders", args.db)
-    svc = OrderService(
-        args.db,
-        args.broker,
-        namesrv=args.namesrv,
-        instance=args.instance,
-        heartbeat_interval=args.heartbeat_interval,
-        route_ttl=args.route_ttl,
-        charge_deadline=args.charge_deadline,
-    )
+    svc = OrderService(args.db, charge_deadline=args.charge_deadline, **_options(args))
     return _serve_blocking(svc, args.port)
 
 
@@ -51,15 +54,7 @@ def _serve_payment(args: argparse.Namespace) -> int:
     from examples.orders.payment_service import PaymentService
 
     dbs.upgrade("payment", args.db)
-    svc = PaymentService(
-        args.db,
-        args.broker,
-        namesrv=args.namesrv,
-        instance=args.instance,
-        heartbeat_interval=args.heartbeat_interval,
-        route_ttl=args.route_ttl,
-    )
-    return _serve_blocking(svc, args.port)
+    return _serve_blocking(PaymentService(args.db, **_options(args)), args.port)
 
 
 def _serve_blocking(svc: Any, port: int) -> int:
@@ -83,14 +78,7 @@ def _serve_inventory(args: argparse.Namespace) -> int:
     dbs.upgrade("inventory", args.db)
 
     async def run() -> None:
-        svc = InventoryService(
-            args.db,
-            args.broker,
-            namesrv=args.namesrv,
-            instance=args.instance,
-            heartbeat_interval=args.heartbeat_interval,
-            route_ttl=args.route_ttl,
-        )
+        svc = InventoryService(args.db, **_options(args))
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             await svc.start(args.port)
             try:
