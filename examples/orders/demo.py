@@ -164,7 +164,7 @@ class DemoConfig:
     stock: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_STOCK))
     accounts: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_ACCOUNTS))
     duplicates: int = 20
-    charge_deadline: float = 5.0
+    charge_deadline: float = 10.0
     """Seconds a saga waits for the payment's answer (short for a demo; default 30)."""
     settle_timeout: float = 120.0
     single_broker: bool = False

@@ -74,6 +74,15 @@ def _barrier(demo: Demo, db: str, saga_id: str, branch: str) -> dict[str, str]:
     return with_connection(db, lambda conn: {op: why for op, why in conn.execute(q)})
 
 
+def _gave_up(demo: Demo, saga_id: str, branch: str) -> bool:
+    """Whether the saga gave up on a branch at its deadline (its step log says so)."""
+    t = saga_steps
+    q = sa.select(sa.func.count()).where(
+        t.c.saga_id == saga_id, t.c.branch == branch, t.c.event == "timeout"
+    )
+    return bool(with_connection(demo.orders_db, lambda conn: conn.execute(q).scalar_one()))
+
+
 def _order_reason(demo: Demo, order_id: str) -> str:
     q = sa.select(Order.reason).where(Order.id == order_id)
     return with_connection(demo.orders_db, lambda conn: conn.execute(q).scalar() or "")
@@ -170,11 +179,21 @@ class ParticipantCrash(Fault):
         # the order the crash hit (the load was idle: the fault's own, unless a redelivery
         # from an earlier fault came first) settled, and the killed write was made after all
         expected = self.outcome if result.data["idle"] else state
+        what = model.__name__.lower()
+        if self.point == "in-charge" and _gave_up(demo, order_id, "charge"):
+            # the charge's deadline passed while the service restarted: the saga gave up on
+            # it and compensated it (refunded, or the refund came first and the redelivered
+            # charge did nothing) — the books say the same
+            result.verified = state == CANCELLED and row in (REFUNDED, None)
+            result.detail = (
+                f"killed in charge for order {short(order_id)}; its deadline passed before the "
+                f"restarted service answered: the saga compensated it ({what} {row}): {state}"
+            )
+            return
         result.verified = state in SETTLED and state == expected and row == effect
         result.detail = (
             f"killed in {self.point.removeprefix('in-')} for order {short(order_id)}; after "
-            f"the restart the command came again and was applied once ({model.__name__.lower()}"
-            f" {row}): {state}"
+            f"the restart the command came again and was applied once ({what} {row}): {state}"
         )
 
 
