@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any, Self
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 import txmq.sync
@@ -254,26 +255,33 @@ class OrderService:
         data = OrderData(order_id, product, quantity, customer, amount)
         self._current.order_id = order_id
         try:
-            with self.sessions() as session:
-                if session.get(Order, order_id) is not None:
-                    raise ValueError(f"order {order_id} exists already")
-                with self.coordinator.start(
-                    session, self.saga, data.as_dict(), saga_id=order_id
-                ) as saga:
-                    order = Order(
-                        id=order_id,
-                        product=product,
-                        quantity=quantity,
-                        customer=customer,
-                        amount=amount,
-                        state=PENDING,
-                    )
-                    session.add(order)
+            placed = self._start(data, order_id)
+        except IntegrityError as exc:  # the same id placed at the same moment
+            raise ValueError(f"order {order_id} exists already") from exc
         finally:
             self._current.order_id = None
         self.counters.add("orders_placed")
-        first = saga.sent[0]
+        order, first = placed
         return {**order.as_dict(), "broker": first.broker_name, "msg_id": first.msg_id}
+
+    def _start(self, data: OrderData, order_id: str) -> tuple[Order, SendResult]:
+        """The order's row and its saga's start, in one local transaction."""
+        with self.sessions() as session:
+            if session.get(Order, order_id) is not None:
+                raise ValueError(f"order {order_id} exists already")
+            with self.coordinator.start(
+                session, self.saga, data.as_dict(), saga_id=order_id
+            ) as saga:
+                order = Order(
+                    id=order_id,
+                    product=data.product,
+                    quantity=data.quantity,
+                    customer=data.customer,
+                    amount=data.amount,
+                    state=PENDING,
+                )
+                session.add(order)
+        return order, saga.sent[0]
 
     def wait_for_saga(self, placed: dict[str, Any], timeout: float) -> dict[str, Any]:
         """``placed`` (from :meth:`place`) as it is once its saga ended (CONFIRMED or

@@ -25,7 +25,9 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
@@ -319,6 +321,18 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
         assert '"available": 1' in r.stdout and '"reserved": 2' in r.stdout, r.stdout
         r = front("accounts", "--url", payment.server.url)
         assert '"balance": 94' in r.stdout, r.stdout
+        # the same id placed twice at once: one order, the other request refused (a
+        # product the inventory does not stock: the saga ends at its first step)
+        twice = {"product": "quince", "quantity": 1, "customer": "ann", "id": "9" * 32}
+
+        def place_twice(_: int) -> tuple[int, Any]:
+            return request(url, "POST", "/orders?wait=20", twice)
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = sorted(pool.map(place_twice, range(2)), key=lambda a: a[0])
+        assert [status for status, _ in answers] == [201, 400], answers
+        assert answers[0][1]["state"] == "CANCELLED", answers
+        assert answers[1][1] == {"error": f"order {'9' * 32} exists already"}
     r = front("check", "--orders-db", orders_db, "--inventory-db", inventory_db)
     assert r.returncode == 2 and "--payment-db" in r.stderr, r
     r = front(
