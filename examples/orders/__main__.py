@@ -120,6 +120,17 @@ def _amounts(items: list[str], what: str) -> dict[str, int]:
     return out
 
 
+def _positive(text: str) -> float:
+    """A number of seconds above 0 (argparse's type: its error is one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def _seed(args: argparse.Namespace) -> int:
     stock = _amounts(args.stock, "PRODUCT")
     dbs.upgrade("inventory", args.db)
@@ -229,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "order-service":
             s.add_argument(
                 "--charge-deadline",
-                type=float,
+                type=_positive,
                 default=30.0,
                 help="seconds a saga waits for the payment's answer before it compensates "
                 "(default 30)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -84,23 +85,22 @@ def upgrade(service: str, url: str | URL) -> None:
 
 def seed_stock(url: str | URL, stock: dict[str, int]) -> None:
     """Replace the inventory's stock with ``stock`` (product → units), nothing reserved."""
-    engine = connect(url)
-    try:
-        with Session(engine) as session, session.begin():
-            session.execute(delete(Stock))
-            session.add_all(
-                Stock(product=p, initial=n, available=n, reserved=0) for p, n in stock.items()
-            )
-    finally:
-        engine.dispose()
+    _replace(
+        url, Stock, [Stock(product=p, initial=n, available=n, reserved=0) for p, n in stock.items()]
+    )
 
 
 def seed_accounts(url: str | URL, balances: dict[str, int]) -> None:
     """Replace the payment service's accounts with ``balances`` (customer → money)."""
+    _replace(url, Account, [Account(customer=c, initial=n, balance=n) for c, n in balances.items()])
+
+
+def _replace(url: str | URL, model: type[Any], rows: list[Any]) -> None:
+    """Every row of ``model``'s table replaced by ``rows``, in one transaction."""
     engine = connect(url)
     try:
         with Session(engine) as session, session.begin():
-            session.execute(delete(Account))
-            session.add_all(Account(customer=c, initial=n, balance=n) for c, n in balances.items())
+            session.execute(delete(model))
+            session.add_all(rows)
     finally:
         engine.dispose()

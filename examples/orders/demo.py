@@ -86,9 +86,9 @@ from examples.orders.order_service import SERVICE as ORDERS
 from examples.orders.procs import Proc, free_port
 from examples.orders.secure import OPERATOR, make_secure
 from examples.orders.web import request
-from txmq.saga import command_topic, reply_topic
+from txmq.saga import State, command_topic, reply_topic
 from txmq.sqla.db import with_connection
-from txmq.sqla.tables import ROLLED_BACK, transaction_log
+from txmq.sqla.tables import ROLLED_BACK, sagas, transaction_log
 from txmq.sync import AdminClient
 
 __all__ = [
@@ -447,6 +447,11 @@ class Demo:
             raise RuntimeError(f"GET {url}/stats: {status} {data}")
         result: dict[str, Any] = data
         return result
+
+    def running(self) -> int:
+        """Sagas not ended yet (an order commits with its saga: none PENDING without one)."""
+        q = select(func.count()).select_from(sagas).where(sagas.c.state.not_in(State.ENDED))
+        return with_connection(self.orders_db, lambda conn: int(conn.execute(q).scalar_one()))
 
     def report(self) -> Report:
         """The books as they are now."""

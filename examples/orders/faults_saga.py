@@ -153,7 +153,7 @@ class ParticipantCrash(Fault):
         proc, url = self._proc_url(demo)
         assert proc is not None
         # the sagas of the load ended first, so that the point is reached by this order's
-        idle = wait_until(lambda: demo.report().pending == 0, 60)
+        idle = wait_until(lambda: demo.running() == 0, 60)
         _arm(url, self.point)
         demo.place(FAULT_PRODUCT, 1, self.customer)
         line = proc.wait_line(f"FAULT {self.point} ")
@@ -304,7 +304,7 @@ class Duplicates(Fault):
     def inject(self, demo: Demo) -> FaultResult:
         ids = [o["id"] for o in demo.accepted[-demo.config.duplicates :]]
         # every saga ended first: what the participants do from here on is the copies'
-        idle = wait_until(lambda: demo.report().pending == 0, 60)
+        idle = wait_until(lambda: demo.running() == 0, 60)
         commands = [c for c in _commands(demo, ids) if c.service != ORDERS]
         before = self._effects(demo)
         last: dict[str, str] = {}

@@ -304,6 +304,15 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
             400,
             {"error": f"order {declined} exists already"},
         )
+        for order, said in (
+            ({"product": "apple", "quantity": 1}, "customer must be a name"),
+            ({"product": "apple", "quantity": 1, "customer": ""}, "customer must be a name"),
+            ({"product": "apple", "quantity": "2", "customer": "ann"}, "quantity must be a whole"),
+            ({"product": "apple", "quantity": 1, "customer": "ann", "id": "X1"}, "id must be 32"),
+            ({"product": "apple", "quantity": 1, "customer": "ann", "id": 7}, "id must be 32"),
+        ):
+            status, answer = request(url, "POST", "/orders", order)
+            assert status == 400 and said in answer["error"], (order, answer)
         bad = urllib.request.Request(url + "/orders", data=b"{nope", method="POST")
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(bad, timeout=10)
@@ -333,6 +342,13 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
         assert [status for status, _ in answers] == [201, 400], answers
         assert answers[0][1]["state"] == "CANCELLED", answers
         assert answers[1][1] == {"error": f"order {'9' * 32} exists already"}
+    # a bad deadline: one line, before anything starts
+    for deadline in ("0", "-5", "soon", "inf"):
+        r = front(
+            "order-service", "--db", orders_db, "--broker", b.address, "--charge-deadline", deadline
+        )
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r
+        assert "number of seconds" in r.stderr.splitlines()[-1], r.stderr
     r = front("check", "--orders-db", orders_db, "--inventory-db", inventory_db)
     assert r.returncode == 2 and "--payment-db" in r.stderr, r
     r = front(
