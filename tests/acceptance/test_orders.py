@@ -78,7 +78,8 @@ def databases(backend: str, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
 @pytest.mark.timeout(DEMO_BUDGET_S)
 @pytest.mark.parametrize(
     ("backend", "layout"),
-    [("sqlite", "cluster"), ("postgresql", "cluster"), ("postgresql", "single")],
+    # SQLite on a cluster and a secured cluster: the README's command, below
+    [("postgresql", "cluster"), ("sqlite", "single")],
 )
 def test_every_fault_in_turn_and_the_books_balance(
     backend: str, layout: str, tmp_path: Path
@@ -364,7 +365,7 @@ def test_a_person_places_and_looks_at_orders_through_the_front(
 
 
 @pytest.mark.timeout(DEMO_BUDGET_S)
-@pytest.mark.parametrize("layout", ["cluster", "single", "secure"])
+@pytest.mark.parametrize("layout", ["cluster", "secure"])  # one broker: the test above
 def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
     """``secure``: the cluster with access control (a user per service) and mutual TLS on
     every port, and no request of the demo refused by them."""
@@ -378,8 +379,12 @@ def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
         seen = exc.stdout or b""
         out = seen.decode(errors="replace") if isinstance(seen, bytes) else seen
         pytest.fail(f"the demo did not end in {exc.timeout} s; its output:\n{out}")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
+    lines = out.splitlines()
+    # a failed fault's two lines (what, then why) first: the end of a long output is the
+    # books, which balance after most failures
+    failed = [f"{a}\n{b}" for a, b in zip(lines, [*lines[1:], ""], strict=True) if "[FAILED]" in a]
+    assert r.returncode == 0, "\n".join(failed) + "\n...\n" + out[-3000:] + r.stderr[-3000:]
     assert "== txmq orders demo ==" in out
     assert "books:     BALANCED" in out and "result:    OK" in out
     assert out.count("  [ok] ") == len(default_faults(layout == "single")), out
