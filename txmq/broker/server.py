@@ -26,13 +26,6 @@ from txmq.broker.ha.info import with_replication
 from txmq.broker.ha.replica import Replica
 from txmq.broker.ha.replication import Replication
 from txmq.broker.identity import claim_store
-from txmq.broker.metrics import (
-    MetricsSources,
-    registry_for,
-    start_metrics,
-    time_flushes,
-    timed_handler,
-)
 from txmq.broker.processor import Services, request_router
 from txmq.broker.registration import Registration, is_registered_topic
 from txmq.broker.sending import SendService
@@ -71,6 +64,7 @@ from txmq.server.serving import (
 if TYPE_CHECKING:
     from txmq.broker.grpc import GrpcEndpoint
     from txmq.broker.grpc.ports import BrokerCore
+    from txmq.broker.metrics import MetricsSources
 
 __all__ = ["Broker", "EmbeddedBroker"]
 
@@ -187,7 +181,9 @@ class Broker(Stoppable):
         handle: Handler = self.router.handle
         #: the port /metrics is served on, once started (0: off)
         self.metrics_port = 0
-        if tally is not None:
+        if tally is not None:  # metrics on (prometheus_client is imported only then)
+            from txmq.broker.metrics import time_flushes, timed_handler
+
             handle = timed_handler(handle, tally)
             time_flushes(self.store, tally.flush)
         self.acceptor = Acceptor(
@@ -387,6 +383,8 @@ class Broker(Stoppable):
         sources = self.metrics_sources()
         if sources is None:
             return
+        from txmq.broker.metrics import registry_for, start_metrics
+
         registry = registry_for(sources)
         self.metrics_port = await start_metrics(
             tg, registry, self.config.host, self.config.metrics_port
@@ -397,6 +395,8 @@ class Broker(Stoppable):
         tally = self.context.throughput.tally
         if tally is None:
             return None
+        from txmq.broker.metrics import MetricsSources
+
         return MetricsSources(
             ctx=self.context,
             tally=tally,

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-import anyio
-
-from txmq.admin.client import AdminClient
 from txmq.cli.admin_acl import add_acl, run_acl
 from txmq.cli.admin_groups import add_group, run_group
 from txmq.cli.admin_ha import (
@@ -25,7 +23,6 @@ from txmq.cli.admin_ha import (
 )
 from txmq.cli.admin_sagas import add_sagas, run_sagas
 from txmq.cli.admin_transactions import add_transactions, run_decide
-from txmq.cli.admin_views import Rows, query
 from txmq.cli.options import (
     CommandError,
     SubParsers,
@@ -35,6 +32,10 @@ from txmq.cli.options import (
     share,
 )
 from txmq.observability.fmt import cell, format_table, ms_time, with_times
+
+if TYPE_CHECKING:
+    from txmq.admin.client import AdminClient
+    from txmq.cli.admin_views import Rows
 
 __all__ = ["add_parser"]
 
@@ -179,6 +180,11 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run_admin(args: argparse.Namespace) -> int:
+    import anyio
+
+    from txmq.admin.client import AdminClient
+    from txmq.cli.admin_views import query
+
     if args.controller and args.admin_cmd not in ("cluster", "switchover"):
         raise CommandError("--controller is for 'txmq admin cluster' and 'txmq admin switchover'")
     if args.admin_cmd == "switchover":

@@ -14,17 +14,14 @@ import json
 import secrets
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-
-from txmq.admin.client import AdminClient
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
 from txmq.observability.fmt import format_table
-from txmq.protocol.settings import SettingsError
-from txmq.protocol.wire import AclRule, AclUser
-from txmq.protocol.wire.errors import AuthenticationFailed, NoPermission
-from txmq.security.acl.policy import Rule, parse_resource
+
+if TYPE_CHECKING:
+    from txmq.admin.client import AdminClient
+    from txmq.protocol.wire import AclRule, AclUser
 
 __all__ = ["add_acl", "rule_text", "run_acl"]
 
@@ -216,6 +213,11 @@ def run_acl(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, do: Callable[[AdminClient], Awaitable[T]]) -> T:
     """``do`` with an admin client of ``args``' endpoints; refusals said with a hint."""
+    import anyio
+
+    from txmq.admin.client import AdminClient
+    from txmq.protocol.wire.errors import AuthenticationFailed, NoPermission
+
     where = endpoints(args)
 
     async def ask() -> T:
@@ -272,6 +274,10 @@ def _run_user(args: argparse.Namespace) -> int:
 
 
 def _run_rules(args: argparse.Namespace) -> int:
+    from txmq.protocol.settings import SettingsError
+    from txmq.protocol.wire import AclRule
+    from txmq.security.acl.policy import Rule, parse_resource
+
     cmd, name = args.acl_cmd, args.user
     if cmd == "list":
         users = _run(args, lambda admin: admin.users(name))

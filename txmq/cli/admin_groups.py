@@ -10,15 +10,15 @@ import argparse
 import json
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
 
-from txmq.admin.client import AdminClient, epoch_ms
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
 from txmq.observability.fmt import format_table, iso_ms, ms_time
-from txmq.protocol.wire import GroupConfigRow, QueueReset
+
+if TYPE_CHECKING:
+    from txmq.protocol.wire import GroupConfigRow, QueueReset
 
 __all__ = ["add_group", "run_group"]
 
@@ -133,6 +133,7 @@ def _add_reset(gsub: SubParsers) -> None:
 def reset_time(text: str) -> int:
     """``--to``: ISO 8601 or ``-1h`` (as ``txmq reconcile --since`` reads them), ``now``,
     or ms since the epoch; as ms since the epoch."""
+    from txmq.admin.client import epoch_ms
     from txmq.spark.job import BadOption, instant
 
     text = text.strip()
@@ -147,6 +148,10 @@ def reset_time(text: str) -> int:
 
 
 def _run_reset(args: argparse.Namespace) -> int:
+    import anyio
+
+    from txmq.admin.client import AdminClient
+
     where = endpoints(args)
     to = reset_time(args.to)
 
@@ -177,6 +182,10 @@ def _run_reset(args: argparse.Namespace) -> int:
 
 
 def run_group(args: argparse.Namespace) -> int:
+    import anyio
+
+    from txmq.admin.client import AdminClient
+
     if args.group_cmd == "reset-offset":
         return _run_reset(args)
     where = endpoints(args)

@@ -5,19 +5,19 @@ set's master, through the controller)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
 
-from txmq.admin import controller as controller_client
-from txmq.admin.client import AdminClient, BrokerRow
-from txmq.admin.controller import SwitchoverResult
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
 from txmq.observability.fmt import format_table, span, with_times
-from txmq.protocol.peer import NoController, parse_namesrv
+
+if TYPE_CHECKING:
+    from txmq.admin.client import AdminClient, BrokerRow
+    from txmq.admin.controller import SwitchoverResult
 
 __all__ = ["add_controller_option", "add_switchover", "cluster_output", "run_switchover"]
 
@@ -88,6 +88,12 @@ def _timeout(text: str) -> float:
 
 
 def run_switchover(args: argparse.Namespace) -> int:
+    import anyio
+
+    from txmq.admin import controller as controller_client
+    from txmq.admin.client import AdminClient
+    from txmq.protocol.peer import NoController
+
     controller = _controllers(args)
     where = endpoints(args)
     name, to, timeout = args.broker_name, args.to, args.timeout
@@ -119,10 +125,12 @@ def run_switchover(args: argparse.Namespace) -> int:
 
 
 def _as_dict(result: SwitchoverResult) -> dict[str, Any]:
-    return {k: getattr(result, k) for k in SwitchoverResult.__dataclass_fields__}
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
 
 
 def _controllers(args: argparse.Namespace) -> list[str]:
+    from txmq.protocol.peer import parse_namesrv
+
     given = getattr(args, "controller", None)
     return list(parse_namesrv(given, setting="--controller")) if given else []
 

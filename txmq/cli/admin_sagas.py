@@ -10,11 +10,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
-from sqlalchemy import create_engine
-from sqlalchemy.exc import SQLAlchemyError
-
-from txmq.admin.transactions import operator_name
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints, positive_int
 from txmq.observability.fmt import format_table, span
 from txmq.saga.model import OPERATOR_GROUP, State
@@ -89,6 +84,8 @@ def _steps(info: Any) -> list[dict[str, Any]]:
 
 
 def run_sagas(args: argparse.Namespace) -> int:
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
 
     from txmq.saga import list_sagas, saga_info
     from txmq.sqla.db import describe_db_error
@@ -136,6 +133,9 @@ def run_sagas(args: argparse.Namespace) -> int:
 
 
 def _operate(args: argparse.Namespace) -> int:
+    import anyio
+
+    from txmq.admin.transactions import operator_name
     from txmq.saga.operate import operate
 
     where = endpoints(args)

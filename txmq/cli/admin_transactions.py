@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
 
-from txmq.admin.client import AdminClient, BrokerDecisionRow
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
 from txmq.observability.fmt import format_table, ms_time, with_times
+
+if TYPE_CHECKING:
+    from txmq.admin.client import BrokerDecisionRow
 
 __all__ = ["add_transactions", "decision_table", "run_decide"]
 
@@ -99,6 +100,10 @@ def _decision_options(parser: argparse.ArgumentParser) -> None:
 
 def run_decide(args: argparse.Namespace) -> int:
     """``commit``, ``rollback`` or ``recheck``."""
+    import anyio
+
+    from txmq.admin.client import AdminClient
+
     where = endpoints(args)
     decision = args.tx_cmd.upper()
     every = bool(getattr(args, "all", False))

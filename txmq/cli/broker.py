@@ -15,7 +15,6 @@ from txmq.cli.options import (
     add_tls_server,
     tls_overrides,
 )
-from txmq.cli.serve import run_server
 
 __all__ = ["add_parser"]
 
@@ -127,6 +126,7 @@ def start_broker(args: argparse.Namespace) -> int:
     from txmq.broker.state.config import BrokerConfig
     from txmq.broker.store import StoreError
     from txmq.broker.store.disk import check_writable
+    from txmq.cli.serve import run_server
 
     overrides: dict[str, Any] = {
         "store": args.store,

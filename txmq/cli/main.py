@@ -1,4 +1,9 @@
-"""The ``txmq`` command's parser and entry point; each command group has its module."""
+"""The ``txmq`` command's parser and entry point; each command group has its module.
+
+Building the parser imports every command module, so those import at module level only
+what their parsers need: what a command uses (the client, the broker, SQLAlchemy, ...) is
+imported in the function that runs it, and ``txmq broker start`` loads no admin client.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,6 @@ from collections.abc import Sequence
 
 from txmq.cli import admin, broker, console, db, namesrv, outbox, quickstart, reconcile
 from txmq.cli.options import CommandError, share
-from txmq.protocol.settings import SettingsError
-from txmq.protocol.wire.errors import TxmqError
 
 __all__ = ["build_parser", "main"]
 
@@ -55,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from txmq.protocol.settings import SettingsError  # after parsing: --help needs neither
+    from txmq.protocol.wire.errors import TxmqError
+
     level = getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level > logging.DEBUG:

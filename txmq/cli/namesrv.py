@@ -15,7 +15,6 @@ from txmq.cli.options import (
     add_tls_server,
     tls_overrides,
 )
-from txmq.cli.serve import run_server
 
 if TYPE_CHECKING:
     from txmq.namesrv import NamesrvServer
@@ -120,6 +119,8 @@ def start_controller(args: argparse.Namespace) -> int:
 
 
 def _serve(server: NamesrvServer, name: str, ready_file: str | None) -> int:
+    from txmq.cli.serve import run_server
+
     config = server.config
     return run_server(
         server,

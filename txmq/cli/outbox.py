@@ -11,8 +11,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import anyio
-
 from txmq.cli.options import (
     SubParsers,
     add_command,
@@ -182,6 +180,8 @@ def _table_command(args: argparse.Namespace) -> int:
 
 
 def _relay(args: argparse.Namespace) -> int:
+    import anyio
+
     from txmq.client.producer import Producer
     from txmq.outbox.relay import OutboxRelay
 
@@ -232,6 +232,8 @@ def _relay(args: argparse.Namespace) -> int:
 
 
 async def _print_stats(relay: Any, interval: float) -> None:
+    import anyio
+
     last_sent, last_time = relay.sent_total, time.monotonic()
     while True:
         await anyio.sleep(interval)

@@ -12,12 +12,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from txmq.broker.server import EmbeddedBroker
-from txmq.broker.state.config import BrokerConfig
 from txmq.cli.options import SubParsers, add_command, positive_int
-from txmq.consumer.pull import PullStatus
-from txmq.protocol.message import Message
-from txmq.sync import AdminClient, Producer, PullConsumer
 
 __all__ = ["add_parser", "run_quickstart"]
 
@@ -36,6 +31,9 @@ def add_parser(sub: SubParsers) -> None:
 
 
 def run_quickstart(count: int = 1000) -> int:
+    from txmq.broker.server import EmbeddedBroker
+    from txmq.broker.state.config import BrokerConfig
+
     if count < 1:
         raise ValueError(f"quickstart sends at least 1 message, not {count}")
     with tempfile.TemporaryDirectory(prefix="txmq-quickstart-") as tmp:
@@ -46,6 +44,10 @@ def run_quickstart(count: int = 1000) -> int:
 
 
 def _exercise(address: str, count: int) -> int:
+    from txmq.consumer.pull import PullStatus
+    from txmq.protocol.message import Message
+    from txmq.sync import AdminClient, Producer, PullConsumer
+
     topic = "quickstart-orders"
     sent: dict[str, bytes] = {}
     per_key: dict[str, list[str]] = defaultdict(list)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -12,7 +11,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
     from sqlalchemy.exc import SQLAlchemyError
 
-# SQLAlchemy is imported when a function runs, not with this module (the CLI imports it).
+# SQLAlchemy (and asyncio) are imported when a function runs, not with this module (the CLI
+# imports it).
 
 __all__ = ["async_url", "describe_db_error", "with_connection"]
 
@@ -37,6 +37,8 @@ def async_url(db: str | URL) -> URL:
 
 def with_connection(url: str, fn: Callable[[Connection], R]) -> R:
     """Run ``fn(connection)`` on a fresh connection to ``url`` (async drivers too)."""
+    import asyncio
+
     from sqlalchemy import create_engine, make_url, pool
     from sqlalchemy.ext.asyncio import create_async_engine
 
