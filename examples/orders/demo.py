@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import subprocess
 import tempfile
 import threading
 import time
@@ -491,6 +492,8 @@ def _lost_its_port(proc: Proc) -> bool:
     """Whether ``proc`` ended at its start because a port picked for it was bound by another
     program between the pick and the start (the demo then picks another: a first start
     only, a restart keeps its ports)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait_exit(5)  # its output ended: it is exiting, reaped a moment later
     return not proc.alive and "already in use" in proc.log_tail(3)
 
 
