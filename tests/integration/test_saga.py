@@ -481,6 +481,75 @@ async def test_repeated_commands_have_no_second_effect(world: World) -> None:
     assert world.saga(saga_id).state == State.COMPLETED
 
 
+async def test_an_answer_lost_after_its_commit_is_sent_again_as_it_was(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A participant whose transaction committed but whose answer never left (here the
+    broker refuses it once; in life the service died in between): its command comes again,
+    the barrier finds the row, and the first answer is sent again from what the row kept —
+    the action's result, or its refusal's words — without a second effect."""
+    lost: list[str] = []
+    send = txmq.TransactionProducer.send
+
+    async def losing(self: Any, msg: Message, **options: Any) -> Any:
+        if msg.topic == reply_topic("orders") and msg.tags in ("done", "refused"):
+            key = msg.keys[0]
+            if key not in lost:
+                lost.append(key)
+                raise txmq.BrokerUnavailable("the broker went away (a test)")
+        return await send(self, msg, **options)
+
+    monkeypatch.setattr(txmq.TransactionProducer, "send", losing)
+    done = await _checkout(world, "o-8")
+    row = await world.until(done, State.COMPLETED)
+    assert row.data["reserved"] == 2 and row.data["charged"] == 30  # the kept results
+    refused = await _checkout(world, "o-9", amount=101)  # more than the balance left
+    row = await world.until(refused, State.COMPENSATED)
+    assert row.error == "charge refused: card declined"  # the kept words
+    assert sorted(lost) == sorted(
+        [f"{done}/{i}/action" for i in range(3)]
+        + [f"{refused}/{i}/action" for i in range(2)]
+        + [f"{refused}/0/compensation"]
+    )
+    # one effect each: the repeats were answered, not run
+    assert world.faults.seen.count("reserve") == 2 and world.faults.seen.count("charge") == 2
+    assert world.faults.seen.count("release") == 1
+    assert world.stock() == (8, 2) and world.balance() == 70
+
+
+async def test_a_command_lost_after_its_decision_committed_is_sent_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator committed an answer's decision but its next command never left (the
+    broker refuses it once here; in life the coordinator died in between): the answer is
+    delivered again, its decision is found taken, and the command the saga waits on is
+    sent again — the same command — so the saga goes on, each step taking effect once."""
+    lost: list[str] = []
+    send = txmq.TransactionProducer.send
+
+    async def losing(self: Any, msg: Message, **options: Any) -> Any:
+        cmd = msg.topic in (command_topic("payment"), command_topic("orders"))
+        if cmd and msg.keys[0] not in lost:
+            lost.append(msg.keys[0])
+            raise txmq.BrokerUnavailable("the broker went away (a test)")
+        return await send(self, msg, **options)
+
+    monkeypatch.setattr(txmq.TransactionProducer, "send", losing)
+    saga_id = await _checkout(world, "o-10")
+    row = await world.until(saga_id, State.COMPLETED)
+    assert lost == [f"{saga_id}/1/action", f"{saga_id}/2/action"]
+    assert row.data["charged"] == 30 and world.order("o-10") == "CONFIRMED"
+    assert world.faults.seen.count("charge") == 1 and world.faults.seen.count("confirm") == 1
+    assert world.steps(saga_id) == [
+        ("reserve-stock", "action", "sent"),
+        ("reserve-stock", "action", "done"),
+        ("charge", "action", "sent"),
+        ("charge", "action", "done"),
+        ("confirm-order", "action", "sent"),
+        ("confirm-order", "action", "done"),
+    ]
+
+
 async def test_a_compensation_delivered_before_its_action_suspends_the_action(
     world: World,
 ) -> None:

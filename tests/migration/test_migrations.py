@@ -24,7 +24,7 @@ from tests.sqla_support import PG_URL, pg_unreachable
 from txmq.sqla import VERSION_TABLE, alembic_config, current, downgrade, metadata, upgrade
 
 TXMQ_TABLES = set(metadata.tables)
-HEAD = "0004"  # the newest txmq revision
+HEAD = "0005"  # the newest txmq revision
 
 
 @pytest.fixture
@@ -115,13 +115,22 @@ def test_upgrade_builds_exactly_the_metadata_then_downgrade_removes_it(empty_db_
         engine.dispose()
 
 
+def _barrier_answers(conn: Connection) -> bool | None:
+    """Whether txmq_saga_barrier has its answer column (None: there is no such table)."""
+    if "txmq_saga_barrier" not in inspect(conn).get_table_names():
+        return None
+    return "answer" in {c["name"] for c in inspect(conn).get_columns("txmq_saga_barrier")}
+
+
 def test_revisions_one_step_at_a_time(empty_db_url: str) -> None:
-    """0001 -> 0002 (outbox) -> 0003 (consumed keys) -> 0004 (sagas) and back, each step
-    on its own; the transaction log keeps its rows throughout."""
+    """0001 -> 0002 (outbox) -> 0003 (consumed keys) -> 0004 (sagas) -> 0005 (the
+    barrier's answers) and back, each step on its own; the transaction log keeps its rows
+    throughout."""
     engine = create_engine(empty_db_url)
     steps = [("0001", {"txmq_transaction_log"}), ("0002", {"txmq_outbox"})]
     steps.append(("0003", {"txmq_consumed_keys"}))
     steps.append(("0004", {"txmq_sagas", "txmq_saga_steps", "txmq_saga_barrier"}))
+    steps.append(("0005", set()))  # txmq_saga_barrier.answer
     try:
         with engine.connect() as conn:
             upgrade(conn, "0001")
@@ -140,6 +149,7 @@ def test_revisions_one_step_at_a_time(empty_db_url: str) -> None:
                 seen |= tables
                 assert current(conn) == (rev,)
                 assert set(inspect(conn).get_table_names()) - {VERSION_TABLE} == seen
+                assert _barrier_answers(conn) == (None if rev < "0004" else rev >= "0005")
         for rev, tables in reversed(steps[1:]):
             with engine.connect() as conn:
                 downgrade(conn, str(int(rev) - 1).zfill(4))
@@ -147,6 +157,7 @@ def test_revisions_one_step_at_a_time(empty_db_url: str) -> None:
             with engine.connect() as conn:
                 seen -= tables
                 assert set(inspect(conn).get_table_names()) - {VERSION_TABLE} == seen
+                assert _barrier_answers(conn) == (None if rev <= "0004" else False)
         with engine.connect() as conn:
             assert current(conn) == ("0001",)
             count = conn.execute(text("SELECT count(*) FROM txmq_transaction_log")).scalar()

@@ -161,7 +161,7 @@ def test_db_upgrade_from_a_project_with_its_own_migrations_package(
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert "-> 0004 (head)" in r.stdout
+    assert "-> 0005 (head)" in r.stdout
     engine = create_engine(f"sqlite:///{db}")
     try:
         with engine.connect() as conn:

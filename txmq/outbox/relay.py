@@ -49,7 +49,7 @@ from txmq.client.route import Route
 from txmq.observability import hooks as observe
 from txmq.outbox.claim import Outcome, Row, claim, mark
 from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
-from txmq.protocol.message import Message, MessageQueue, Prop, stable_hash
+from txmq.protocol.message import FixedIdMessage, MessageQueue, Prop, stable_hash
 from txmq.protocol.wire.errors import (
     BrokerBusy,
     BrokerUnavailable,
@@ -84,15 +84,14 @@ MAX_BATCH_BYTES = 1024 * 1024
 
 
 @dataclass(slots=True)
-class _OutboxMessage(Message):
+class _OutboxMessage(FixedIdMessage):
     """A message that keeps the id fixed when the row was added, on every (re-)send, and
     says its sharding key (the relay picks the key's queue itself)."""
 
-    fixed_id: str = ""
     sharding_key: str | None = None
 
     def wire_properties(self, msg_id: str) -> dict[str, str]:
-        props = Message.wire_properties(self, self.fixed_id)
+        props = FixedIdMessage.wire_properties(self, msg_id)
         if self.sharding_key is not None:
             props[Prop.SHARDING_KEY] = self.sharding_key
         return props

@@ -29,6 +29,7 @@ __all__ = [
     "SYSTEM_TOPIC_PREFIXES",
     "TIMER_TOPIC",
     "TOPIC_NAME_PATTERN",
+    "FixedIdMessage",
     "Message",
     "MessageExt",
     "MessageQueue",
@@ -305,6 +306,18 @@ class Message:
         if self.delay < timedelta(0):
             raise ValueError(f"delay {self.delay} is negative")
         return time.time_ns() // 1_000_000 + round(self.delay / timedelta(milliseconds=1))
+
+
+@dataclass(slots=True)
+class FixedIdMessage(Message):
+    """A message whose id is chosen before it is sent (``fixed_id``) and kept on every
+    (re-)send, instead of a fresh one per send: a sender that records the id first (the
+    outbox's row, a saga's deadline) and may send the message again after a crash."""
+
+    fixed_id: str = ""
+
+    def wire_properties(self, msg_id: str) -> dict[str, str]:
+        return Message.wire_properties(self, self.fixed_id or msg_id)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,11 @@ only if the row was not there:
 
 Two operations racing on one branch: the second insert waits for the first transaction
 (PostgreSQL's primary-key lock; SQLite runs one writer at a time), then sees its row.
+
+The action's row also keeps its answer (``answer``: the result it returned, or why it had
+no effect), so that a repeat is answered as the first delivery was: the participant sends
+its reply after its transaction commits, and a command delivered again because that reply
+never left (the service died in between) finds the row and sends it again.
 """
 
 from __future__ import annotations
@@ -22,13 +27,23 @@ import enum
 from collections.abc import Generator
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from txmq.saga.model import ACTION, COMPENSATION, CONFIRM
 from txmq.sqla.tables import insert_if_absent, inserted, saga_barrier
 
-__all__ = ["Entry", "enter", "enter_async", "record", "record_async"]
+__all__ = [
+    "Entry",
+    "enter",
+    "enter_async",
+    "keep",
+    "keep_async",
+    "kept",
+    "kept_async",
+    "record",
+    "record_async",
+]
 
 #: the reasons of an action's row that mean it had no effect
 NO_EFFECT = ("refused", "failed")
@@ -57,13 +72,27 @@ def _insert(dialect: str) -> Any:
     return stmt
 
 
-def _row(saga_id: str, branch: str, op: str, reason: str) -> dict[str, str]:
-    return {"saga_id": saga_id, "branch": branch, "op": op, "reason": reason}
+def _row(
+    saga_id: str, branch: str, op: str, reason: str, answer: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"saga_id": saga_id, "branch": branch, "op": op, "reason": reason, "answer": answer}
 
 
-def _reason_of(saga_id: str, branch: str, op: str) -> Any:
-    t = saga_barrier
-    return select(t.c.reason).where(t.c.saga_id == saga_id, t.c.branch == branch, t.c.op == op)
+# built once (parameters: of_saga_id, of_branch, of_op; and answer): a statement built per
+# call costs tens of microseconds to build and to compute its cache key, every time
+_t = saga_barrier
+_ROW = (  # (not the columns' names: an UPDATE keeps those for its SET clause)
+    _t.c.saga_id == bindparam("of_saga_id"),
+    _t.c.branch == bindparam("of_branch"),
+    _t.c.op == bindparam("of_op"),
+)
+_REASON = select(_t.c.reason).where(*_ROW)
+_KEPT = select(_t.c.reason, _t.c.answer).where(*_ROW)
+_KEEP = update(_t).where(*_ROW).values(answer=bindparam("answer"))
+
+
+def _key(saga_id: str, branch: str, op: str) -> dict[str, str]:
+    return {"of_saga_id": saga_id, "of_branch": branch, "of_op": op}
 
 
 #: a barrier's decision as a series of statements: each yielded (statement, parameters) is
@@ -79,19 +108,29 @@ def _enter(dialect: str, saga_id: str, branch: str, op: str) -> Plan:
     if op == ACTION:
         if inserted((yield ins, _row(saga_id, branch, ACTION, ACTION))):
             return Entry.RUN
-        reason = (yield _reason_of(saga_id, branch, ACTION), None).scalar()
+        reason = (yield _REASON, _key(saga_id, branch, ACTION)).scalar()
         return Entry.SUSPENDED if reason == COMPENSATION else Entry.DUPLICATE
     origin = inserted((yield ins, _row(saga_id, branch, ACTION, COMPENSATION)))
     if not inserted((yield ins, _row(saga_id, branch, COMPENSATION, COMPENSATION))):
         return Entry.DUPLICATE
     if origin:
         return Entry.NULL
-    reason = (yield _reason_of(saga_id, branch, ACTION), None).scalar()
+    reason = (yield _REASON, _key(saga_id, branch, ACTION)).scalar()
     return Entry.NULL if reason in NO_EFFECT else Entry.RUN
 
 
-def _record(dialect: str, saga_id: str, branch: str, reason: str) -> Plan:
-    return inserted((yield _insert(dialect), _row(saga_id, branch, ACTION, reason)))
+def _record(dialect: str, saga_id: str, branch: str, reason: str, detail: str) -> Plan:
+    row = _row(saga_id, branch, ACTION, reason, {"detail": detail})
+    return inserted((yield _insert(dialect), row))
+
+
+def _keep(saga_id: str, branch: str, result: dict[str, Any]) -> Plan:
+    yield _KEEP, {**_key(saga_id, branch, ACTION), "answer": {"result": result}}
+
+
+def _kept(saga_id: str, branch: str) -> Plan:
+    row = (yield _KEPT, _key(saga_id, branch, ACTION)).first()
+    return None if row is None else (row.reason, row.answer or {})
 
 
 def _run(conn: Connection, plan: Plan) -> Any:
@@ -127,12 +166,41 @@ async def enter_async(conn: AsyncConnection, saga_id: str, branch: str, op: str)
     return entry
 
 
-def record(conn: Connection, saga_id: str, branch: str, reason: str) -> bool:
-    """Record that a branch's action had no effect (``reason``: refused or failed);
-    False when its row is there already (another delivery answered)."""
-    return bool(_run(conn, _record(conn.dialect.name, saga_id, branch, reason)))
+def record(conn: Connection, saga_id: str, branch: str, reason: str, detail: str = "") -> bool:
+    """Record that a branch's action had no effect (``reason``: refused or failed, and
+    ``detail``, why); False when its row is there already (another delivery answered)."""
+    return bool(_run(conn, _record(conn.dialect.name, saga_id, branch, reason, detail)))
 
 
-async def record_async(conn: AsyncConnection, saga_id: str, branch: str, reason: str) -> bool:
+async def record_async(
+    conn: AsyncConnection, saga_id: str, branch: str, reason: str, detail: str = ""
+) -> bool:
     """:func:`record` on an async connection."""
-    return bool(await _run_async(conn, _record(conn.dialect.name, saga_id, branch, reason)))
+    plan = _record(conn.dialect.name, saga_id, branch, reason, detail)
+    return bool(await _run_async(conn, plan))
+
+
+def keep(conn: Connection, saga_id: str, branch: str, result: dict[str, Any]) -> None:
+    """Keep what a branch's action returned with its row (its repeats answer with it)."""
+    _run(conn, _keep(saga_id, branch, result))
+
+
+async def keep_async(
+    conn: AsyncConnection, saga_id: str, branch: str, result: dict[str, Any]
+) -> None:
+    """:func:`keep` on an async connection."""
+    await _run_async(conn, _keep(saga_id, branch, result))
+
+
+def kept(conn: Connection, saga_id: str, branch: str) -> tuple[str, dict[str, Any]] | None:
+    """A branch's action row: its reason and the answer kept with it (None: no row)."""
+    found: tuple[str, dict[str, Any]] | None = _run(conn, _kept(saga_id, branch))
+    return found
+
+
+async def kept_async(
+    conn: AsyncConnection, saga_id: str, branch: str
+) -> tuple[str, dict[str, Any]] | None:
+    """:func:`kept` on an async connection."""
+    found: tuple[str, dict[str, Any]] | None = await _run_async(conn, _kept(saga_id, branch))
+    return found

@@ -1,6 +1,9 @@
 """The coordinator of sagas, in the service that starts them: their state lives in its
-database, and each change of it commits together with the command it causes (txmq's
-transactional message: the broker checks back with the transaction log when in doubt).
+database.  A saga starts in the caller's local transaction with its first command as a
+transactional message of it (the broker checks back with the transaction log when in
+doubt); each answer's decision commits the saga's new state, then sends the command it
+causes, then acknowledges the answer — an answer delivered again finds its decision taken
+and sends the awaited command again (participants answer a repeat as they did the first).
 
 ::
 
@@ -29,14 +32,14 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, String, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from txmq.client.producer import SendResult
+from txmq.client.producer import SendResult, not_yet_safe
 from txmq.consumer.push import ConsumeResult
 from txmq.observability import hooks as observe
-from txmq.protocol.message import Message, MessageExt
+from txmq.protocol.message import FixedIdMessage, Message, MessageExt
 from txmq.protocol.wire.errors import MessageNotFound, TxmqError
 from txmq.saga import decide
 from txmq.saga.decide import Decision
@@ -115,6 +118,9 @@ class Coordinator(SagaService):
         self.sagas = {s.name: s for s in sagas}
         if len(self.sagas) != len(sagas):
             raise ValueError("two sagas have the same name")
+        #: each definition as stored with its sagas: a row that stores the same one is
+        #: driven by the definition itself, not one rebuilt from the row every answer
+        self._stored = {name: (s.to_dict(), s) for name, s in self.sagas.items()}
 
     def definition(self, saga: Saga | str) -> Saga:
         name = saga.name if isinstance(saga, Saga) else saga
@@ -162,7 +168,7 @@ class Coordinator(SagaService):
                 raise ValueError(f"saga {row.saga_id}: its definition cannot be read here")
             return None if saga is None else decide.on_reply(saga, row, reply, self.service)
 
-        return self._decide(reply.saga_id, choose)
+        return self._decide(reply.saga_id, choose, answered=reply.command_id)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -205,71 +211,96 @@ class Coordinator(SagaService):
             made: Decision = how(saga, row, operator, reason, self.service)
             return made
 
-        return self._decide(saga_id, choose)
+        # no answer to redeliver should this process die before the command left: the
+        # command is a transactional message of the decision's transaction
+        return self._decide(saga_id, choose, transactional=True)
 
     # -- one transaction of the coordinator -------------------------------------------------
+    #
+    # An answer's decision commits the saga's row and step log, then sends the command it
+    # causes, and only then is the answer acknowledged.  Should the coordinator die in
+    # between, the answer comes again; its decision is found taken (the step log's latest
+    # answer is this one), and the command the saga waits on is sent again — the same
+    # command, which the participant's barrier answers again if it ran already.  A start
+    # and an operator's action have no answer to come again: their commands are
+    # transactional messages of their transactions.
 
-    def _decide(self, saga_id: str, choose: Any) -> Any:
-        """Read the saga's row, decide, write and send, in one local transaction; again
-        (a few times) if the row changed between the read and the write."""
+    def _decide(
+        self,
+        saga_id: str,
+        choose: Any,
+        *,
+        answered: str | None = None,
+        transactional: bool = False,
+    ) -> Any:
+        """Read the saga's row, decide, write, then send; again (a few times) if the row
+        changed between the read and the write."""
+        how = (saga_id, choose, answered, transactional)
         if self.is_async:
 
             async def deciding() -> ConsumeResult:
                 for _ in range(STALE_TRIES - 1):
                     try:
-                        return await self._apply_async(saga_id, choose)
+                        return await self._apply_async(*how)
                     except _Stale as stale:
                         log.info("%s: decided again", stale)
-                return await self._apply_async(saga_id, choose)
+                return await self._apply_async(*how)
 
             return deciding()
         for _ in range(STALE_TRIES - 1):
             try:
-                return self._apply(saga_id, choose)
+                return self._apply(*how)
             except _Stale as stale:
                 log.info("%s: decided again", stale)
-        return self._apply(saga_id, choose)
-
-    def _select(self, saga_id: str) -> Any:
-        return select(sagas).where(sagas.c.saga_id == saga_id).with_for_update()
+        return self._apply(*how)
 
     def _saga_of(self, row: Any) -> Saga | None:
         """The definition a saga started with (stored with it)."""
         if row is None:
             return None
+        known = self._stored.get(row.name)
+        if known is not None and known[0] == row.definition:
+            return known[1]
         try:
             return Saga.from_dict(row.definition)
         except (KeyError, TypeError, ValueError) as exc:
             log.error("saga %s has a definition this version cannot read: %s", row.saga_id, exc)
             return None
 
-    async def _apply_async(self, saga_id: str, choose: Any) -> ConsumeResult:
+    async def _apply_async(
+        self, saga_id: str, choose: Any, answered: str | None, transactional: bool
+    ) -> ConsumeResult:
         async with self.sessions() as session:
-            # the row, locked; a decision that sends something makes this a local
-            # transaction with its messages (its log row joins it), one that does not (the
-            # saga ended, or waits for an operator) commits as it is
-            row = (await session.execute(self._select(saga_id))).first()
-            decision = choose(self._saga_of(row), row)
+            # the row, locked; the decision's writes commit together, then its messages
+            # leave (in one local transaction with them when ``transactional``)
+            row = (await session.execute(_SELECT, {"saga_id": saga_id})).first()
+            saga = self._saga_of(row)
+            decision = choose(saga, row)
             if decision is None:
+                lost = answered is not None and _waits(row)
+                if lost and await session.scalar(_last_answer(saga_id)) == answered:
+                    decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
                 await session.rollback()
+                if decision is not None:
+                    await self._send_async(decision, saga_id)
                 return ConsumeResult.SUCCESS
             outgoing = _outgoing(decision, self.service)
             ended = _ended(row, decision) if self.on_end is not None else None
-            if outgoing:
+            if outgoing and transactional:
                 async with transaction(self.producer, session) as tx:
                     for msg in outgoing:
-                        sent = await tx.send(msg, sharding_key=saga_id)
-                        _sent_deadline(decision, msg, sent.msg_id)
-                    for stmt, params in _writes(row, decision):
-                        _changed(await session.execute(stmt, params), params, row)
+                        await tx.send(msg, sharding_key=saga_id)
+                    for stmt, params, conditioned in _writes(row, decision):
+                        _changed(await session.execute(stmt, params), conditioned, row)
             else:
-                for stmt, params in _writes(row, decision):
-                    _changed(await session.execute(stmt, params), params, row)
+                for stmt, params, conditioned in _writes(row, decision):
+                    _changed(await session.execute(stmt, params), conditioned, row)
                 if ended is not None:
                     done = self.on_end(ended, session)  # type: ignore[misc]
                     if inspect.isawaitable(done):
                         await done
                 await session.commit()
+                await self._send_async(decision, saga_id, outgoing)
         _committed(row.name, decision, row.state)
         if decision.recall is not None:
             try:
@@ -278,28 +309,42 @@ class Coordinator(SagaService):
                 _not_recalled(decision.recall, exc)
         return ConsumeResult.SUCCESS
 
-    def _apply(self, saga_id: str, choose: Any) -> ConsumeResult:
+    async def _send_async(
+        self, decision: Decision, saga_id: str, outgoing: list[Message] | None = None
+    ) -> None:
+        for msg in _outgoing(decision, self.service) if outgoing is None else outgoing:
+            _raise_if_not_safe(await self.producer.send(msg, sharding_key=saga_id))
+
+    def _apply(
+        self, saga_id: str, choose: Any, answered: str | None, transactional: bool
+    ) -> ConsumeResult:
         with self.sessions() as session:  # (as _apply_async)
-            row = session.execute(self._select(saga_id)).first()
-            decision = choose(self._saga_of(row), row)
+            row = session.execute(_SELECT, {"saga_id": saga_id}).first()
+            saga = self._saga_of(row)
+            decision = choose(saga, row)
             if decision is None:
+                lost = answered is not None and _waits(row)
+                if lost and session.scalar(_last_answer(saga_id)) == answered:
+                    decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
                 session.rollback()
+                if decision is not None:
+                    self._send(decision, saga_id)
                 return ConsumeResult.SUCCESS
             outgoing = _outgoing(decision, self.service)
             ended = _ended(row, decision) if self.on_end is not None else None
-            if outgoing:
+            if outgoing and transactional:
                 with transaction(self.producer, session) as tx:
                     for msg in outgoing:
-                        sent = tx.send(msg, sharding_key=saga_id)
-                        _sent_deadline(decision, msg, sent.msg_id)
-                    for stmt, params in _writes(row, decision):
-                        _changed(session.execute(stmt, params), params, row)
+                        tx.send(msg, sharding_key=saga_id)
+                    for stmt, params, conditioned in _writes(row, decision):
+                        _changed(session.execute(stmt, params), conditioned, row)
             else:
-                for stmt, params in _writes(row, decision):
-                    _changed(session.execute(stmt, params), params, row)
+                for stmt, params, conditioned in _writes(row, decision):
+                    _changed(session.execute(stmt, params), conditioned, row)
                 if ended is not None:
                     self.on_end(ended, session)  # type: ignore[misc]
                 session.commit()
+                self._send(decision, saga_id, outgoing)
         _committed(row.name, decision, row.state)
         if decision.recall is not None:
             try:
@@ -308,24 +353,45 @@ class Coordinator(SagaService):
                 _not_recalled(decision.recall, exc)
         return ConsumeResult.SUCCESS
 
+    def _send(
+        self, decision: Decision, saga_id: str, outgoing: list[Message] | None = None
+    ) -> None:
+        for msg in _outgoing(decision, self.service) if outgoing is None else outgoing:
+            _raise_if_not_safe(self.producer.send(msg, sharding_key=saga_id))
+
+
+def _waits(row: Any) -> bool:
+    """Whether the saga ``row`` waits on a command's answer."""
+    return row is not None and row.command_id is not None and row.state not in State.ENDED
+
+
+def _last_answer(saga_id: str) -> Any:
+    """The command id of the saga's latest answer in its step log (None: an operator's)."""
+    t = saga_steps
+    latest = select(t.c.command_id).where(t.c.saga_id == saga_id, t.c.event != "sent")
+    return latest.order_by(t.c.id.desc()).limit(1)
+
+
+def _raise_if_not_safe(sent: SendResult) -> None:
+    """A command stored on a master but on no slave yet is not safe: its answer is
+    delivered again (and the command sent again) rather than acknowledged on it."""
+    unsafe = not_yet_safe(sent)
+    if unsafe is not None:
+        raise unsafe
+
 
 def _outgoing(decision: Decision, coordinator: str) -> list[Message]:
     """The messages a decision sends: its command, and the command's deadline (an answer
     to itself, delayed until then)."""
     out = [] if decision.command is None else [_message(decision.command)]
     if decision.deadline is not None:
-        expired, seconds = decision.deadline
+        expired, seconds, msg_id = decision.deadline
         key = f"{expired.saga_id}/{expired.step}/deadline"
         body = encode(expired)
         delay = timedelta(seconds=seconds)
-        out.append(Message(REPLY_TOPIC.format(coordinator), body, tags="timeout", keys=[key],
-                           delay=delay))  # fmt: skip
+        out.append(FixedIdMessage(REPLY_TOPIC.format(coordinator), body, tags="timeout",
+                                  keys=[key], delay=delay, fixed_id=msg_id))  # fmt: skip
     return out
-
-
-def _sent_deadline(decision: Decision, msg: Message, msg_id: str) -> None:
-    if msg.tags == "timeout":
-        decision.values["deadline_id"] = msg_id
 
 
 def _not_recalled(msg_id: str, exc: TxmqError) -> None:
@@ -359,29 +425,57 @@ class _Stale(Exception):
 STALE_TRIES = 5
 
 
-def _writes(row: Any, decision: Decision) -> list[tuple[Any, Any]]:
-    """The statements (and parameters) of a decision that changes a saga's row: the row's
-    update only if it is still as read (every decision changes its state or the command it
-    waits for), then the step log."""
-    out: list[tuple[Any, Any]] = []
-    if decision.values:
-        values = {**decision.values, "updated_at": func.now()}
+# Statements built once: one built per transaction costs tens of microseconds to build and
+# to compute its cache key, every time.
+_SELECT = select(sagas).where(sagas.c.saga_id == bindparam("saga_id")).with_for_update()
+_INSERT_SAGA = insert(sagas)
+_INSERT_STEPS = insert(saga_steps)
+#: the row's update for each set of columns a decision changes
+_UPDATES: dict[frozenset[str], Any] = {}
+
+
+def _update(columns: frozenset[str]) -> Any:
+    """UPDATE the saga row's ``columns`` (parameters of those names) if the row is still as
+    read (parameters ``read_saga_id``, ``read_state``, ``read_command_id``)."""
+    stmt = _UPDATES.get(columns)
+    if stmt is None:
         c = sagas.c
-        as_read = update(sagas).where(
-            c.saga_id == row.saga_id,
-            c.state == row.state,
-            c.command_id.is_not_distinct_from(row.command_id),
+        stmt = (
+            update(sagas)
+            .where(
+                c.saga_id == bindparam("read_saga_id"),
+                c.state == bindparam("read_state"),
+                c.command_id.is_not_distinct_from(bindparam("read_command_id", type_=String)),
+            )
+            .values(
+                {**{name: bindparam(name) for name in sorted(columns)}, "updated_at": func.now()}
+            )
         )
-        out.append((as_read.values(**values), None))
+        _UPDATES[columns] = stmt
+    return stmt
+
+
+def _writes(row: Any, decision: Decision) -> list[tuple[Any, Any, bool]]:
+    """The statements, parameters and whether each is conditioned on the row as read, of a
+    decision that changes a saga's row: the row's update only if it is still as read (every
+    decision changes its state or the command it waits for), then the step log."""
+    out: list[tuple[Any, Any, bool]] = []
+    if decision.values:
+        values = decision.values
+        read = {
+            "read_saga_id": row.saga_id,
+            "read_state": row.state,
+            "read_command_id": row.command_id,
+        }
+        out.append((_update(frozenset(values)), {**values, **read}, True))
     if decision.log:
-        out.append((insert(saga_steps), decision.log))
+        out.append((_INSERT_STEPS, decision.log, False))
     return out
 
 
-def _changed(result: Any, params: Any, row: Any) -> None:
-    """Raise :class:`_Stale` when the row's update (the statement without parameters)
-    found the row no longer as read."""
-    if params is None and result.rowcount != 1:
+def _changed(result: Any, conditioned: bool, row: Any) -> None:
+    """Raise :class:`_Stale` when the row's update found the row no longer as read."""
+    if conditioned and result.rowcount != 1:
         raise _Stale(f"saga {row.saga_id} changed while an answer was decided")
 
 
@@ -401,19 +495,13 @@ class SagaStart:
     def session(self) -> Any:
         return self._tx.session
 
-    def _row(self) -> Any:
-        return insert(sagas).values(**self._first.values)
-
-    def _deadline(self, msg_id: str) -> Any:
-        return update(sagas).where(sagas.c.saga_id == self.saga_id).values(deadline_id=msg_id)
-
     def __enter__(self) -> SagaStart:
         tx = self._tx
         assert isinstance(tx, LocalTransaction), "a sync session needs 'with', not 'async with'"
         tx.__enter__()
         try:
-            tx.session.execute(self._row())
-            tx.session.execute(insert(saga_steps), self._first.log)
+            tx.session.execute(_INSERT_SAGA, self._first.values)
+            tx.session.execute(_INSERT_STEPS, self._first.log)
         except BaseException as exc:
             tx.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -427,10 +515,7 @@ class SagaStart:
         if exc is None:
             try:
                 for msg in _outgoing(self._first, self._first.values["coordinator"]):
-                    sent = tx.send(msg, sharding_key=self.saga_id)
-                    self.sent.append(sent)
-                    if msg.tags == "timeout":
-                        tx.session.execute(self._deadline(sent.msg_id))
+                    self.sent.append(tx.send(msg, sharding_key=self.saga_id))
             except BaseException as err:
                 tx.__exit__(type(err), err, err.__traceback__)
                 raise
@@ -443,8 +528,8 @@ class SagaStart:
         assert isinstance(tx, AsyncLocalTransaction), "an AsyncSession needs 'async with'"
         await tx.__aenter__()
         try:
-            await tx.session.execute(self._row())
-            await tx.session.execute(insert(saga_steps), self._first.log)
+            await tx.session.execute(_INSERT_SAGA, self._first.values)
+            await tx.session.execute(_INSERT_STEPS, self._first.log)
         except BaseException as exc:
             await tx.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -458,10 +543,7 @@ class SagaStart:
         if exc is None:
             try:
                 for msg in _outgoing(self._first, self._first.values["coordinator"]):
-                    sent = await tx.send(msg, sharding_key=self.saga_id)
-                    self.sent.append(sent)
-                    if msg.tags == "timeout":
-                        await tx.session.execute(self._deadline(sent.msg_id))
+                    self.sent.append(await tx.send(msg, sharding_key=self.saga_id))
             except BaseException as err:
                 await tx.__aexit__(type(err), err, err.__traceback__)
                 raise

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
+from txmq.protocol.message import new_message_id
 from txmq.saga.model import (
     ACTION,
     COMPENSATION,
@@ -22,7 +25,7 @@ from txmq.saga.model import (
     reply_topic,
 )
 
-__all__ = ["Decision", "first", "on_reply", "operator_resolve", "operator_retry"]
+__all__ = ["Decision", "again", "first", "on_reply", "operator_resolve", "operator_retry"]
 
 
 @dataclass
@@ -38,7 +41,8 @@ class Decision:
     #: the answer it took: (branch, operation, outcome, seconds since its command was sent)
     took: tuple[str, str, str, float] | None = None
     #: the command's deadline: the answer the coordinator sends itself, delayed that long
-    deadline: tuple[Reply, float] | None = None
+    #: (seconds), and its message's id
+    deadline: tuple[Reply, float, str] | None = None
     #: the delayed deadline message to recall once this commits (its answer came first)
     recall: str | None = None
 
@@ -95,8 +99,11 @@ def _go(decision: Decision, cmd: Command, state: str, timeout: float | None = No
             detail=f"no answer within {timeout:g} s",
             sent_ms=cmd.sent_ms,
         )
-        decision.deadline = (expired, timeout)
+        # its message's id, chosen now: recorded with the decision, kept if it is sent again
+        msg_id = new_message_id()
+        decision.deadline = (expired, timeout, msg_id)
         decision.values["deadline_at"] = datetime.fromtimestamp(cmd.sent_ms / 1000 + timeout, UTC)
+        decision.values["deadline_id"] = msg_id
     return decision
 
 
@@ -205,6 +212,31 @@ def on_reply(saga: Saga, row: Any, reply: Reply, coordinator: str) -> Decision |
         return _compensate_next(saga, row, data, effected, decision, coordinator)
     # a compensation out of retries: an operator retries it, or undoes it by hand (resolve)
     decision.values.update(state=State.PARKED, error=f"{step.compensation} failed: {reply.detail}")
+    return decision
+
+
+def again(saga: Saga, row: Any, coordinator: str) -> Decision:
+    """The command the saga ``row`` waits on, to be sent again as its decision sent it (the
+    same command id; its deadline with the same message id, due when it was due): that
+    decision committed, but the coordinator may have died before its messages left.  It
+    writes nothing."""
+    cmd = _command(saga, row.saga_id, row.step, row.op, dict(row.data), coordinator)
+    cmd = msgspec.structs.replace(cmd, command_id=row.command_id)
+    decision = Decision({}, command=cmd)
+    step = saga.steps[row.step]
+    if row.deadline_id and row.deadline_at is not None and step.timeout is not None:
+        due = row.deadline_at if row.deadline_at.tzinfo else row.deadline_at.replace(tzinfo=UTC)
+        expired = Reply(
+            saga_id=cmd.saga_id,
+            command_id=cmd.command_id,
+            step=cmd.step,
+            op=cmd.op,
+            outcome="timeout",
+            detail=f"no answer within {step.timeout:g} s",
+            sent_ms=cmd.sent_ms,
+        )
+        left = max((due - datetime.now(UTC)).total_seconds(), 0.0)
+        decision.deadline = (expired, left, row.deadline_id)
     return decision
 
 

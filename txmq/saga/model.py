@@ -4,6 +4,7 @@ other (commands and replies, JSON in message bodies)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -152,7 +153,13 @@ class Saga:
     def to_dict(self) -> dict[str, Any]:
         """The definition as stored with each saga (``txmq_sagas.definition``): a running
         saga finishes as it started, whatever its service's code says by then."""
-        return {"name": self.name, "steps": [dataclasses.asdict(s) for s in self.steps]}
+        return {"name": self.name, "steps": [dict(s) for s in self._steps_stored]}
+
+    @functools.cached_property
+    def _steps_stored(self) -> tuple[dict[str, Any], ...]:
+        """The steps as stored, made once (``dataclasses.asdict`` is slow, and every saga
+        started stores them)."""
+        return tuple(dataclasses.asdict(s) for s in self.steps)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Saga:

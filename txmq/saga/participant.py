@@ -1,6 +1,8 @@
 """A service that takes part in sagas: its steps' actions and compensations, each run behind
-the barrier in the service's own local transaction, with its reply to the coordinator sent
-as a transactional message of that same transaction.
+the barrier in the service's own local transaction; its reply to the coordinator leaves once
+that transaction committed, and the command is acknowledged once the reply is stored.  A
+command delivered again (the service died before its reply left) finds its barrier row and
+is answered again as it was the first time, from what the row kept.
 
 ::
 
@@ -30,6 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from txmq.client.producer import SendResult, not_yet_safe
 from txmq.consumer.push import ConsumeResult
 from txmq.protocol.message import Message, MessageExt
 from txmq.saga import barrier
@@ -47,17 +50,12 @@ from txmq.saga.model import (
     encode,
 )
 from txmq.saga.service import SagaService
-from txmq.sqla.local import transaction
 
 __all__ = ["NoHandler", "Participant"]
 
 log = logging.getLogger("txmq.saga")
 
 Handler = Callable[[dict[str, Any], Any], Any]
-
-
-class _Skip(Exception):
-    """Roll back: the barrier found nothing to do."""
 
 
 class NoHandler(LookupError):
@@ -129,59 +127,99 @@ class Participant(SagaService):
             raise NoHandler(f"service {self.service!r} has no {cmd.op} {cmd.handler!r}")
         return handler
 
+    # An operation commits its barrier row and its effect in one local transaction; its
+    # reply leaves after the commit, and the command is acknowledged after that.  Should
+    # the service die in between, the command comes again, the barrier finds its row, and
+    # the reply is sent again from what the row kept (the coordinator takes the first copy
+    # of an answer and ignores the rest).
+
     async def _run_async(self, cmd: Command, msg: MessageExt) -> ConsumeResult:
         attempts = msg.reconsume_times + 1
         try:
-            async with transaction(self.producer, self.sessions) as tx:
-                conn = await tx.session.connection()
+            async with self.sessions() as session, session.begin():
+                conn = await session.connection()
                 entry = await barrier.enter_async(conn, cmd.saga_id, cmd.branch, cmd.op)
-                result = None
                 if entry is barrier.Entry.RUN:
-                    result = _result(await self._handler(cmd)(dict(cmd.data), tx.session))
+                    result = _result(await self._handler(cmd)(dict(cmd.data), session))
+                    if result:
+                        await barrier.keep_async(conn, cmd.saga_id, cmd.branch, result)
+                    answer: Answer = (*_answer(entry), result)
                 elif entry is barrier.Entry.DUPLICATE:
-                    raise _Skip(entry.value)
-                await tx.send(
-                    _reply(cmd, *_answer(entry), result, attempts), sharding_key=cmd.saga_id
-                )
-        except _Skip as skip:
-            log.info("%s %s of saga %s: %s, skipped", cmd.op, cmd.branch, cmd.saga_id, skip)
+                    answer = _again(cmd, await _kept_async(conn, cmd))
+                else:
+                    answer = (*_answer(entry), None)
         except Exception as exc:
-            answer = _no_effect(cmd, exc, attempts)
-            if answer is None:
+            no_effect = _no_effect(cmd, exc, attempts)
+            if no_effect is None:
                 raise
-            async with transaction(self.producer, self.sessions) as tx:
-                if cmd.op == ACTION:
-                    conn = await tx.session.connection()
-                    if not await barrier.record_async(conn, cmd.saga_id, cmd.branch, answer[0]):
-                        return ConsumeResult.SUCCESS  # answered by another delivery
-                await tx.send(_reply(cmd, *answer, None, attempts), sharding_key=cmd.saga_id)
+            answer = (*no_effect, None)
+            if cmd.op == ACTION:
+                async with self.sessions() as session, session.begin():
+                    conn = await session.connection()
+                    if not await barrier.record_async(conn, cmd.saga_id, cmd.branch, *no_effect):
+                        answer = _again(cmd, await _kept_async(conn, cmd))
+        sent = await self.producer.send(_reply(cmd, *answer, attempts), sharding_key=cmd.saga_id)
+        _raise_if_not_safe(sent)
         return ConsumeResult.SUCCESS
 
     def _run(self, cmd: Command, msg: MessageExt) -> ConsumeResult:
-        attempts = msg.reconsume_times + 1
+        attempts = msg.reconsume_times + 1  # (as _run_async)
         try:
-            with transaction(self.producer, self.sessions) as tx:
-                conn = tx.session.connection()
+            with self.sessions() as session, session.begin():
+                conn = session.connection()
                 entry = barrier.enter(conn, cmd.saga_id, cmd.branch, cmd.op)
-                result = None
                 if entry is barrier.Entry.RUN:
-                    result = _result(self._handler(cmd)(dict(cmd.data), tx.session))
+                    result = _result(self._handler(cmd)(dict(cmd.data), session))
+                    if result:
+                        barrier.keep(conn, cmd.saga_id, cmd.branch, result)
+                    answer: Answer = (*_answer(entry), result)
                 elif entry is barrier.Entry.DUPLICATE:
-                    raise _Skip(entry.value)
-                tx.send(_reply(cmd, *_answer(entry), result, attempts), sharding_key=cmd.saga_id)
-        except _Skip as skip:
-            log.info("%s %s of saga %s: %s, skipped", cmd.op, cmd.branch, cmd.saga_id, skip)
+                    answer = _again(cmd, barrier.kept(conn, cmd.saga_id, cmd.branch))
+                else:
+                    answer = (*_answer(entry), None)
         except Exception as exc:
-            answer = _no_effect(cmd, exc, attempts)
-            if answer is None:
+            no_effect = _no_effect(cmd, exc, attempts)
+            if no_effect is None:
                 raise
-            with transaction(self.producer, self.sessions) as tx:
-                if cmd.op == ACTION:
-                    conn = tx.session.connection()
-                    if not barrier.record(conn, cmd.saga_id, cmd.branch, answer[0]):
-                        return ConsumeResult.SUCCESS  # answered by another delivery
-                tx.send(_reply(cmd, *answer, None, attempts), sharding_key=cmd.saga_id)
+            answer = (*no_effect, None)
+            if cmd.op == ACTION:
+                with self.sessions() as session, session.begin():
+                    conn = session.connection()
+                    if not barrier.record(conn, cmd.saga_id, cmd.branch, *no_effect):
+                        answer = _again(cmd, barrier.kept(conn, cmd.saga_id, cmd.branch))
+        sent = self.producer.send(_reply(cmd, *answer, attempts), sharding_key=cmd.saga_id)
+        _raise_if_not_safe(sent)
         return ConsumeResult.SUCCESS
+
+
+#: a reply's outcome, detail and result
+Answer = tuple[Outcome, str, dict[str, Any] | None]
+
+
+async def _kept_async(conn: Any, cmd: Command) -> tuple[str, dict[str, Any]] | None:
+    return await barrier.kept_async(conn, cmd.saga_id, cmd.branch)
+
+
+def _again(cmd: Command, kept: tuple[str, dict[str, Any]] | None) -> Answer:
+    """The answer to a repeat of an operation that ran before: as it was answered then, from
+    what its action's barrier row kept."""
+    log.info("%s %s of saga %s: a repeat, answered again", cmd.op, cmd.branch, cmd.saga_id)
+    if cmd.op != ACTION:
+        return "done", "", None  # a compensation or confirm that ran is done
+    reason, answer = kept if kept is not None else (ACTION, {})
+    if reason == COMPENSATION:
+        return (*_answer(barrier.Entry.SUSPENDED), None)
+    if reason in barrier.NO_EFFECT:
+        return reason, str(answer.get("detail") or ""), None  # type: ignore[return-value]
+    return "done", "", answer.get("result")
+
+
+def _raise_if_not_safe(sent: SendResult) -> None:
+    """A reply stored on a master but on no slave yet is not safe: the command is delivered
+    again (and its reply sent again) rather than acknowledged on it."""
+    unsafe = not_yet_safe(sent)
+    if unsafe is not None:
+        raise unsafe
 
 
 def _result(value: Any) -> dict[str, Any] | None:

@@ -244,6 +244,10 @@ saga_barrier = Table(
     #: that was refused or ran out of retries (it had no effect)
     Column("reason", String(16), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    #: an action's answer, sent again to a repeat of its command: {"result": what it
+    #: returned} (kept only when it returned something), or {"detail": why it had no effect}
+    #: (last: added by revision 0005)
+    Column("answer", JSON, nullable=True),
     PrimaryKeyConstraint("saga_id", "branch", "op", name="pk_txmq_saga_barrier"),
     Index("ix_txmq_saga_barrier_created_at", "created_at"),
 )
