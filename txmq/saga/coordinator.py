@@ -168,7 +168,8 @@ class Coordinator(SagaService):
                 raise ValueError(f"saga {row.saga_id}: its definition cannot be read here")
             return None if saga is None else decide.on_reply(saga, row, reply, self.service)
 
-        return self._decide(reply.saga_id, choose, answered=reply.command_id)
+        answered = (reply.command_id, reply.outcome)
+        return self._decide(reply.saga_id, choose, answered=answered)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -230,7 +231,7 @@ class Coordinator(SagaService):
         saga_id: str,
         choose: Any,
         *,
-        answered: str | None = None,
+        answered: tuple[str, str] | None = None,
         transactional: bool = False,
     ) -> Any:
         """Read the saga's row, decide, write, then send; again (a few times) if the row
@@ -268,7 +269,7 @@ class Coordinator(SagaService):
             return None
 
     async def _apply_async(
-        self, saga_id: str, choose: Any, answered: str | None, transactional: bool
+        self, saga_id: str, choose: Any, answered: tuple[str, str] | None, transactional: bool
     ) -> ConsumeResult:
         async with self.sessions() as session:
             # the row, locked; the decision's writes commit together, then its messages
@@ -277,9 +278,10 @@ class Coordinator(SagaService):
             saga = self._saga_of(row)
             decision = choose(saga, row)
             if decision is None:
-                lost = answered is not None and _waits(row)
-                if lost and await session.scalar(_last_answer(saga_id)) == answered:
-                    decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
+                if answered is not None and _waits(row):
+                    last = (await session.execute(_LAST, {"saga_id": saga_id})).first()
+                    if _taken(last, answered):
+                        decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
                 await session.rollback()
                 if decision is not None:
                     await self._send_async(decision, saga_id)
@@ -292,6 +294,7 @@ class Coordinator(SagaService):
                         await tx.send(msg, sharding_key=saga_id)
                     for stmt, params, conditioned in _writes(row, decision):
                         _changed(await session.execute(stmt, params), conditioned, row)
+                _committed(row.name, decision, row.state)
             else:
                 for stmt, params, conditioned in _writes(row, decision):
                     _changed(await session.execute(stmt, params), conditioned, row)
@@ -300,8 +303,8 @@ class Coordinator(SagaService):
                     if inspect.isawaitable(done):
                         await done
                 await session.commit()
+                _committed(row.name, decision, row.state)
                 await self._send_async(decision, saga_id, outgoing)
-        _committed(row.name, decision, row.state)
         if decision.recall is not None:
             try:
                 await self.producer.recall(self.topic, decision.recall)
@@ -316,16 +319,17 @@ class Coordinator(SagaService):
             _raise_if_not_safe(await self.producer.send(msg, sharding_key=saga_id))
 
     def _apply(
-        self, saga_id: str, choose: Any, answered: str | None, transactional: bool
+        self, saga_id: str, choose: Any, answered: tuple[str, str] | None, transactional: bool
     ) -> ConsumeResult:
         with self.sessions() as session:  # (as _apply_async)
             row = session.execute(_SELECT, {"saga_id": saga_id}).first()
             saga = self._saga_of(row)
             decision = choose(saga, row)
             if decision is None:
-                lost = answered is not None and _waits(row)
-                if lost and session.scalar(_last_answer(saga_id)) == answered:
-                    decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
+                if answered is not None and _waits(row):
+                    last = session.execute(_LAST, {"saga_id": saga_id}).first()
+                    if _taken(last, answered):
+                        decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
                 session.rollback()
                 if decision is not None:
                     self._send(decision, saga_id)
@@ -338,14 +342,15 @@ class Coordinator(SagaService):
                         tx.send(msg, sharding_key=saga_id)
                     for stmt, params, conditioned in _writes(row, decision):
                         _changed(session.execute(stmt, params), conditioned, row)
+                _committed(row.name, decision, row.state)
             else:
                 for stmt, params, conditioned in _writes(row, decision):
                     _changed(session.execute(stmt, params), conditioned, row)
                 if ended is not None:
                     self.on_end(ended, session)  # type: ignore[misc]
                 session.commit()
+                _committed(row.name, decision, row.state)
                 self._send(decision, saga_id, outgoing)
-        _committed(row.name, decision, row.state)
         if decision.recall is not None:
             try:
                 self.producer.recall(self.topic, decision.recall)
@@ -360,16 +365,25 @@ class Coordinator(SagaService):
             _raise_if_not_safe(self.producer.send(msg, sharding_key=saga_id))
 
 
+def _taken(last: Any, answered: tuple[str, str]) -> bool:
+    """Whether the step log's latest answer (``last``) is this answer: its decision was
+    taken, and the command it caused may not have left."""
+    return last is not None and (last.command_id, last.event) == answered
+
+
 def _waits(row: Any) -> bool:
     """Whether the saga ``row`` waits on a command's answer."""
     return row is not None and row.command_id is not None and row.state not in State.ENDED
 
 
-def _last_answer(saga_id: str) -> Any:
-    """The command id of the saga's latest answer in its step log (None: an operator's)."""
-    t = saga_steps
-    latest = select(t.c.command_id).where(t.c.saga_id == saga_id, t.c.event != "sent")
-    return latest.order_by(t.c.id.desc()).limit(1)
+#: the saga's latest answer in its step log (parameter saga_id): the command it answered
+#: and how (an operator's has no command)
+_LAST = (
+    select(saga_steps.c.command_id, saga_steps.c.event)
+    .where(saga_steps.c.saga_id == bindparam("saga_id"), saga_steps.c.event != "sent")
+    .order_by(saga_steps.c.id.desc())
+    .limit(1)
+)
 
 
 def _raise_if_not_safe(sent: SendResult) -> None:
