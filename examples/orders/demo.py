@@ -22,8 +22,8 @@ Faults (each between two parts of the load; the saga faults are in
   back), or after that commit and before telling the broker COMMIT (the order must settle:
   the check-back commits it).
 - ``coordinator-crash``: the order service SIGKILLed between two steps of a saga: the answer
-  taken and the next command committed in its database, the broker not told; the
-  check-back sends the command and the saga goes on.
+  taken and the next step committed in its database, its command not sent; the answer comes
+  again, finds its decision taken, the command is sent again and the saga goes on.
 - ``broker-restart`` and ``master-failover`` (the cluster only): a broker set SIGKILLed and
   restarted, and ``broker-a``'s master SIGKILLed and replaced by the controller, while
   orders flow and sagas are in flight (:mod:`examples.orders.faults_broker`).

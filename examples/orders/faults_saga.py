@@ -91,8 +91,8 @@ def _order_reason(demo: Demo, order_id: str) -> str:
 class CoordinatorCrash(Fault):
     name = "coordinator-crash"
     what = (
-        "order service SIGKILLed between two steps of a saga (the next command committed in "
-        "its database, the broker not told)"
+        "order service SIGKILLed between two steps of a saga (the next step committed in its "
+        "database, its command not sent)"
     )
 
     def inject(self, demo: Demo) -> FaultResult:
@@ -115,9 +115,9 @@ class CoordinatorCrash(Fault):
         saga, order = _saga_state(demo, saga_id), demo.order_states([saga_id]).get(saga_id)
         result.verified = saga in ("COMPLETED", "COMPENSATED") and order in SETTLED
         result.detail = (
-            f"saga {short(saga_id)}: its coordinator died after committing its next step; "
-            f"the broker checked back, found the commit in the log and delivered the command; "
-            f"the saga went on: {saga}, order {order}"
+            f"saga {short(saga_id)}: its coordinator died after committing its next step, "
+            f"before sending its command; the answer came again, found its decision taken, "
+            f"and the command was sent again; the saga went on: {saga}, order {order}"
         )
 
 

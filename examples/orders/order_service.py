@@ -7,7 +7,7 @@ command (reserve the stock) commit together or not at all, and a crash between t
 database commit and the broker's COMMIT is settled by the broker checking back with any
 live producer of the group (``SqlTransactionChecker``).  From then on the saga's state
 lives in this database: each answer of the inventory and the payment service moves it on
-(charge, then confirm) in a local transaction with the next command.  The last step,
+(charge, then confirm) in a local transaction, then sends the next command.  The last step,
 ``confirm-order``, is this service's own review (customers on its blocklist are refused):
 it marks the order CONFIRMED; when a step refuses, fails or times out, the steps before it
 are compensated in reverse order (refund, release the stock) and, in the transaction that
@@ -21,7 +21,8 @@ steps), ``GET /stats``, ``POST /faults {"crash": point}``.
 Crash points: ``before-db-commit`` (the half message is sent, the order not committed: the
 check-back rolls it back), ``after-db-commit`` (the order is committed, the broker not
 told: the check-back commits it) and ``between-steps`` (an answer taken and the next
-command decided and committed, the broker not told: the check-back sends the command).
+command decided and committed, the command not sent: the answer comes again, finds its
+decision taken, and the command is sent again).
 Hold point (``{"hold": "before-broker-commit", "when": BROKER_NAME}``): the next order whose
 first command is on that broker set waits after its database commit, before COMMIT is sent,
 until ``{"release": ...}``.
@@ -82,7 +83,8 @@ _ID = re.compile(r"[0-9a-f]{32}\Z")
 class _FaultyProducer(txmq.sync.TransactionProducer):
     """Dies where an armed crash point says: after a placed order's half message is sent
     (``before-db-commit``), before telling the broker COMMIT of a placed order
-    (``after-db-commit``) or of a step the coordinator decided (``between-steps``)."""
+    (``after-db-commit``), or before sending the command of a step the coordinator decided
+    and committed (``between-steps``)."""
 
     faults: Faults
     current: threading.local
@@ -94,6 +96,15 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
         if order_id is not None:
             self.faults.reached("before-db-commit", order_id)
         return result
+
+    def send(self, msg: Message, **options: Any) -> SendResult:
+        answer = getattr(self.current, "answer", None)
+        if answer is not None and not msg.topic.endswith("-replies"):
+            # the command of a step decided on "<saga id>/<step>/<op>" (committed by now)
+            saga_id, _, rest = answer.partition("/")
+            step = rest.partition("/")[0]
+            self.faults.reached("between-steps", saga_id, f"{saga_id}/{step}")
+        return super().send(msg, **options)
 
     def end_transaction(
         self,
@@ -107,11 +118,6 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
             if order_id is not None:
                 self.faults.reached("after-db-commit", order_id)
                 self.faults.held("before-broker-commit", result.broker_name, order_id)
-            answer = getattr(self.current, "answer", None)
-            if answer is not None:  # "<saga id>/<step>/<op>" of the answer decided on
-                saga_id, _, rest = answer.partition("/")
-                step = rest.partition("/")[0]
-                self.faults.reached("between-steps", saga_id, f"{saga_id}/{step}")
         try:
             return super().end_transaction(result, state, from_check=from_check)
         except TxmqError:
