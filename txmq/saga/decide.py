@@ -84,24 +84,28 @@ def _sent(cmd: Command) -> dict[str, Any]:
     }
 
 
+def _expired(cmd: Command, timeout: float) -> Reply:
+    """The answer a command's deadline gives: no answer within ``timeout`` seconds."""
+    return Reply(
+        saga_id=cmd.saga_id,
+        command_id=cmd.command_id,
+        step=cmd.step,
+        op=cmd.op,
+        outcome="timeout",
+        detail=f"no answer within {timeout:g} s",
+        sent_ms=cmd.sent_ms,
+    )
+
+
 def _go(decision: Decision, cmd: Command, state: str, timeout: float | None = None) -> Decision:
     decision.values.update(state=state, step=cmd.step, op=cmd.op, command_id=cmd.command_id)
     decision.values.update(deadline_at=None, deadline_id=None)
     decision.command = cmd
     decision.log.append(_sent(cmd))
     if timeout is not None and cmd.op == ACTION:
-        expired = Reply(
-            saga_id=cmd.saga_id,
-            command_id=cmd.command_id,
-            step=cmd.step,
-            op=cmd.op,
-            outcome="timeout",
-            detail=f"no answer within {timeout:g} s",
-            sent_ms=cmd.sent_ms,
-        )
         # its message's id, chosen now: recorded with the decision, kept if it is sent again
         msg_id = new_message_id()
-        decision.deadline = (expired, timeout, msg_id)
+        decision.deadline = (_expired(cmd, timeout), timeout, msg_id)
         decision.values["deadline_at"] = datetime.fromtimestamp(cmd.sent_ms / 1000 + timeout, UTC)
         decision.values["deadline_id"] = msg_id
     return decision
@@ -226,17 +230,8 @@ def again(saga: Saga, row: Any, coordinator: str) -> Decision:
     step = saga.steps[row.step]
     if row.deadline_id and row.deadline_at is not None and step.timeout is not None:
         due = row.deadline_at if row.deadline_at.tzinfo else row.deadline_at.replace(tzinfo=UTC)
-        expired = Reply(
-            saga_id=cmd.saga_id,
-            command_id=cmd.command_id,
-            step=cmd.step,
-            op=cmd.op,
-            outcome="timeout",
-            detail=f"no answer within {step.timeout:g} s",
-            sent_ms=cmd.sent_ms,
-        )
         left = max((due - datetime.now(UTC)).total_seconds(), 0.0)
-        decision.deadline = (expired, left, row.deadline_id)
+        decision.deadline = (_expired(cmd, step.timeout), left, row.deadline_id)
     return decision
 
 
