@@ -36,17 +36,17 @@ SEGMENT = 1024 * 1024
 def replica_sets(
     tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
 ) -> Iterator[Callable[..., ReplicaSet]]:
-    """Factory: ``replica_sets(replication="sync", **broker_settings)`` starts a name server
-    with the controller inside and a replicated broker set; every broker still running at
-    the end is SIGKILLed."""
+    """Factory: ``replica_sets(replication="sync", replicas=3, **broker_settings)`` starts a
+    name server with the controller inside and a replicated broker set; every broker still
+    running at the end is SIGKILLed."""
     made: list[ReplicaSet] = []
 
-    def make(replication: str = "sync", **settings: object) -> ReplicaSet:
+    def make(replication: str = "sync", *, replicas: int = 3, **settings: object) -> ReplicaSet:
         ns = namesrv_process("ns")
         ns.args = ["--controller-store", str(tmp_path / "controller")]
         ns.start()
         env = {f"TXMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()}
-        rs = ReplicaSet(tmp_path, ns, replication, env=env)
+        rs = ReplicaSet(tmp_path, ns, replication, n=replicas, env=env)
         made.append(rs)
         return rs.start()
 

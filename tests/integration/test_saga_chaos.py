@@ -1,9 +1,11 @@
 """Chaos: 1,000 sagas across three service processes (``tests/saga_service.py``: the shop
-that coordinates, inventory, payment), each process and the broker SIGKILLed at random
-moments and started again (at least 20 kills), on PostgreSQL.  Afterwards every saga is
-COMPLETED or COMPENSATED, none is stuck, and the books are exact: the stock reserved and
-the money charged are those of the completed sagas, each once — every effect applied at
-most once, every compensated effect undone."""
+that coordinates, inventory, payment), each process and the broker set's master SIGKILLed
+at random moments (at least 20 kills), on PostgreSQL.  The broker set is a SYNC master and
+a slave under the controller: a killed master's slave is elected in its place, and the old
+master, started again, follows it as a slave (truncating what the new master never had).
+Afterwards every saga is COMPLETED or COMPENSATED, none is stuck, and the books are exact:
+the stock reserved and the money charged are those of the completed sagas, each once —
+every effect applied at most once, every compensated effect undone."""
 
 from __future__ import annotations
 
@@ -18,23 +20,26 @@ from contextlib import ExitStack
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import BrokerProcess, NamesrvProcess, Spawner, read_line
+from tests.conftest import Spawner, read_line, wait_for
+from tests.replicaset import ReplicaSet, replica_sets
 from tests.saga_service import BALANCE, STOCK, accounts, stock
 from tests.sqla_support import pg_schema
 from txmq.sqla.tables import sagas
 from txmq.sync import AdminClient
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+__all__ = ["replica_sets"]  # the fixture
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SAGAS = 1000
 KILLS = 24
 ROLES = ("inventory", "payment", "shop")
 #: quick retries; check-backs every second, never parked while a service restarts
-BROKER_ENV = {
-    "TXMQ_BROKER_MESSAGE_DELAY_LEVELS": "100ms 100ms 200ms 300ms 500ms 1s 1s 1s 1s 1s 1s 1s",
-    "TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "1",
-    "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "1",
-    "TXMQ_BROKER_TRANSACTION_CHECK_MAX": "10000",
+BROKER_SETTINGS = {
+    "message_delay_levels": "100ms 100ms 200ms 300ms 500ms 1s 1s 1s 1s 1s 1s 1s",
+    "transaction_check_interval_s": 1,
+    "transaction_timeout_s": 1,
+    "transaction_check_max": 10000,
 }
 
 
@@ -53,19 +58,14 @@ def _scalar(url: str, query: sa.Select[tuple[int]]) -> int:
         engine.dispose()
 
 
-def test_a_thousand_sagas_through_process_and_broker_kills(
-    dbs: dict[str, str],
-    namesrv_process: Callable[..., NamesrvProcess],
-    broker_process: Callable[..., BrokerProcess],
-    spawn: Spawner,
+def test_a_thousand_sagas_through_process_and_master_kills(
+    dbs: dict[str, str], replica_sets: Callable[..., ReplicaSet], spawn: Spawner
 ) -> None:
     # a new sequence of kills each run, said in every failure ($TXMQ_CHAOS_SEED repeats one)
     seed = int(os.environ.get("TXMQ_CHAOS_SEED") or time.time())
     rng = random.Random(seed)
-    ns = namesrv_process().start()
-    broker = broker_process("--namesrv", ns.address, "--broker-name", "broker-a")
-    broker.env.update(BROKER_ENV)
-    broker.start()
+    rs = replica_sets("sync", replicas=2, **BROKER_SETTINGS)
+    ns = rs.namesrv
     with AdminClient(namesrv=ns.address) as admin:
         for topic in ("saga-inventory", "saga-payment", "saga-shop", "saga-shop-replies"):
             admin.create_topic(topic, 4)
@@ -86,8 +86,10 @@ def test_a_thousand_sagas_through_process_and_broker_kills(
         flows[data["order"]] = data
     pending = list(flows.values())
     kills: list[str] = []
+    #: the master killed and the replica elected in its place, each time
+    failovers: list[tuple[int, int]] = []
     next_kill = time.monotonic() + rng.uniform(0.3, 1.5)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 420
     # feed the shop its sagas while processes die: a start lost with a killed shop is sent
     # again (the saga's id is the order's: one that did commit is refused, EXISTS)
     while pending or len(kills) < KILLS:
@@ -108,8 +110,13 @@ def test_a_thousand_sagas_through_process_and_broker_kills(
         if time.monotonic() >= next_kill and len(kills) < KILLS:
             victim = rng.choice([*ROLES, "broker"])
             if victim == "broker":
-                broker.kill()
-                broker.start()
+                # the master, once its set is whole again (both replicas in sync): its
+                # slave is elected, then the old master comes back as a slave
+                master = rs.wait_healthy(timeout=120)
+                rs.kill(master)
+                wait_for(lambda: rs.master() not in (-1, master), timeout=120)  # noqa: B023
+                failovers.append((master, rs.master()))
+                rs.restart(master)
             else:
                 procs[victim].kill()
                 procs[victim].wait(10)
@@ -119,6 +126,7 @@ def test_a_thousand_sagas_through_process_and_broker_kills(
         elif not pending:
             time.sleep(0.05)
     assert len(kills) >= 20 and set(kills) == {*ROLES, "broker"}, (seed, kills)
+    assert failovers and all(old != new for old, new in failovers), (seed, failovers)
 
     shop_db = dbs["shop"]
     started = _scalar(shop_db, sa.select(sa.func.count()).select_from(sagas))
