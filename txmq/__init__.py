@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     )
     from txmq.sqla.inbox import idempotent  # needs SQLAlchemy
 
+    #: the installed distribution's version (``txmq --version`` prints it)
+    __version__: str
+
 #: each exported name and the module it comes from
 _EXPORTS = {
     "AdminClient": "txmq.admin.client",
@@ -104,10 +107,24 @@ __all__ = [
     "wait_consumed",
 ]
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The version in txmq's distribution metadata (pyproject.toml's, as installed),
+    looked up when first asked for: importlib.metadata alone costs more than
+    ``import txmq``.  Sources on ``sys.path`` that were never installed have no metadata:
+    ``0+unknown`` (a valid version, lower than any release)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("txmq")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = found = _installed_version()
+        return found
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'txmq' has no attribute {name!r}")

@@ -1,6 +1,8 @@
 """What the wheel installs: everything under ``txmq`` (txmq.broker, txmq.outbox, ...),
 nothing under a common top-level name that an application's own package could shadow or be
-shadowed by; and that installing says nothing a newcomer would take for a problem."""
+shadowed by; and that installing says nothing a newcomer would take for a problem.  And
+what the wheel says it is: its version (``txmq --version``), license, type information and
+a short description."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -15,7 +19,9 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ["pyproject.toml", "README.md", "txmq"]
+#: what a build reads: pyproject names the description (PYPI.md) and the LICENSE
+SOURCES = ["pyproject.toml", "README.md", "PYPI.md", "LICENSE", "txmq"]
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 #: what setuptools says when something about the package looks wrong to it (the editable
@@ -128,6 +134,63 @@ def test_a_fresh_install_has_no_top_level_broker_outbox_spark_or_migrations(site
     present = {p.name for p in site.iterdir()}
     assert present & {"broker", "outbox", "spark", "migrations", "cli", "namesrv"} == set()
     assert (site / "txmq" / "broker" / "server.py").is_file()
+    assert (site / "txmq" / "py.typed").is_file()
+
+
+def test_the_wheel_says_what_it_is(wheel: Path) -> None:
+    """Its metadata is short (the description, not the 1,300-line README), names the
+    license, which it carries, and the version pyproject.toml gives."""
+    names = zipfile.ZipFile(wheel).namelist()
+    info = f"txmq-{VERSION}.dist-info"
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA")
+    assert len(metadata) < 10 * 1024, len(metadata)
+    text = metadata.decode()
+    assert f"\nVersion: {VERSION}\n" in text
+    assert "\nLicense-Expression: Apache-2.0\n" in text and "\nLicense-File: LICENSE\n" in text
+    assert "\nClassifier: Typing :: Typed\n" in text
+    assert text.endswith((ROOT / "PYPI.md").read_text())
+    assert f"{info}/licenses/LICENSE" in names
+    assert "txmq/py.typed" in names
+
+
+@pytest.fixture(scope="module")
+def txmq_command(site: Path) -> Path:
+    """The fresh environment's ``txmq`` script.  Its dependencies (left out by --no-deps:
+    fetching them would make the test slow and need the network) are lent by the running
+    environment, appended to the fresh one's path by a .pth line: txmq and its metadata are
+    found in the fresh site-packages first."""
+    lent = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+    (site / "zz_lent_dependencies.pth").write_text("\n".join(lent) + "\n")
+    return site.parents[2] / "bin" / "txmq"
+
+
+def test_a_fresh_install_says_its_version_and_carries_its_license(
+    txmq_command: Path, site: Path, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [str(txmq_command), "--version"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (0, f"txmq {VERSION}\n", "")
+    # the package and the distribution whose metadata said the version: the wheel's
+    where = "import importlib.metadata as m, txmq; print(txmq.__file__, m.distribution('txmq')"
+    where += ".locate_file('txmq'))"
+    found = subprocess.run(
+        [str(txmq_command.parent / "python"), "-c", where],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=True,
+    ).stdout.split()
+    assert [Path(p).is_relative_to(site) for p in found] == [True, True], found
+    (license_file,) = site.glob("txmq-*.dist-info/licenses/LICENSE")
+    assert "Apache License\n                           Version 2.0" in license_file.read_text()
     assert (site / "txmq" / "py.typed").is_file()
 
 

@@ -30,6 +30,26 @@ EXAMPLES = """\
 Every option works before or after its subcommand; 'txmq COMMAND --help' shows more."""
 
 
+class _Version(argparse.Action):
+    """``--version``: prints ``txmq VERSION`` and exits; the version is looked up only then
+    (importlib.metadata would add to every command's start-up)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        import txmq
+
+        print(f"txmq {txmq.__version__}")
+        parser.exit()
+
+
 def _log_level(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument("--log-level", default=default, help="DEBUG, INFO, WARNING (default INFO)")
 
@@ -42,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"examples:\n{EXAMPLES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action=_Version, help="print txmq's version and exit")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     broker.add_parser(sub)
     namesrv.add_parser(sub)

@@ -1,18 +1,19 @@
 """Throw-away certificates for tests and demos: a certificate authority and, signed by it,
-a server's and a client's certificate, made with the ``openssl`` command (no Python
-package needed)."""
+a server's and a client's certificate, made in-process with the ``cryptography`` package."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from txmq.protocol.settings import SettingsError
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = ["CertFiles", "make_test_ca"]
 
@@ -30,44 +31,9 @@ class CertFiles:
     client_key: Path
 
 
-_CA_CONFIG = """\
-[req]
-distinguished_name = dn
-prompt = no
-x509_extensions = v3_ca
-[dn]
-CN = {name}
-[v3_ca]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-"""
-
-_LEAF_CONFIG = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = {name}
-[leaf]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = {usage}
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid, issuer
-{san}"""
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    exe = shutil.which("openssl")
-    if exe is None:
-        raise SettingsError(
-            "making test certificates needs the openssl command (apt-get install openssl)"
-        )
-    done = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SettingsError(f"openssl {args[0]} failed: {done.stderr.strip()[-500:]}")
+#: a certificate is valid from this long before it is made (a peer whose clock is a little
+#: behind takes it too)
+_BACKDATE = datetime.timedelta(minutes=5)
 
 
 def make_test_ca(
@@ -80,7 +46,8 @@ def make_test_ca(
     """A new certificate authority in ``folder`` and, signed by it, a server certificate
     for ``names`` (IP addresses and DNS names; its extended key usage allows it as a client
     certificate too, as a broker shows it to name servers) and a client certificate.  For
-    tests and demos: the CA's key sits next to it."""
+    tests and demos: the CA's key sits next to it.  Keys are P-256 (unencrypted PKCS#8,
+    readable by their owner only), signatures SHA-256."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     files = CertFiles(
@@ -91,47 +58,120 @@ def make_test_ca(
         client_cert=out / "client.pem",
         client_key=out / "client.key",
     )
-    alt = ", ".join(_san(n) for n in names)
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    with tempfile.TemporaryDirectory(prefix="txmq-ca-") as scratch:
-        work = Path(scratch)
-        (work / "ca.cnf").write_text(_CA_CONFIG.format(name=name))
-        _openssl(
-            "req", "-x509", *ec, "-config", "ca.cnf", "-days", str(days),
-            "-keyout", str(files.ca_key), "-out", str(files.ca), cwd=work,
-        )  # fmt: skip
-        leaves = (
-            ("server", "txmq test server", "serverAuth, clientAuth", files.cert, files.key, alt),
-            ("client", "txmq test client", "clientAuth", files.client_cert, files.client_key, ""),
-        )
-        for stem, cn, usage, cert, key, san in leaves:
-            cnf = work / f"{stem}.cnf"
-            cnf.write_text(
-                _LEAF_CONFIG.format(
-                    name=cn, usage=usage, san=f"subjectAltName = {san}\n" if san else ""
-                )
-            )
-            _openssl(
-                "req", "-new", *ec, "-config", cnf.name, "-keyout", str(key),
-                "-out", f"{stem}.csr", cwd=work,
-            )  # fmt: skip
-            serial = str(int.from_bytes(os.urandom(8), "big"))
-            _openssl(
-                "x509", "-req", "-in", f"{stem}.csr", "-CA", str(files.ca),
-                "-CAkey", str(files.ca_key), "-set_serial", serial,
-                "-days", str(days), "-extfile", cnf.name, "-extensions", "leaf",
-                "-out", str(cert), cwd=work,
-            )  # fmt: skip
-    for key in (files.ca_key, files.key, files.client_key):
-        key.chmod(0o600)
+    now = datetime.datetime.now(datetime.UTC)
+    authority = _Authority(
+        name=_name(name),
+        key=ec.generate_private_key(ec.SECP256R1()),
+        start=now - _BACKDATE,
+        end=now + datetime.timedelta(days=days),
+    )
+    authority.issue(
+        authority.name,
+        authority.key,
+        [x509.BasicConstraints(ca=True, path_length=None), _key_usage(authority=True)],
+        files.ca,
+        files.ca_key,
+    )
+    server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+    authority.issue(
+        _name("txmq test server"),
+        ec.generate_private_key(ec.SECP256R1()),
+        [*_leaf([server, client]), x509.SubjectAlternativeName([_san(n) for n in names])],
+        files.cert,
+        files.key,
+    )
+    authority.issue(
+        _name("txmq test client"),
+        ec.generate_private_key(ec.SECP256R1()),
+        _leaf([client]),
+        files.client_cert,
+        files.client_key,
+    )
     return files
 
 
-def _san(name: str) -> str:
-    import ipaddress
+@dataclass(frozen=True)
+class _Authority:
+    """What signs: the CA's name and key, and the validity it gives every certificate."""
 
+    name: x509.Name
+    key: ec.EllipticCurvePrivateKey
+    start: datetime.datetime
+    end: datetime.datetime
+
+    def issue(
+        self,
+        subject: x509.Name,
+        key: ec.EllipticCurvePrivateKey,
+        extensions: Sequence[x509.ExtensionType],
+        cert_path: Path,
+        key_path: Path,
+    ) -> None:
+        """A certificate for ``key`` (which goes to ``key_path``) written to ``cert_path``;
+        basic constraints and key usage are marked critical, as RFC 5280 asks of a CA's."""
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self.name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(self.start)
+            .not_valid_after(self.end)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), False
+            )
+        )
+        for ext in extensions:
+            critical = isinstance(ext, x509.BasicConstraints | x509.KeyUsage)
+            builder = builder.add_extension(ext, critical)
+        cert = builder.sign(self.key, hashes.SHA256())
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key_path, key)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _leaf(usage: list[x509.ObjectIdentifier]) -> list[x509.ExtensionType]:
+    return [
+        x509.BasicConstraints(ca=False, path_length=None),
+        _key_usage(authority=False),
+        x509.ExtendedKeyUsage(usage),
+    ]
+
+
+def _key_usage(*, authority: bool) -> x509.KeyUsage:
+    """An authority signs certificates and revocation lists; a leaf signs handshakes."""
+    return x509.KeyUsage(
+        digital_signature=not authority,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=authority,
+        crl_sign=authority,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _san(name: str) -> x509.GeneralName:
     try:
-        ipaddress.ip_address(name)
+        return x509.IPAddress(ipaddress.ip_address(name))
     except ValueError:
-        return f"DNS:{name}"
-    return f"IP:{name}"
+        return x509.DNSName(name)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """An unencrypted PKCS#8 PEM key, readable by its owner only from the start."""
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # a key file that was there keeps its mode otherwise
+        f.write(pem)
