@@ -72,6 +72,7 @@ from txmq import (  # noqa: E402
     TransactionProducer,
 )
 from txmq.saga import Coordinator, Participant, Saga, Step  # noqa: E402
+from txmq.saga.group import MAX_GROUP  # noqa: E402
 from txmq.saga.model import decode_reply  # noqa: E402
 from txmq.sqla import SqlTransactionChecker, transaction  # noqa: E402
 from txmq.sqla.tables import consumed_keys  # noqa: E402
@@ -266,8 +267,12 @@ def dbos_flow(w: World) -> tuple[FlowFn, Callable[[], None]]:
 # -- (d) txmq saga -------------------------------------------------------------------------------
 
 
-def saga_flow(w: World, producers: dict[str, TransactionProducer]) -> tuple[FlowFn, list[Any]]:
-    coordinator = Coordinator("orders", producers["orders"], w.sessions["orders"], [CHECKOUT])
+def saga_flow(
+    w: World, producers: dict[str, TransactionProducer], group: int = MAX_GROUP
+) -> tuple[FlowFn, list[Any]]:
+    coordinator = Coordinator(
+        "orders", producers["orders"], w.sessions["orders"], [CHECKOUT], group=group
+    )
     inventory = Participant("inventory", producers["inventory"], w.sessions["inventory"])
     payment = Participant("payment", producers["payment"], w.sessions["payment"])
 
@@ -432,7 +437,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
             dbos_started = True
             scenarios.append(("(c) DBOS workflow", fn))
         if "d" in args.scenarios:
-            fn, made = saga_flow(w, producers)
+            fn, made = saga_flow(w, producers, args.saga_group)
             consumers += made
             scenarios.append(("(d) txmq saga", fn))
         for c in consumers:
@@ -507,6 +512,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--db", default=DEFAULT_DB)
     p.add_argument("--scenarios", default="abcd", help="which of a, b, c, d to run")
+    p.add_argument("--saga-group", type=int, default=MAX_GROUP,
+                   help="(d): at most this many answers in one coordinator transaction "
+                   f"(default {MAX_GROUP}; 1: each answer in its own)")  # fmt: skip
     args = p.parse_args()
     print(json.dumps(machine_info()))
     rows = asyncio.run(run(args))

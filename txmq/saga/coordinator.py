@@ -27,73 +27,47 @@ import inspect
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Connection, String, bindparam, func, insert, select, update
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from txmq.client.producer import SendResult, not_yet_safe
+from txmq.client.producer import SendResult
 from txmq.consumer.push import ConsumeResult
-from txmq.observability import hooks as observe
-from txmq.protocol.message import FixedIdMessage, Message, MessageExt
-from txmq.protocol.wire.errors import MessageNotFound, TxmqError
+from txmq.protocol.message import Message, MessageExt
+from txmq.protocol.wire.errors import TxmqError
 from txmq.saga import decide
 from txmq.saga.decide import Decision
-from txmq.saga.model import (
-    REPLY_TOPIC,
-    Command,
-    Saga,
-    State,
-    command_topic,
-    decode_reply,
-    encode,
-)
+from txmq.saga.group import MAX_GROUP, GroupCommit
+from txmq.saga.model import REPLY_TOPIC, Saga, decode_reply
 from txmq.saga.service import SagaService
 from txmq.saga.views import saga_info
+from txmq.saga.writes import (
+    INSERT_SAGA,
+    INSERT_STEPS,
+    LAST,
+    SELECT,
+    STALE_TRIES,
+    Ended,
+    Stale,
+    changed,
+    committed,
+    ended,
+    not_recalled,
+    outgoing,
+    raise_if_not_safe,
+    rows,
+    taken,
+    waits,
+    writes,
+)
 from txmq.sqla.local import AsyncLocalTransaction, LocalTransaction, transaction
-from txmq.sqla.tables import saga_steps, sagas
 
 __all__ = ["Coordinator", "Ended", "SagaStart"]
 
 log = logging.getLogger("txmq.saga")
-
-
-def _message(cmd: Command) -> Message:
-    key = f"{cmd.saga_id}/{cmd.step}/{cmd.op}"
-    return Message(command_topic(cmd.service), encode(cmd), tags=cmd.op, keys=[key])
-
-
-@dataclass(frozen=True)
-class Ended:
-    """A saga that has just ended, as the coordinator's ``on_end`` sees it."""
-
-    saga_id: str
-    #: the saga's name (its definition's)
-    name: str
-    #: COMPLETED or COMPENSATED
-    state: str
-    #: the data it started with, merged with each step's result
-    data: dict[str, Any]
-    #: why it compensated: the step that said no, failed or timed out, and its words
-    error: str | None
-
-
-def _ended(row: Any, decision: Decision) -> Ended | None:
-    state = decision.values.get("state")
-    if state not in State.ENDED:
-        return None
-    values = decision.values
-    return Ended(
-        row.saga_id,
-        row.name,
-        state,
-        dict(values.get("data", row.data)),
-        values["error"] if "error" in values else row.error,
-    )
 
 
 class Coordinator(SagaService):
@@ -112,6 +86,7 @@ class Coordinator(SagaService):
         sagas: Sequence[Saga] = (),
         *,
         on_end: Callable[[Ended, Any], Any] | None = None,
+        group: int = MAX_GROUP,
     ) -> None:
         super().__init__(service, producer, sessions)
         self.on_end = on_end
@@ -121,6 +96,22 @@ class Coordinator(SagaService):
         #: each definition as stored with its sagas: a row that stores the same one is
         #: driven by the definition itself, not one rebuilt from the row every answer
         self._stored = {name: (s.to_dict(), s) for name, s in self.sagas.items()}
+        #: async: answers that queue up are decided together, ``group`` at most in one local
+        #: transaction (txmq.saga.group; 1: each answer in its own, all at once)
+        self.group_commit = (
+            GroupCommit(
+                sessions=sessions,
+                producer=producer,
+                service=self.service,
+                topic=self.topic,
+                saga_of=self._saga_of,
+                on_end=on_end,
+                alone=self._alone_async,
+                max_group=group,
+            )
+            if self.is_async and group > 1
+            else None
+        )
 
     def definition(self, saga: Saga | str) -> Saga:
         name = saga.name if isinstance(saga, Saga) else saga
@@ -236,24 +227,31 @@ class Coordinator(SagaService):
     ) -> Any:
         """Read the saga's row, decide, write, then send; again (a few times) if the row
         changed between the read and the write."""
-        how = (saga_id, choose, answered, transactional)
         if self.is_async:
-
-            async def deciding() -> ConsumeResult:
-                for _ in range(STALE_TRIES - 1):
-                    try:
-                        return await self._apply_async(*how)
-                    except _Stale as stale:
-                        log.info("%s: decided again", stale)
-                return await self._apply_async(*how)
-
-            return deciding()
+            if answered is not None and self.group_commit is not None:
+                return self.group_commit.decide(saga_id, choose, answered)
+            return self._alone_async(saga_id, choose, answered, transactional)
         for _ in range(STALE_TRIES - 1):
             try:
-                return self._apply(*how)
-            except _Stale as stale:
+                return self._apply(saga_id, choose, answered, transactional)
+            except Stale as stale:
                 log.info("%s: decided again", stale)
-        return self._apply(*how)
+        return self._apply(saga_id, choose, answered, transactional)
+
+    async def _alone_async(
+        self,
+        saga_id: str,
+        choose: Any,
+        answered: tuple[str, str] | None,
+        transactional: bool = False,
+    ) -> ConsumeResult:
+        """An answer (or an operator's action) decided in a transaction of its own."""
+        for _ in range(STALE_TRIES - 1):
+            try:
+                return await self._apply_async(saga_id, choose, answered, transactional)
+            except Stale as stale:
+                log.info("%s: decided again", stale)
+        return await self._apply_async(saga_id, choose, answered, transactional)
 
     def _saga_of(self, row: Any) -> Saga | None:
         """The definition a saga started with (stored with it)."""
@@ -274,223 +272,93 @@ class Coordinator(SagaService):
         async with self.sessions() as session:
             # the row, locked; the decision's writes commit together, then its messages
             # leave (in one local transaction with them when ``transactional``)
-            row = (await session.execute(_SELECT, {"saga_id": saga_id})).first()
+            row = (await session.execute(SELECT, {"saga_id": saga_id})).first()
             saga = self._saga_of(row)
             decision = choose(saga, row)
             if decision is None:
-                if answered is not None and _waits(row):
-                    last = (await session.execute(_LAST, {"saga_id": saga_id})).first()
-                    if _taken(last, answered):
+                if answered is not None and waits(row):
+                    last = (await session.execute(LAST, {"saga_id": saga_id})).first()
+                    if taken(last, answered):
                         decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
                 await session.rollback()
                 if decision is not None:
                     await self._send_async(decision, saga_id)
                 return ConsumeResult.SUCCESS
-            outgoing = _outgoing(decision, self.service)
-            ended = _ended(row, decision) if self.on_end is not None else None
-            if outgoing and transactional:
+            msgs = outgoing(decision, self.service)
+            end = ended(row, decision) if self.on_end is not None else None
+            if msgs and transactional:
                 async with transaction(self.producer, session) as tx:
-                    for msg in outgoing:
+                    for msg in msgs:
                         await tx.send(msg, sharding_key=saga_id)
-                    for stmt, params, conditioned in _writes(row, decision):
-                        _changed(await session.execute(stmt, params), conditioned, row)
-                _committed(row.name, decision, row.state)
+                    for stmt, params, conditioned in writes(row, decision):
+                        changed(await session.execute(stmt, params), conditioned, row)
+                committed(row.name, decision, row.state)
             else:
-                for stmt, params, conditioned in _writes(row, decision):
-                    _changed(await session.execute(stmt, params), conditioned, row)
-                if ended is not None:
-                    done = self.on_end(ended, session)  # type: ignore[misc]
+                for stmt, params, conditioned in writes(row, decision):
+                    changed(await session.execute(stmt, params), conditioned, row)
+                if end is not None:
+                    done = self.on_end(end, session)  # type: ignore[misc]
                     if inspect.isawaitable(done):
                         await done
                 await session.commit()
-                _committed(row.name, decision, row.state)
-                await self._send_async(decision, saga_id, outgoing)
+                committed(row.name, decision, row.state)
+                await self._send_async(decision, saga_id, msgs)
         if decision.recall is not None:
             try:
                 await self.producer.recall(self.topic, decision.recall)
             except TxmqError as exc:
-                _not_recalled(decision.recall, exc)
+                not_recalled(decision.recall, exc)
         return ConsumeResult.SUCCESS
 
     async def _send_async(
-        self, decision: Decision, saga_id: str, outgoing: list[Message] | None = None
+        self, decision: Decision, saga_id: str, msgs: list[Message] | None = None
     ) -> None:
-        for msg in _outgoing(decision, self.service) if outgoing is None else outgoing:
-            _raise_if_not_safe(await self.producer.send(msg, sharding_key=saga_id))
+        for msg in outgoing(decision, self.service) if msgs is None else msgs:
+            raise_if_not_safe(await self.producer.send(msg, sharding_key=saga_id))
 
     def _apply(
         self, saga_id: str, choose: Any, answered: tuple[str, str] | None, transactional: bool
     ) -> ConsumeResult:
         with self.sessions() as session:  # (as _apply_async)
-            row = session.execute(_SELECT, {"saga_id": saga_id}).first()
+            row = session.execute(SELECT, {"saga_id": saga_id}).first()
             saga = self._saga_of(row)
             decision = choose(saga, row)
             if decision is None:
-                if answered is not None and _waits(row):
-                    last = session.execute(_LAST, {"saga_id": saga_id}).first()
-                    if _taken(last, answered):
+                if answered is not None and waits(row):
+                    last = session.execute(LAST, {"saga_id": saga_id}).first()
+                    if taken(last, answered):
                         decision = decide.again(saga, row, self.service)  # type: ignore[arg-type]
                 session.rollback()
                 if decision is not None:
                     self._send(decision, saga_id)
                 return ConsumeResult.SUCCESS
-            outgoing = _outgoing(decision, self.service)
-            ended = _ended(row, decision) if self.on_end is not None else None
-            if outgoing and transactional:
+            msgs = outgoing(decision, self.service)
+            end = ended(row, decision) if self.on_end is not None else None
+            if msgs and transactional:
                 with transaction(self.producer, session) as tx:
-                    for msg in outgoing:
+                    for msg in msgs:
                         tx.send(msg, sharding_key=saga_id)
-                    for stmt, params, conditioned in _writes(row, decision):
-                        _changed(session.execute(stmt, params), conditioned, row)
-                _committed(row.name, decision, row.state)
+                    for stmt, params, conditioned in writes(row, decision):
+                        changed(session.execute(stmt, params), conditioned, row)
+                committed(row.name, decision, row.state)
             else:
-                for stmt, params, conditioned in _writes(row, decision):
-                    _changed(session.execute(stmt, params), conditioned, row)
-                if ended is not None:
-                    self.on_end(ended, session)  # type: ignore[misc]
+                for stmt, params, conditioned in writes(row, decision):
+                    changed(session.execute(stmt, params), conditioned, row)
+                if end is not None:
+                    self.on_end(end, session)  # type: ignore[misc]
                 session.commit()
-                _committed(row.name, decision, row.state)
-                self._send(decision, saga_id, outgoing)
+                committed(row.name, decision, row.state)
+                self._send(decision, saga_id, msgs)
         if decision.recall is not None:
             try:
                 self.producer.recall(self.topic, decision.recall)
             except TxmqError as exc:
-                _not_recalled(decision.recall, exc)
+                not_recalled(decision.recall, exc)
         return ConsumeResult.SUCCESS
 
-    def _send(
-        self, decision: Decision, saga_id: str, outgoing: list[Message] | None = None
-    ) -> None:
-        for msg in _outgoing(decision, self.service) if outgoing is None else outgoing:
-            _raise_if_not_safe(self.producer.send(msg, sharding_key=saga_id))
-
-
-def _taken(last: Any, answered: tuple[str, str]) -> bool:
-    """Whether the step log's latest answer (``last``) is this answer: its decision was
-    taken, and the command it caused may not have left."""
-    return last is not None and (last.command_id, last.event) == answered
-
-
-def _waits(row: Any) -> bool:
-    """Whether the saga ``row`` waits on a command's answer."""
-    return row is not None and row.command_id is not None and row.state not in State.ENDED
-
-
-#: the saga's latest answer in its step log (parameter saga_id): the command it answered
-#: and how (an operator's has no command)
-_LAST = (
-    select(saga_steps.c.command_id, saga_steps.c.event)
-    .where(saga_steps.c.saga_id == bindparam("saga_id"), saga_steps.c.event != "sent")
-    .order_by(saga_steps.c.id.desc())
-    .limit(1)
-)
-
-
-def _raise_if_not_safe(sent: SendResult) -> None:
-    """A command stored on a master but on no slave yet is not safe: its answer is
-    delivered again (and the command sent again) rather than acknowledged on it."""
-    unsafe = not_yet_safe(sent)
-    if unsafe is not None:
-        raise unsafe
-
-
-def _outgoing(decision: Decision, coordinator: str) -> list[Message]:
-    """The messages a decision sends: its command, and the command's deadline (an answer
-    to itself, delayed until then)."""
-    out = [] if decision.command is None else [_message(decision.command)]
-    if decision.deadline is not None:
-        expired, seconds, msg_id = decision.deadline
-        key = f"{expired.saga_id}/{expired.step}/deadline"
-        body = encode(expired)
-        delay = timedelta(seconds=seconds)
-        out.append(FixedIdMessage(REPLY_TOPIC.format(coordinator), body, tags="timeout",
-                                  keys=[key], delay=delay, fixed_id=msg_id))  # fmt: skip
-    return out
-
-
-def _not_recalled(msg_id: str, exc: TxmqError) -> None:
-    """A deadline message its answer did not recall: delivered already (it finds the saga
-    past its step and is ignored), or the broker could not be asked (then it comes, and is
-    ignored the same way)."""
-    if not isinstance(exc, MessageNotFound):
-        log.warning(
-            "could not recall deadline message %s (%s): it is ignored when due", msg_id, exc
-        )
-
-
-def _committed(name: str, decision: Decision, before: str | None = None) -> None:
-    """Metrics of a decision, once its transaction committed (``before``: the saga's state
-    until then; None: it started)."""
-    state = decision.values.get("state")
-    if state is not None and state != before:
-        observe.saga_state(name, state)
-    if decision.took is not None:
-        observe.saga_step(name, *decision.took)
-
-
-class _Stale(Exception):
-    """The saga's row changed between this transaction's read and its write: another
-    answer's transaction came in between (SQLite has no row locks: its SELECT ... FOR
-    UPDATE locks nothing until the first write)."""
-
-
-#: how many times an answer is decided on a row that changed meanwhile, before its
-#: delivery fails (and comes again later)
-STALE_TRIES = 5
-
-
-# Statements built once: one built per transaction costs tens of microseconds to build and
-# to compute its cache key, every time.
-_SELECT = select(sagas).where(sagas.c.saga_id == bindparam("saga_id")).with_for_update()
-_INSERT_SAGA = insert(sagas)
-_INSERT_STEPS = insert(saga_steps)
-#: the row's update for each set of columns a decision changes
-_UPDATES: dict[frozenset[str], Any] = {}
-
-
-def _update(columns: frozenset[str]) -> Any:
-    """UPDATE the saga row's ``columns`` (parameters of those names) if the row is still as
-    read (parameters ``read_saga_id``, ``read_state``, ``read_command_id``)."""
-    stmt = _UPDATES.get(columns)
-    if stmt is None:
-        c = sagas.c
-        stmt = (
-            update(sagas)
-            .where(
-                c.saga_id == bindparam("read_saga_id"),
-                c.state == bindparam("read_state"),
-                c.command_id.is_not_distinct_from(bindparam("read_command_id", type_=String)),
-            )
-            .values(
-                {**{name: bindparam(name) for name in sorted(columns)}, "updated_at": func.now()}
-            )
-        )
-        _UPDATES[columns] = stmt
-    return stmt
-
-
-def _writes(row: Any, decision: Decision) -> list[tuple[Any, Any, bool]]:
-    """The statements, parameters and whether each is conditioned on the row as read, of a
-    decision that changes a saga's row: the row's update only if it is still as read (every
-    decision changes its state or the command it waits for), then the step log."""
-    out: list[tuple[Any, Any, bool]] = []
-    if decision.values:
-        values = decision.values
-        read = {
-            "read_saga_id": row.saga_id,
-            "read_state": row.state,
-            "read_command_id": row.command_id,
-        }
-        out.append((_update(frozenset(values)), {**values, **read}, True))
-    if decision.log:
-        out.append((_INSERT_STEPS, decision.log, False))
-    return out
-
-
-def _changed(result: Any, conditioned: bool, row: Any) -> None:
-    """Raise :class:`_Stale` when the row's update found the row no longer as read."""
-    if conditioned and result.rowcount != 1:
-        raise _Stale(f"saga {row.saga_id} changed while an answer was decided")
+    def _send(self, decision: Decision, saga_id: str, msgs: list[Message] | None = None) -> None:
+        for msg in outgoing(decision, self.service) if msgs is None else msgs:
+            raise_if_not_safe(self.producer.send(msg, sharding_key=saga_id))
 
 
 class SagaStart:
@@ -514,8 +382,8 @@ class SagaStart:
         assert isinstance(tx, LocalTransaction), "a sync session needs 'with', not 'async with'"
         tx.__enter__()
         try:
-            tx.session.execute(_INSERT_SAGA, self._first.values)
-            tx.session.execute(_INSERT_STEPS, self._first.log)
+            tx.session.execute(INSERT_SAGA, self._first.values)
+            tx.session.execute(INSERT_STEPS, rows(self._first.log))
         except BaseException as exc:
             tx.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -528,22 +396,22 @@ class SagaStart:
         assert isinstance(tx, LocalTransaction)
         if exc is None:
             try:
-                for msg in _outgoing(self._first, self._first.values["coordinator"]):
+                for msg in outgoing(self._first, self._first.values["coordinator"]):
                     self.sent.append(tx.send(msg, sharding_key=self.saga_id))
             except BaseException as err:
                 tx.__exit__(type(err), err, err.__traceback__)
                 raise
         tx.__exit__(et, exc, tb)
         if exc is None:
-            _committed(self._first.values["name"], self._first)
+            committed(self._first.values["name"], self._first)
 
     async def __aenter__(self) -> SagaStart:
         tx = self._tx
         assert isinstance(tx, AsyncLocalTransaction), "an AsyncSession needs 'async with'"
         await tx.__aenter__()
         try:
-            await tx.session.execute(_INSERT_SAGA, self._first.values)
-            await tx.session.execute(_INSERT_STEPS, self._first.log)
+            await tx.session.execute(INSERT_SAGA, self._first.values)
+            await tx.session.execute(INSERT_STEPS, rows(self._first.log))
         except BaseException as exc:
             await tx.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -556,11 +424,11 @@ class SagaStart:
         assert isinstance(tx, AsyncLocalTransaction)
         if exc is None:
             try:
-                for msg in _outgoing(self._first, self._first.values["coordinator"]):
+                for msg in outgoing(self._first, self._first.values["coordinator"]):
                     self.sent.append(await tx.send(msg, sharding_key=self.saga_id))
             except BaseException as err:
                 await tx.__aexit__(type(err), err, err.__traceback__)
                 raise
         await tx.__aexit__(et, exc, tb)
         if exc is None:
-            _committed(self._first.values["name"], self._first)
+            committed(self._first.values["name"], self._first)

@@ -1,0 +1,168 @@
+"""The coordinator's group commit (async mode, txmq.saga.group): answers that queue up while
+the coordinator's database is busy are decided in one local transaction, each as it would
+have been alone; an answer delivered again finds its decision taken and sends its command
+again; a group whose transaction fails is decided again answer by answer, so that one
+answer's failure is its own.  On PostgreSQL and SQLite, over an in-process broker; the
+answers are handed to the coordinator's listener directly, all at once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+
+import txmq
+from tests.sqla_support import pg_schema
+from txmq import ConsumeResult
+from txmq.protocol.message import MessageExt
+from txmq.saga import Coordinator, Ended, Saga, State, Step, command_topic
+from txmq.saga.model import Reply, decode_command, encode, reply_topic
+from txmq.sqla import SqlTransactionChecker
+from txmq.sqla.tables import metadata as txmq_metadata
+from txmq.sqla.tables import saga_steps, sagas
+from txmq.testing import InProcessBroker
+
+pytestmark = pytest.mark.anyio
+
+SAGAS = 12
+TWO_STEPS = Saga(
+    "two-steps",
+    [Step("reserve", "inventory", compensation="release"), Step("charge", "payment")],
+)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            db = tmp_path / "shop.db"
+            sync_url, async_url = f"sqlite:///{db}", f"sqlite+aiosqlite:///{db}"
+        else:
+            sync_url = async_url = stack.enter_context(pg_schema())
+        engine = sa.create_engine(sync_url)
+        with engine.begin() as conn:
+            txmq_metadata.create_all(conn)
+        engine.dispose()
+        yield async_url
+
+
+@dataclass
+class Shop:
+    coordinator: Coordinator
+    sessions: async_sessionmaker[AsyncSession]
+    broker: InProcessBroker
+    #: on_end raises for these sagas
+    refuse_end: set[str]
+
+    async def rows(self) -> dict[str, Any]:
+        async with self.sessions() as session:
+            return {r.saga_id: r for r in await session.execute(sa.select(sagas))}
+
+    def commands(self, service: str) -> list[tuple[str, str]]:
+        """The (saga id, command id) of every command sent to ``service``."""
+        out = []
+        for msg in self.broker.messages(command_topic(service)):
+            cmd = decode_command(msg.body)
+            out.append((cmd.saga_id, cmd.command_id))
+        return out
+
+    async def answer_all(self, replies: list[Reply]) -> list[Any]:
+        """Hand every answer to the coordinator's listener at once; each one's result (or
+        the exception it raised)."""
+        results: list[Any] = [None] * len(replies)
+
+        async def one(i: int, reply: Reply) -> None:
+            msg = MessageExt(reply_topic("shop"), encode(reply), 0, 0, 0, 0, 0, 0)
+            try:
+                results[i] = await self.coordinator.listen(msg)
+            except Exception as exc:
+                results[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i, reply in enumerate(replies):
+                tg.start_soon(one, i, reply)
+        return results
+
+
+@pytest.fixture
+async def shop(url: str, in_process_broker: Callable[..., InProcessBroker]) -> AsyncIterator[Shop]:
+    broker = in_process_broker()
+    engine = create_async_engine(url)
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    refuse_end: set[str] = set()
+
+    def on_end(ended: Ended, session: AsyncSession) -> None:
+        if ended.saga_id in refuse_end:
+            raise RuntimeError(f"on_end refuses {ended.saga_id}")
+
+    try:
+        async with txmq.TransactionProducer(
+            group="shop-tx", listener=SqlTransactionChecker(engine)
+        ) as producer:
+            coordinator = Coordinator("shop", producer, sessions, [TWO_STEPS], on_end=on_end)
+            yield Shop(coordinator, sessions, broker, refuse_end)
+    finally:
+        await engine.dispose()
+
+
+def _done(row: Any) -> Reply:
+    """The 'done' answer to the command ``row`` waits on."""
+    return Reply(
+        saga_id=row.saga_id, command_id=row.command_id, step=row.step, op=row.op, outcome="done"
+    )
+
+
+async def test_answers_that_queue_up_are_decided_together_each_as_alone(shop: Shop) -> None:
+    ids = [f"s{i:02d}" for i in range(SAGAS)]
+    for saga_id in ids:
+        async with shop.sessions() as session:
+            async with shop.coordinator.start(session, TWO_STEPS, {}, saga_id=saga_id):
+                pass
+    group = shop.coordinator.group_commit
+    assert group is not None and group.groups == 0
+    first = await shop.rows()
+    results = await shop.answer_all([_done(first[i]) for i in ids])
+    assert results == [ConsumeResult.SUCCESS] * SAGAS
+    # the first answer leads alone; the others queued meanwhile and went together
+    assert group.groups >= 1 and group.grouped >= SAGAS - 1
+    rows = await shop.rows()
+    assert {(r.state, r.step) for r in rows.values()} == {(State.RUNNING, 1)}
+    charges = shop.commands("payment")
+    assert sorted(charges) == sorted((i, rows[i].command_id) for i in ids)
+
+    # every answer again: each decision is found taken, and its command is sent again (the
+    # same command id); nothing else changes
+    before = rows
+    results = await shop.answer_all([_done(first[i]) for i in ids])
+    assert results == [ConsumeResult.SUCCESS] * SAGAS
+    rows = await shop.rows()
+    assert {i: (r.state, r.step, r.command_id) for i, r in rows.items()} == {
+        i: (r.state, r.step, r.command_id) for i, r in before.items()
+    }
+    assert sorted(shop.commands("payment")) == sorted(charges * 2)
+
+    # the last answers: one saga's on_end raises; the group fails, each answer is decided
+    # alone, and only that one fails (its answer would come again)
+    shop.refuse_end.add(ids[3])
+    results = await shop.answer_all([_done(rows[i]) for i in ids])
+    assert isinstance(results[3], RuntimeError) and "refuses s03" in str(results[3])
+    assert [r for k, r in enumerate(results) if k != 3] == [ConsumeResult.SUCCESS] * (SAGAS - 1)
+    rows = await shop.rows()
+    assert rows[ids[3]].state == State.RUNNING
+    assert {rows[i].state for i in ids if i != ids[3]} == {State.COMPLETED}
+    async with shop.sessions() as session:
+        logged = await session.execute(
+            sa.select(saga_steps.c.saga_id, sa.func.count())
+            .where(saga_steps.c.event == "done")
+            .group_by(saga_steps.c.saga_id)
+        )
+        done = dict(logged.all())  # type: ignore[arg-type]
+    # each answer logged once: the repeats and the failed group left no row
+    assert done == {i: 1 if i == ids[3] else 2 for i in ids}
