@@ -108,22 +108,11 @@ __all__ = [
 ]
 
 
-def _installed_version() -> str:
-    """The version in txmq's distribution metadata (pyproject.toml's, as installed),
-    looked up when first asked for: importlib.metadata alone costs more than
-    ``import txmq``.  Sources on ``sys.path`` that were never installed have no metadata:
-    ``0+unknown`` (a valid version, lower than any release)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("txmq")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        globals()[name] = found = _installed_version()
+        from txmq.protocol.version import installed_version
+
+        globals()[name] = found = installed_version()
         return found
     module = _EXPORTS.get(name)
     if module is None:

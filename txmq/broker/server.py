@@ -70,7 +70,12 @@ __all__ = ["Broker", "EmbeddedBroker"]
 
 log = logging.getLogger("txmq.broker")
 
-VERSION = "0.1.0"
+
+def version() -> str:
+    """txmq's version (its installed metadata's), as the broker reports it."""
+    from txmq.protocol.version import installed_version
+
+    return installed_version()
 
 
 class Broker(Stoppable):
@@ -400,7 +405,7 @@ class Broker(Stoppable):
         return MetricsSources(
             ctx=self.context,
             tally=tally,
-            version=VERSION,
+            version=version(),
             pending=lambda: self.transactions.pending.values(),
             pop_inflight=self.pop.inflight,
             replication=self.replication.describe,
@@ -504,7 +509,7 @@ class Broker(Stoppable):
     def runtime_info(self) -> RuntimeInfo:
         put_tps, get_tps = self.context.throughput.rates()
         info = RuntimeInfo(
-            version=VERSION,
+            version=version(),
             address=self.address,
             pid=os.getpid(),
             flush=self.config.flush.value,

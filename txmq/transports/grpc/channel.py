@@ -42,7 +42,13 @@ log = logging.getLogger("txmq.grpc")
 REOPEN_DELAY_S = 1.0
 #: how long closing a channel waits for its cancelled calls to finish
 CLOSE_GRACE_S = 2.0
-_VERSION = "txmq-0.1.0"
+
+
+def _version() -> str:
+    """The client's version as RocketMQ 5's endpoint is told it (txmq's, installed)."""
+    from txmq.protocol.version import installed_version
+
+    return f"txmq-{installed_version()}"
 
 
 def rpc_error(exc: grpc.aio.AioRpcError, what: str, address: str) -> TxmqError:
@@ -170,7 +176,7 @@ class Channel:
             ("x-mq-client-id", self.side.client_id()),
             ("x-mq-language", "PYTHON"),
             ("x-mq-protocol", "GRPC_V2"),
-            ("x-mq-client-version", _VERSION),
+            ("x-mq-client-version", _version()),
             ("x-mq-namespace", ""),
             *signed,
             ("x-mq-request-id", str(uuid.uuid4())),
@@ -200,7 +206,7 @@ class Channel:
             request_timeout=duration(int(self.connect_timeout * 1000)),
             user_agent=pb.UA(
                 language=pb.PYTHON,
-                version=_VERSION,
+                version=_version(),
                 platform=platform.platform(),
                 hostname=socket.gethostname(),
             ),
