@@ -96,7 +96,7 @@ class Coordinator(SagaService):
         #: each definition as stored with its sagas: a row that stores the same one is
         #: driven by the definition itself, not one rebuilt from the row every answer
         self._stored = {name: (s.to_dict(), s) for name, s in self.sagas.items()}
-        #: async: answers that queue up are decided together, ``group`` at most in one local
+        #: answers that queue up are decided together, ``group`` at most in one local
         #: transaction (txmq.saga.group; 1: each answer in its own, all at once)
         self.group_commit = (
             GroupCommit(
@@ -106,10 +106,10 @@ class Coordinator(SagaService):
                 topic=self.topic,
                 saga_of=self._saga_of,
                 on_end=on_end,
-                alone=self._alone_async,
+                alone=self._alone_async if self.is_async else self._alone,
                 max_group=group,
             )
-            if self.is_async and group > 1
+            if group > 1
             else None
         )
 
@@ -227,10 +227,23 @@ class Coordinator(SagaService):
     ) -> Any:
         """Read the saga's row, decide, write, then send; again (a few times) if the row
         changed between the read and the write."""
+        group = self.group_commit
         if self.is_async:
-            if answered is not None and self.group_commit is not None:
-                return self.group_commit.decide(saga_id, choose, answered)
+            if answered is not None and group is not None:
+                return group.decide(saga_id, choose, answered)
             return self._alone_async(saga_id, choose, answered, transactional)
+        if answered is not None and group is not None:
+            return group.decide_sync(saga_id, choose, answered)
+        return self._alone(saga_id, choose, answered, transactional)
+
+    def _alone(
+        self,
+        saga_id: str,
+        choose: Any,
+        answered: tuple[str, str] | None,
+        transactional: bool = False,
+    ) -> ConsumeResult:
+        """An answer (or an operator's action) decided in a transaction of its own."""
         for _ in range(STALE_TRIES - 1):
             try:
                 return self._apply(saga_id, choose, answered, transactional)
