@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with txmq installed (editable).
 #   scripts/setup.sh            the package only (enough for the demo)
-#   scripts/setup.sh dev        plus test, lint and benchmark tools and PySpark
+#   scripts/setup.sh dev        plus test, lint, benchmark and documentation tools and PySpark
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras=""
 if [ "${1:-}" = "dev" ]; then
-    extras="[dev,bench,spark,grpc,console]"
+    extras="[dev,bench,spark,grpc,console,docs]"
 fi
 stamp=".venv/.txmq-installed${extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then

@@ -1,8 +1,12 @@
-"""Every code block of README.md runs as a reader would paste it (issue 16, item 17).
+"""Every code block of README.md and of the documentation (docs/**/*.md) runs as a reader
+would paste it (issue 16, item 17; issue 31, item 1).
 
 Each block is matched by a text only it contains to a runner below, or to the reason it is
-not run here. A block that matches nothing, or a plan entry that matches no block, fails
-:func:`test_every_block_is_run_or_says_why_not`: a new snippet cannot slip in untested.
+not run here. A block that matches nothing or more than one entry, or a plan entry that
+matches no block, fails :func:`test_every_block_is_run_or_says_why_not`: a new snippet
+cannot slip in untested. A snippet may stand on several pages (the README's example is the
+start page's too): an entry may match several blocks, which must then be the same text, and
+each copy runs.
 
 The only changes made to a block before it runs (:func:`adapt`):
 
@@ -11,7 +15,7 @@ The only changes made to a block before it runs (:func:`adapt`):
   elided form ``...`` -> ``sqlite:///app.db``, and ``(--id N | --all)`` -> ``--all``.
 
 Every block runs in a folder of its own (``sqlite:///app.db`` is a file there), as a
-script ``snippet.py`` beside the README's ``models.py``; blocks that consume until stopped
+script ``snippet.py`` beside the documentation's ``models.py``; blocks that consume until stopped
 run as processes that the test stops (SIGINT, like Ctrl-C) once they printed what they
 should.
 """
@@ -29,19 +33,21 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import ROOT, BrokerProcess, ask, free_port, read_line, wait_for
+from txmq.broker.state.config import BrokerConfig
 from txmq.protocol.message import Message
 from txmq.protocol.wire import GetClusterInfo, GetReplicaInfo
 from txmq.protocol.wire.errors import NoPermission
 from txmq.sync import Producer, PullConsumer
 
-README = ROOT / "README.md"
+#: the files whose code blocks run: the README and every page of the documentation
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DEFAULT_BROKER = "127.0.0.1:10911"
 SQL_SUBSTITUTIONS = {
     "postgresql+psycopg://app@db/orders": "sqlite:///app.db",
@@ -60,22 +66,33 @@ class Block:
     lang: str
     text: str
     line: int  # of the opening fence, 1-based
+    path: str = "README.md"  # the document, relative to the repository
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
 
 
-def readme_blocks() -> list[Block]:
+def document_blocks(document: Path) -> list[Block]:
+    path = document.relative_to(ROOT).as_posix()
     blocks: list[Block] = []
     lang, start, body = None, 0, []
-    for number, line in enumerate(README.read_text().splitlines(), 1):
+    for number, line in enumerate(document.read_text().splitlines(), 1):
         fence = re.match(r"^```(\S*)\s*$", line)
         if fence and lang is None:
             lang, start, body = fence.group(1), number, []
         elif fence:
-            blocks.append(Block(lang, "\n".join(body) + "\n", start))
+            blocks.append(Block(lang, "\n".join(body) + "\n", start, path))
             lang = None
         elif lang is not None:
             body.append(line)
-    assert lang is None, f"README.md:{start}: a code block is never closed"
+    assert lang is None, f"{path}:{start}: a code block is never closed"
     return blocks
+
+
+def all_blocks() -> list[Block]:
+    """The code blocks of the README and of every documentation page."""
+    return [block for document in DOCUMENTS for block in document_blocks(document)]
 
 
 def adapt(block: Block, broker: str) -> str:
@@ -98,7 +115,7 @@ def commands(text: str) -> list[list[str]]:
 
 @dataclass
 class Folder:
-    """A block's folder, its broker, and the README's other blocks (some need another)."""
+    """A block's folder, its broker, and the documents' other blocks (some need another)."""
 
     path: Path
     broker: str
@@ -109,8 +126,10 @@ class Folder:
         return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def block(self, marker: str) -> Block:
-        [found] = [b for b in self.blocks if marker in b.text]
-        return found
+        """The block ``marker`` names (on several pages, the same text on each)."""
+        found = [b for b in self.blocks if marker in b.text]
+        assert len({b.text for b in found}) == 1, [b.where for b in found]
+        return found[0]
 
     def write_models(self) -> None:
         models = self.block("# models.py")
@@ -129,7 +148,7 @@ class Folder:
             env=self.env(),
             timeout=timeout,
         )
-        assert done.returncode == 0, f"README.md:{block.line}:\n{done.stdout}{done.stderr}"
+        assert done.returncode == 0, f"{block.where}:\n{done.stdout}{done.stderr}"
         return done.stdout
 
     def start_python(self, block: Block) -> subprocess.Popen[str]:
@@ -183,7 +202,7 @@ class Folder:
         return (self.path / f"proc{self.procs.index(proc)}.stderr").read_text()
 
     def upgrade_db(self) -> None:
-        """The README's step 1, ``txmq db upgrade --url sqlite:///app.db``, here."""
+        """The transactions guide's step 1, ``txmq db upgrade --url sqlite:///app.db``, here."""
         self.txmq(["txmq", "db", "upgrade", "--url", "sqlite:///app.db"])
 
     def group_lag(self, group: str) -> int:
@@ -249,7 +268,7 @@ sqlalchemy.url = sqlite:///app.db
 """
 
 ENV_PY_START = """\
-# the start of an alembic env.py (the test's); the README's snippet follows
+# the start of an alembic env.py (the test's); the documentation's snippet follows
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
@@ -302,6 +321,46 @@ def run_alembic_env(folder: Folder, block: Block) -> None:
     tables = {name for (name,) in rows(folder, "SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"orders", "invoices", "txmq_transaction_log", "txmq_outbox"} <= tables, tables
     assert rows(folder, "SELECT version_num FROM alembic_version") == [("app0001",)]
+
+
+def run_broker_start(folder: Folder, block: Block) -> None:
+    """The bare ``txmq broker start`` (on free ports): it says where it listens and where its
+    store is, ``./txmq-store``, and Ctrl-C stops it."""
+    [argv] = commands(block.text)
+    free = ["--port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    proc = folder.start_txmq([*argv, *free])
+    said = read_line(proc, "txmq broker: store ")
+    assert said.startswith(f"txmq broker: store {(folder.path / 'txmq-store').resolve()} ")
+    read_line(proc, "txmq broker listening on ")
+    folder.stop(proc)
+    assert (folder.path / "txmq-store" / "commitlog").is_dir()
+
+
+def run_db_upgrade(folder: Folder, block: Block) -> None:
+    [argv] = commands(adapt(block, folder.broker))
+    [said] = re.findall(r"#\s*prints: (.+?)\s*$", block.text, re.MULTILINE)
+    assert folder.txmq(argv).strip() == said
+
+
+def run_broker_toml(folder: Folder, block: Block) -> None:
+    """A broker's settings file: every key is known and every value fits."""
+    (folder.path / "broker.toml").write_text(block.text)
+    config = BrokerConfig.load(folder.path / "broker.toml", env={})
+    table = tomllib.loads(block.text)["broker"]
+    for key, value in table.items():
+        read = getattr(config, key)
+        assert read == type(read)(value), key
+
+
+def run_first_example(folder: Folder, block: Block) -> None:
+    """The README's example: the order row, txmq's transaction log and the message."""
+    out = folder.python(block)
+    assert out.strip() == "order o-42 saved and announced", out
+    with sqlite3.connect(folder.path / "shop.db") as conn:
+        assert conn.execute("SELECT id, amount FROM orders").fetchall() == [("o-42", 42)]
+        log = conn.execute("SELECT state FROM txmq_transaction_log").fetchall()
+    assert log == [("COMMITTED",)]
+    assert folder.topic_messages("orders") == 1
 
 
 def run_models(folder: Folder, block: Block) -> None:
@@ -409,9 +468,7 @@ def run_cluster_by_hand(folder: Folder, block: Block) -> None:
     wait_for(lambda: len(ask(namesrv, GetClusterInfo()).brokers) == 2, timeout=10)
 
     client = folder.block(CLUSTER_CLIENT)
-    out = folder.python(
-        Block(client.lang, client.text.replace("127.0.0.1:9876", namesrv), client.line)
-    )
+    out = folder.python(replace(client, text=client.text.replace("127.0.0.1:9876", namesrv)))
     sent = re.findall(r"^sent (\d) to (broker-[ab]) queue (\d)$", out, re.MULTILINE)
     assert [i for i, _, _ in sent] == [str(i) for i in range(8)], out
     assert {b for _, b, _ in sent} == {"broker-a", "broker-b"}, out
@@ -473,8 +530,7 @@ def run_official_client(folder: Folder, block: Block) -> None:
     bp = BrokerProcess(folder.path / "grpc-store", ["--grpc-port", str(port)],
                        folder.path / "grpc-broker.log").start()  # fmt: skip
     try:
-        moved = Block(block.lang, block.text.replace("127.0.0.1:8081", f"127.0.0.1:{port}"),
-                      block.line)  # fmt: skip
+        moved = replace(block, text=block.text.replace("127.0.0.1:8081", f"127.0.0.1:{port}"))
         out = folder.python(moved, timeout=120)
     finally:
         bp.kill()
@@ -483,10 +539,10 @@ def run_official_client(folder: Folder, block: Block) -> None:
 
 
 def run_acl_file(folder: Folder, block: Block) -> None:
-    """The ACL file parses, and its rules decide as the README's prose says."""
+    """The ACL file parses, and its rules decide as the guide's prose says."""
     from txmq.security.acl import Acl, Resource
 
-    acl = Acl.parse(tomllib.loads(block.text), "README.md")
+    acl = Acl.parse(tomllib.loads(block.text), block.where)
     orders = acl.users["orders-service"]
     assert acl.users["ops"].super_user and not orders.super_user
     assert orders.may("pub", Resource("topic", "orders"), "192.168.1.1")
@@ -498,7 +554,7 @@ def run_acl_file(folder: Folder, block: Block) -> None:
 
 
 def run_acl_by_hand(folder: Folder, block: Block) -> None:
-    """The broker with the README's ACL file (on a free port); the ``export`` and the admin
+    """The broker with the guide's ACL file (on a free port); the ``export`` and the admin
     commands as ``ops`` against it; then billing, with the secret key ``user create``
     printed, may consume orders and may not send."""
     (folder.path / "acl.toml").write_text(folder.block("# acl.toml").text)
@@ -544,6 +600,10 @@ PLAN: dict[str, Runner | str] = {
     "txmq db current --url": run_db_commands,
     "txmq.sqla.upgrade(connection)": run_alembic_env,
     "# models.py": run_models,
+    "its store in ./txmq-store": run_broker_start,
+    "txmq db upgrade --url sqlite:///app.db": run_db_upgrade,
+    "# broker.toml: one replica": run_broker_toml,
+    "order o-42 saved and announced": run_first_example,
     "async with transaction(producer, session) as tx:": run_transactional_send,
     "outbox.add(session": run_outbox_add,
     "txmq outbox relay --db": run_outbox_commands,
@@ -584,16 +644,20 @@ def _plan_of(block: Block) -> list[str]:
 
 
 def test_every_block_is_run_or_says_why_not() -> None:
-    blocks = readme_blocks()
+    blocks = all_blocks()
     assert len(blocks) >= 10
+    assert {b.path for b in blocks} >= {"README.md", "docs/getting-started.md"}
     for block in blocks:
         assert len(_plan_of(block)) == 1, (
-            f"README.md:{block.line}: a ```{block.lang} block matched by "
+            f"{block.where}: a ```{block.lang} block matched by "
             f"{_plan_of(block) or 'no entry'} of PLAN in {__name__}: give it exactly one"
         )
     for marker in PLAN:
-        found = [b.line for b in blocks if marker in b.text]
-        assert len(found) == 1, f"PLAN entry {marker!r} matches the blocks at lines {found}"
+        found = [b for b in blocks if marker in b.text]
+        assert found, f"PLAN entry {marker!r} matches no block"
+        assert len({b.text for b in found}) == 1, (
+            f"PLAN entry {marker!r} matches different blocks at {[b.where for b in found]}"
+        )
 
 
 def test_the_tests_a_reason_names_exist() -> None:
@@ -614,11 +678,11 @@ def test_the_tests_a_reason_names_exist() -> None:
 
 def _runnable() -> list[Any]:
     params = []
-    for block in readme_blocks():
+    for block in all_blocks():
         markers = _plan_of(block)
         runner = PLAN[markers[0]] if len(markers) == 1 else None
         if callable(runner):
-            params.append(pytest.param(block, runner, id=f"{runner.__name__}-line{block.line}"))
+            params.append(pytest.param(block, runner, id=f"{runner.__name__}-{block.where}"))
     return params
 
 
@@ -632,7 +696,7 @@ def test_readme_block_runs(
     bp = broker_process().start()
     here = tmp_path / "readme"
     here.mkdir()
-    folder = Folder(here, bp.address, readme_blocks(), [])
+    folder = Folder(here, bp.address, all_blocks(), [])
     try:
         runner(folder, block)
     finally:

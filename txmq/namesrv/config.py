@@ -17,16 +17,22 @@ __all__ = ["ControllerConfig", "NamesrvConfig"]
 
 @dataclass(frozen=True)
 class NamesrvConfig(ConnectionSettings):
+    """A name server (``txmq namesrv start``): ``[namesrv]`` in TOML, ``TXMQ_NAMESRV_*`` in
+    the environment."""
+
+    #: the address the name server listens on (127.0.0.1: this machine only)
     host: str = "127.0.0.1"
-    #: RocketMQ's name-server port
+    #: the port brokers register on and clients ask for routes; 9876, RocketMQ's
+    #: name-server port (RocketMQ's `listenPort`)
     port: int = 9876
     #: a broker not heard from (no registration) for this long is dropped from the routes
     #: (RocketMQ: 120 s)
     broker_expiry_s: float = 120.0
-    #: how often the name server looks for silent brokers (RocketMQ: 10 s)
+    #: how often the name server looks for silent brokers (RocketMQ's
+    #: `scanNotActiveBrokerInterval`; 10 s in RocketMQ 4)
     scan_interval_s: float = 10.0
     #: run the controller in this name server too, with its state in this folder
-    #: (RocketMQ's enableControllerInNamesrv; "": no controller here)
+    #: (RocketMQ's `enableControllerInNamesrv`; "": no controller here)
     controller_store: str = ""
 
     def __post_init__(self) -> None:
@@ -61,10 +67,12 @@ class ControllerConfig(ConnectionSettings):
     """A controller of its own (``txmq controller start``): ``[controller]`` in TOML,
     ``TXMQ_CONTROLLER_*`` in the environment."""
 
+    #: the address the controller listens on (127.0.0.1: this machine only)
     host: str = "127.0.0.1"
-    #: RocketMQ's controller port
+    #: the port brokers heartbeat to; 9878, RocketMQ's controller port
     port: int = 9878
     #: where the controller keeps its state (``controller.json``)
+    #: (RocketMQ's `controllerStorePath`)
     store: Path = Path("./txmq-controller")
     #: a master silent for this long is replaced
     heartbeat_timeout_s: float = 3.0

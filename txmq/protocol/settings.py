@@ -67,6 +67,17 @@ def _convert(name: str, value: Any, target: Any, source: str) -> Any:
     return value
 
 
+def _did_you_mean(name: str, known: set[str]) -> str:
+    """``: did you mean 'port'?`` for the known names close to ``name`` (at most three),
+    else where the known names are listed."""
+    import difflib  # only on this error path: starting a process need not load it
+
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+    if not close:
+        return " (no known key is close; docs/configuration.md lists every key)"
+    return f": did you mean {' or '.join(repr(c) for c in close)}?"
+
+
 def load_settings(
     cls: type[T],
     *,
@@ -97,8 +108,8 @@ def load_settings(
             name = key.replace("-", "_")
             if name not in fields:
                 raise SettingsError(
-                    f"config file {path}: unknown key {key!r} in [{section}] "
-                    f"(known: {', '.join(sorted(fields))})"
+                    f"config file {path}: unknown key {key!r} in [{section}]"
+                    f"{_did_you_mean(name, fields)}"
                 )
             values[name] = _convert(name, value, hints[name], f"{path} [{section}]")
     environ = os.environ if env is None else env
@@ -110,7 +121,7 @@ def load_settings(
         if value is None:
             continue
         if name not in fields:
-            raise SettingsError(f"unknown setting {name!r}")
+            raise SettingsError(f"unknown setting {name!r}{_did_you_mean(name, fields)}")
         values[name] = _convert(name, value, hints[name], "the command line")
     try:
         return cls(**values)

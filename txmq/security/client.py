@@ -32,15 +32,21 @@ __all__ = ["ClientSecurity", "client_security"]
 class ClientSecurity:
     """A client's credentials and TLS settings (everything off by default)."""
 
+    #: the access key that signs every request (a user of the servers' ACL files; with
+    #: secret_key, or neither: requests unsigned) (RocketMQ's `accessKey`)
     access_key: str | None = None
+    #: the secret key of access_key; never a command-line flag (RocketMQ's `secretKey`)
     secret_key: str | None = field(default=None, repr=False)
     #: connect over TLS (the server's certificate checked against ``tls_ca``, else the
-    #: system's certificate authorities)
+    #: system's certificate authorities) (RocketMQ's `useTLS`)
     tls: bool = False
     #: the certificate authorities that signed the servers' certificates (a PEM file)
+    #: (RocketMQ's `tls.client.trustCertPath`)
     tls_ca: Path | None = None
-    #: this client's certificate and key, for servers that ask for one (``--tls-ca``)
+    #: this client's certificate, for servers that ask for one (``--tls-ca``; with
+    #: tls_key) (RocketMQ's `tls.client.certPath`)
     tls_cert: Path | None = None
+    #: the private key of tls_cert (RocketMQ's `tls.client.keyPath`)
     tls_key: Path | None = None
 
     def __post_init__(self) -> None:

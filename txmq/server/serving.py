@@ -57,9 +57,11 @@ _NO_ROOM = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 class ConnectionSettings:
     """A server's settings for its connections (a base of its settings dataclass)."""
 
+    #: the largest frame (a request or an answer, header and body) a connection may send;
+    #: a larger one is refused with an error answer
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     #: a connection that neither sends nor receives for this long is closed (RocketMQ's
-    #: serverChannelMaxIdleTimeSeconds); clients reconnect when they need to
+    #: `serverChannelMaxIdleTimeSeconds`); clients reconnect when they need to
     idle_timeout_s: float = 120.0
     #: a connection that started a frame and did not complete it for this long is closed
     frame_timeout_s: float = 30.0
@@ -70,10 +72,13 @@ class ConnectionSettings:
     #: memory all connections together may hold in frames not yet complete (at least
     #: max_frame_size); a big frame waits, unread, until it fits
     incoming_frame_memory: int = 64 * 1024 * 1024
-    #: TLS on the server's ports: its certificate and key (PEM files; both or neither)
+    #: TLS on the server's ports: its certificate (a PEM file; with tls_key, or neither)
+    #: (RocketMQ's `tls.server.certPath`)
     tls_cert: Path | None = None
+    #: the private key of tls_cert (a PEM file) (RocketMQ's `tls.server.keyPath`)
     tls_key: Path | None = None
     #: with TLS on, require client certificates signed by this authority (a PEM file)
+    #: (RocketMQ's `tls.server.trustCertPath`)
     tls_ca: Path | None = None
     #: access control: the users and rules file (TOML, :mod:`txmq.security.acl.policy`), read again
     #: when it changes; every request must then be signed by a user allowed to make it

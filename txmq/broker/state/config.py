@@ -57,68 +57,101 @@ def _address_list(text: str, setting: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class BrokerConfig(ConnectionSettings):
+    #: the folder of the broker's store (commit log, consume queues, index, state files),
+    #: created if missing (RocketMQ's `storePathRootDir`)
     store: Path = Path("./txmq-store")
+    #: the address the broker listens on (127.0.0.1: this machine only; 0.0.0.0: every
+    #: interface, then give access control and TLS a thought)
     host: str = "127.0.0.1"
+    #: the port clients, other brokers and the admin tools reach it on (0: any free port)
+    #: (RocketMQ's `listenPort`)
     port: int = 10911
     #: name servers to register with, "h1:9876;h2:9876" (empty: the broker runs alone)
+    #: (RocketMQ's `namesrvAddr`)
     namesrv: str = ""
-    #: the cluster and the broker set this broker belongs to, and its id in the set
-    #: (0: the master; replicas later have ids above 0) — RocketMQ's brokerClusterName,
-    #: brokerName, brokerId
+    #: the cluster this broker belongs to (RocketMQ's `brokerClusterName`)
     cluster: str = "DefaultCluster"
+    #: the broker set this broker belongs to, unique in the cluster (RocketMQ's `brokerName`)
     broker_name: str = "broker-a"
+    #: this broker's id in its set: 0 the master, above 0 its slaves; under a controller
+    #: only this replica's id (RocketMQ's `brokerId`)
     broker_id: int = 0
     #: as master: "async" (ASYNC_MASTER: acknowledge at once) or "sync" (SYNC_MASTER:
-    #: acknowledge once a slave has the bytes)
+    #: acknowledge once a slave has the bytes) (RocketMQ's `brokerRole`)
     replication: str = "async"
     #: the port slaves copy the commit log from (-1: port + 1; 0: any free port)
+    #: (RocketMQ's `haListenPort`)
     ha_port: int = -1
     #: a slave's master's HA address, HOST:PORT (default: what the name servers say)
+    #: (RocketMQ's `haMasterAddress`)
     ha_master_address: str = ""
     #: SYNC_MASTER: how long a write waits for a slave before it is answered
-    #: FLUSH_SLAVE_TIMEOUT (RocketMQ's syncFlushTimeout for slaves: 3 s)
+    #: FLUSH_SLAVE_TIMEOUT (RocketMQ's `syncFlushTimeout` bounds this wait as well as the
+    #: disk's, 5 s there)
     sync_replication_timeout_s: float = 3.0
     #: how often a slave copies topics, consumer offsets, delay and transaction offsets
     ha_metadata_sync_interval_s: float = 3.0
     #: a slave that had everything within this long counts as in sync
+    #: (RocketMQ's `haMaxTimeSlaveNotCatchup`)
     ha_in_sync_lag_s: float = 15.0
     #: a consumer reading this share of the machine's memory (or more) behind the commit
-    #: log's end is sent to a slave (RocketMQ's accessMessageInMemoryMaxRatio, 40 %)
+    #: log's end is sent to a slave (RocketMQ's `accessMessageInMemoryMaxRatio`, 40 %)
     access_message_in_memory_max_ratio: float = 0.40
     #: controllers to heartbeat to, "h1:9878;h2:9878" (empty: roles are fixed by broker_id);
     #: under a controller it decides which replica is the master (RocketMQ 5's controller
     #: mode), and broker_id is only this replica's id within its set
+    #: (RocketMQ's `controllerAddr`)
     controller: str = ""
     #: how often a broker under a controller heartbeats to it
+    #: (RocketMQ's `brokerHeartbeatInterval`)
     controller_heartbeat_interval_s: float = 0.5
     #: the address clients are told to use (default: host:port, the port actually bound)
+    #: (RocketMQ's `brokerIP1`, with the port)
     advertised_address: str = ""
     #: RocketMQ 5's gRPC protocol (``apache.rocketmq.v2.MessagingService``, what the
     #: official clients speak) on this port, bound to ``host``; needs ``txmq[grpc]``.
     #: -1 (the default): port 8081, or off with a warning when 8081 is taken or the extra
     #: is missing; 0: off; any other port: that port, and the broker does not start
-    #: without it
+    #: without it (RocketMQ's `grpcServerPort`, of its proxy)
     grpc_port: int = -1
     #: Prometheus metrics (``GET /metrics``) on this port, bound to ``host``.  -1 (the
     #: default): port 5557 (the RocketMQ exporter's), or off with a warning when it is
     #: taken; 0: off; any other port: that port, and the broker does not start without it
+    #: (RocketMQ's `metricsPromExporterPort`)
     metrics_port: int = -1
     #: the gRPC address clients are told to use (default: host:grpc port)
     grpc_advertised_address: str = ""
-    #: how often a broker registers with its name servers (RocketMQ: 30 s)
+    #: how often a broker registers with its name servers
+    #: (RocketMQ's `registerNameServerPeriod`: 30 s)
     register_interval_s: float = 30.0
+    #: "async": a send is acknowledged once written, the commit log is flushed every
+    #: flush_interval_ms; "sync": the acknowledgement waits for fsync (a group commit)
+    #: (RocketMQ's `flushDiskType`)
     flush: FlushMode = FlushMode.ASYNC
+    #: a send to a topic that does not exist creates it, with default_queue_nums queues
+    #: (RocketMQ's `autoCreateTopicEnable`)
     auto_create_topic: bool = True
+    #: the queues of a topic created without a count (RocketMQ's `defaultTopicQueueNums`)
     default_queue_nums: int = 4
+    #: the largest message body a send may carry, in bytes (RocketMQ's `maxMessageSize`)
     max_message_size: int = 4 * 1024 * 1024
+    #: the size of a commit-log segment file, in bytes (RocketMQ's `mappedFileSizeCommitLog`)
     segment_size: int = 256 * 1024 * 1024
+    #: entries (20 bytes each) of a consume-queue file (RocketMQ's
+    #: `mappedFileSizeConsumeQueue`, which counts bytes)
     cq_entries_per_file: int = 300_000
+    #: ASYNC flush: how often the commit log is flushed to disk
+    #: (RocketMQ's `flushIntervalCommitLog`)
     flush_interval_ms: int = 500
+    #: SYNC flush: how long a send waits for its fsync before it is answered
+    #: FLUSH_DISK_TIMEOUT (RocketMQ's `syncFlushTimeout`)
     sync_flush_timeout_s: float = 5.0
+    #: commit-log segments older than this are deleted, with what only they hold
+    #: (RocketMQ's `fileReservedTime`)
     retention_hours: float = 72.0
     #: refuse writes (answer DISK_FULL, retriable) while the disk holding the store is used
     #: over this share, before it is full; take them again once it is at most that
-    #: (RocketMQ's diskSpaceWarningLevelRatio, 0.90).  1.0: only when a write fails for
+    #: (RocketMQ's `diskSpaceWarningLevelRatio`, 0.90).  1.0: only when a write fails for
     #: want of space
     disk_max_used_ratio: float = 0.90
     #: how often the broker looks at the disk's usage
@@ -126,23 +159,32 @@ class BrokerConfig(ConnectionSettings):
     #: export each sealed commit-log segment as ``<store>/export/<segment>.parquet`` (in a
     #: child process, for the reconciliation jobs in ``spark/``); needs pyarrow
     export_segments: bool = True
+    #: the longest a pull with no message to answer is held (long polling), whatever the
+    #: consumer asks for
     long_polling_max_s: float = 30.0
+    #: how often consumer offsets, delay-level and timer progress are saved to the store's
+    #: state files (RocketMQ's `flushConsumerOffsetInterval`)
     offset_persist_interval_s: float = 5.0
     #: delay of each level (1-based) for delayed messages and consumer retries
+    #: (RocketMQ's `messageDelayLevel`)
     message_delay_levels: str = DEFAULT_DELAY_LEVELS
-    #: how far ahead a timer message (an exact delivery time) may be: 3 days, RocketMQ 5's
-    #: timerMaxDelaySec (at most 30 days; keep the commit log's retention above it)
+    #: how far ahead a timer message (an exact delivery time) may be: 3 days (RocketMQ 5's
+    #: `timerMaxDelaySec`; at most 30 days; keep the commit log's retention above it)
     timer_max_delay_s: int = 3 * 86_400
     #: a queue lock (orderly consumption) not renewed for this long may be taken by another
+    #: (RocketMQ's `rocketmq.broker.rebalance.lockMaxLiveTime`)
     lock_expiry_s: float = 60.0
     #: a consumer or producer that sent no heartbeat for this long is dropped from its group
+    #: (RocketMQ's `channelExpiredTimeout`)
     consumer_channel_expiry_s: float = 120.0
     #: how often the broker looks for half messages to check back with their producer group
+    #: (RocketMQ's `transactionCheckInterval`)
     transaction_check_interval_s: float = 30.0
     #: a half message is not checked before it is this old (its CHECK_IMMUNITY_TIME_IN_SECONDS
-    #: property overrides it)
+    #: property overrides it) (RocketMQ's `transactionTimeOut`)
     transaction_timeout_s: float = 6.0
     #: a half message still undecided after this many checks is parked
+    #: (RocketMQ's `transactionCheckMax`)
     transaction_check_max: int = 15
     #: a send of a message id (UNIQ_KEY) that a client stored this recently (same topic,
     #: same kind) is a retry: it is answered with the original's result and stores nothing
@@ -154,11 +196,12 @@ class BrokerConfig(ConnectionSettings):
     #: half are always there — at this broker's top rate (~30,000 sends/s) 8 s of sends,
     #: the whole window up to ~2,000 sends/s
     dedupe_max_entries: int = 500_000
-    #: this broker's own credentials (a user of the ACL files of its name servers,
+    #: this broker's own access key (a user of the ACL files of its name servers,
     #: controllers and master): what signs its registrations, heartbeats and replication.
-    #: From [broker] of the TOML file or $TXMQ_BROKER_ACCESS_KEY / $TXMQ_BROKER_SECRET_KEY,
-    #: never the command line
+    #: From [broker] of the TOML file or $TXMQ_BROKER_ACCESS_KEY, never the command line
     access_key: str = ""
+    #: the secret key that goes with access_key ($TXMQ_BROKER_SECRET_KEY; never the
+    #: command line)
     secret_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
