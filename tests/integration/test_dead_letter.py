@@ -144,7 +144,7 @@ def test_dead_letter_exception_sync_facade_reason_in_cli(
     table = admin_cli(eb.address, "dlq", "list", "--group", "g-raise").splitlines()
     assert table[0].split() == [
         "MSG_ID",
-        "TOPIC",
+        "ORIGIN_TOPIC",
         "RECONSUME_TIMES",
         "KEYS",
         "STORE_TIME",

@@ -248,7 +248,9 @@ def run_consumer_group(folder: Folder, block: Block) -> None:
     proc = folder.start_python(block)
     line = send_until(folder, proc, "got orders created", Message("orders", b"hi", tags="created"))
     assert line == "got orders created b'hi'", line
-    folder.stop(proc)  # Ctrl-C ends it (the snippet says so)
+    out = folder.stop(proc)  # Ctrl-C ends it (the snippet says so): one line, no traceback
+    assert proc.returncode == 0 and out.strip() == "stopped", out
+    assert "Traceback" not in folder.stderr(proc), folder.stderr(proc)
 
 
 def run_db_commands(folder: Folder, block: Block) -> None:

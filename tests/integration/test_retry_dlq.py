@@ -427,7 +427,7 @@ def test_dlq_sync_admin_and_cli(embedded_broker: Callable[..., EmbeddedBroker]) 
     table = txmq("dlq", "list", "--group", "CG").splitlines()
     assert table[0].split() == [
         "MSG_ID",
-        "TOPIC",
+        "ORIGIN_TOPIC",
         "RECONSUME_TIMES",
         "KEYS",
         "STORE_TIME",

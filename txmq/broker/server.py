@@ -527,6 +527,7 @@ class Broker(Stoppable):
             get_total=self.context.throughput.got,
             cluster=self.config.cluster,
             broker_name=self.config.broker_name,
+            namesrv=list(self.config.namesrv_addresses),
             broker_id=self.config.broker_id,
             store_damage_count=self.store.damage.count,
             store_damage=[

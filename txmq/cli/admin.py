@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from txmq.cli.admin_acl import add_acl, run_acl
@@ -106,8 +107,16 @@ def add_parser(sub: SubParsers) -> None:
         asub,
         "topics",
         help="list topics (through name servers: queue counts summed over broker sets)",
+        examples="  txmq admin topics --broker 127.0.0.1:10911\n"
+        "  txmq admin topics --namesrv '127.0.0.1:9876;127.0.0.1:9877' --json",
     )
-    ts = add_command(asub, "topic-stats", help="per-queue offsets of a topic")
+    ts = add_command(
+        asub,
+        "topic-stats",
+        help="per-queue offsets of a topic",
+        examples="  txmq admin topic-stats orders --broker 127.0.0.1:10911\n"
+        "  txmq admin topic-stats orders --namesrv 127.0.0.1:9876 --json",
+    )
     ts.add_argument("topic")
     tc = add_command(
         asub,
@@ -127,10 +136,28 @@ def add_parser(sub: SubParsers) -> None:
     where = tc.add_mutually_exclusive_group()
     where.add_argument("--cluster", help="every master of this cluster (with --namesrv)")
     where.add_argument("--broker-name", help="the broker set with this name (with --namesrv)")
-    add_command(asub, "offsets", help="consumer-group offsets and lag")
-    bi = add_command(asub, "broker-info", help="broker runtime information")
+    add_command(
+        asub,
+        "offsets",
+        help="consumer-group offsets and lag",
+        examples="  txmq admin offsets --broker 127.0.0.1:10911\n"
+        "  txmq admin offsets --namesrv 127.0.0.1:9876 --json",
+    )
+    bi = add_command(
+        asub,
+        "broker-info",
+        help="broker runtime information",
+        examples="  txmq admin broker-info --broker 127.0.0.1:10911\n"
+        "  txmq admin broker-info --namesrv 127.0.0.1:9876 --broker-name broker-a --json",
+    )
     bi.add_argument("--broker-name", help=BROKER_NAME_HELP)
-    m = add_command(asub, "message", help="look a message up by id or key")
+    m = add_command(
+        asub,
+        "message",
+        help="look a message up by id or key",
+        examples="  txmq admin message --id 7F0000010A2B00002A9F... --broker 127.0.0.1:10911\n"
+        "  txmq admin message --key order-42 --max 10 --namesrv 127.0.0.1:9876 --json",
+    )
     g = m.add_mutually_exclusive_group(required=True)
     g.add_argument("--id", help="message id (or offset message id)")
     g.add_argument("--key", help="message key")
@@ -143,9 +170,12 @@ def add_parser(sub: SubParsers) -> None:
         "list",
         help="list dead letters of a consumer group",
         description=(
-            "List dead letters of a consumer group. Each broker set has a DLQ of its own: "
-            "through name servers --offset and --max apply to each."
+            "List dead letters of a consumer group: ORIGIN_TOPIC is the topic each was first\n"
+            "sent to (in --json: origin_topic; topic is the DLQ's, %DLQ%<group>). Each broker\n"
+            "set has a DLQ of its own: through name servers --offset and --max apply to each."
         ),
+        examples="  txmq admin dlq list --group billing --broker 127.0.0.1:10911\n"
+        "  txmq admin dlq list --group billing --offset 32 --max 32 --json",
     )
     dl.add_argument("--group", required=True, help="consumer group")
     dl.add_argument("--offset", type=int, default=0, help="first DLQ queue offset to show")
@@ -183,7 +213,7 @@ def run_admin(args: argparse.Namespace) -> int:
     import anyio
 
     from txmq.admin.client import AdminClient
-    from txmq.cli.admin_views import query
+    from txmq.cli.admin_views import cluster_note, query
 
     if args.controller and args.admin_cmd not in ("cluster", "switchover"):
         raise CommandError("--controller is for 'txmq admin cluster' and 'txmq admin switchover'")
@@ -217,11 +247,13 @@ def run_admin(args: argparse.Namespace) -> int:
         print(anyio.run(cluster))
         return 0
 
-    async def run() -> Rows:
+    async def run() -> tuple[Rows, str | None]:
         async with await client() as admin:
-            return await query(admin, args)
+            return await query(admin, args), await cluster_note(admin, args)
 
-    rows, columns = anyio.run(run)
+    (rows, columns), note = anyio.run(run)
+    if note:
+        print(note, file=sys.stderr)
     if args.json:
         rows = [with_times(row) for row in rows]
     else:

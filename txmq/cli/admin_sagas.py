@@ -36,17 +36,36 @@ def add_sagas(asub: SubParsers) -> None:
         "  txmq admin sagas resolve 3f2a... --reason 'refunded by hand, ticket 7' --db ...",
     )
     ssub = s.add_subparsers(dest="sagas_cmd", required=True, metavar="COMMAND")
-    ls = add_command(ssub, "list", help="sagas, most recently changed first")
+    ls = add_command(
+        ssub,
+        "list",
+        help="sagas, most recently changed first",
+        examples="  txmq admin sagas list --db sqlite:///orders.db\n"
+        "  txmq admin sagas list --db postgresql+psycopg://app@db/orders --state PARKED --json",
+    )
     ls.add_argument("--state", choices=State.ALL, help="only sagas in this state")
     ls.add_argument("--max", type=positive_int, default=50, help="most sagas to show (default 50)")
-    show = add_command(ssub, "show", help="one saga with its step log")
+    show = add_command(
+        ssub,
+        "show",
+        help="one saga with its step log",
+        examples="  txmq admin sagas show 3f2a... --db sqlite:///orders.db",
+    )
     show.add_argument("saga_id")
     leaves = [ls, show]
-    for name, does in (
-        ("retry", "send a parked saga's failing compensation or confirm again"),
-        ("resolve", "record that a parked saga's failing operation was done by hand"),
+    for name, does, example in (
+        (
+            "retry",
+            "send a parked saga's failing compensation or confirm again",
+            "3f2a... --reason 'bank is back' --db sqlite:///orders.db",
+        ),
+        (
+            "resolve",
+            "record that a parked saga's failing operation was done by hand",
+            "3f2a... --reason 'refunded by hand, ticket 7' --operator alice --db ...",
+        ),
     ):
-        c = add_command(ssub, name, help=does)
+        c = add_command(ssub, name, help=does, examples=f"  txmq admin sagas {name} {example}")
         leaves.append(c)
         c.add_argument("saga_id")
         c.add_argument("--reason", required=True, help="why (recorded in the step log)")

@@ -6,6 +6,7 @@ broker asked directly have none (as before name servers)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 import msgspec
@@ -15,8 +16,9 @@ from txmq.cli.admin_transactions import decision_table
 from txmq.observability.fmt import ms_time, short_body
 from txmq.protocol.message import MessageExt, Prop
 from txmq.protocol.wire import PERM_READ, PERM_WRITE
+from txmq.protocol.wire.errors import TxmqError
 
-__all__ = ["Rows", "query"]
+__all__ = ["Rows", "cluster_note", "query"]
 
 Rows = tuple[list[dict[str, Any]], list[str] | None]
 
@@ -164,13 +166,13 @@ async def _dlq(admin: AdminClient, args: argparse.Namespace) -> Rows:
         rows = []
         for m in msgs:
             row = {"broker_name": m.broker_name, **m.to_dict(body_limit=None)}
-            row["origin_topic"] = m.get_property(Prop.RETRY_TOPIC) or m.topic
+            row["origin_topic"] = origin_topic(m)
             row["origin_msg_id"] = m.get_property(Prop.ORIGIN_MESSAGE_ID)
             row["reason"] = m.dlq_reason
             rows.append(_named(row))
         return rows, None
     table = [_named(_dead_letter(m)) for m in msgs]
-    columns = ["msg_id", "topic", "reconsume_times", "keys", "store_time", "body", "reason"]
+    columns = ["msg_id", "origin_topic", "reconsume_times", "keys", "store_time", "body", "reason"]
     return table, _columns(table, columns)
 
 
@@ -178,13 +180,19 @@ def _dead_letter(m: MessageExt) -> dict[str, Any]:
     return {
         "broker_name": m.broker_name,
         "msg_id": m.msg_id,
-        "topic": m.get_property(Prop.RETRY_TOPIC) or m.topic,
+        "origin_topic": origin_topic(m),
         "reconsume_times": m.reconsume_times,
         "keys": m.keys,
         "store_time": ms_time(m.store_timestamp),
         "body": short_body(m.body),
         "reason": short_reason(m.dlq_reason),
     }
+
+
+def origin_topic(m: MessageExt) -> str:
+    """The topic a dead letter was first sent to (its own ``topic`` is ``%DLQ%<group>``):
+    ``origin_topic`` in the table and in JSON alike, "first sent to" on the console."""
+    return m.get_property(Prop.RETRY_TOPIC) or m.topic
 
 
 def short_reason(reason: str | None, limit: int = 60) -> str:
@@ -225,3 +233,27 @@ async def _transactions(admin: AdminClient, args: argparse.Namespace) -> Rows:
         for r in rows
     ]
     return table, list(table[0]) if table else None
+
+
+#: the listings that, asked of one broker of a cluster, show that broker's part alone
+PARTIAL = ("topics", "topic-stats", "offsets", "message", "dlq", "transactions")
+
+
+async def cluster_note(admin: AdminClient, args: argparse.Namespace) -> str | None:
+    """One line for stderr when ``admin`` asks one broker (``--broker``, or the default)
+    that registers with name servers: the rows are that broker's alone, and ``--namesrv``
+    asks the whole cluster.  None otherwise (a broker that cannot say stays silent)."""
+    cmd = args.admin_cmd
+    if admin.direct is None or cmd not in PARTIAL or getattr(args, "dlq_cmd", "list") != "list":
+        return None
+    try:
+        info = await admin.runtime_info()
+    except TxmqError:
+        return None
+    if not info.namesrv:
+        return None
+    namesrv = shlex.quote(";".join(info.namesrv))
+    return (
+        f"txmq: note: {admin.direct} is one broker (broker set {info.broker_name}) of cluster "
+        f"{info.cluster}: these are its rows alone; --namesrv {namesrv} shows the whole cluster"
+    )

@@ -31,12 +31,35 @@ def add_parser(sub: SubParsers) -> None:
         ),
     )
     dsub = d.add_subparsers(dest="db_cmd", required=True, metavar="COMMAND")
-    up = dsub.add_parser("upgrade", help="create or upgrade txmq's tables")
+    up = add_command(
+        dsub,
+        "upgrade",
+        help="create or upgrade txmq's tables",
+        examples="  txmq db upgrade --url postgresql+psycopg://app@db/orders\n"
+        "  txmq db upgrade --url sqlite:///app.db --revision 0004",
+    )
     up.add_argument("--revision", default="head", help="target revision (default head)")
-    down = dsub.add_parser("downgrade", help="downgrade txmq's tables ('base' drops them)")
+    down = add_command(
+        dsub,
+        "downgrade",
+        help="downgrade txmq's tables ('base' drops them)",
+        examples="  txmq db downgrade --url sqlite:///app.db --revision 0004\n"
+        "  txmq db downgrade --url sqlite:///app.db --revision base   # drops txmq's tables",
+    )
     down.add_argument("--revision", required=True, help="target revision, e.g. base")
-    dsub.add_parser("current", help="the txmq revision the database is at")
-    clean = dsub.add_parser("cleanup", help="delete old rows of the transaction log")
+    current = add_command(
+        dsub,
+        "current",
+        help="the txmq revision the database is at",
+        examples="  txmq db current --url postgresql+psycopg://app@db/orders",
+    )
+    clean = add_command(
+        dsub,
+        "cleanup",
+        help="delete old rows of the transaction log",
+        examples="  txmq db cleanup --url sqlite:///app.db --older-than-days 14\n"
+        "  txmq db cleanup --url sqlite:///app.db --table consumed-keys --group billing",
+    )
     clean.add_argument(
         "--older-than-days",
         type=non_negative_float,
@@ -51,7 +74,7 @@ def add_parser(sub: SubParsers) -> None:
         help="which table: the transaction log (default) or idempotent consumers' keys",
     )
     clean.add_argument("--group", help="consumed-keys: only this dedupe group")
-    for p in (up, down, dsub.choices["current"], clean):
+    for p in (up, down, current, clean):
         p.add_argument("--url", required=True, help="SQLAlchemy database URL")
     d.set_defaults(func=run_db)
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from txmq.cli import admin, broker, console, db, namesrv, outbox, quickstart, reconcile
+from txmq.cli.endings import reader_gone, to_the_end
 from txmq.cli.options import CommandError, share
 
 __all__ = ["build_parser", "main"]
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; a closed stdout (``| head``) or Ctrl-C ends it quietly
+    (:mod:`txmq.cli.endings`)."""
+    return to_the_end(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from txmq.protocol.settings import SettingsError  # after parsing: --help needs neither
@@ -89,5 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (TxmqError, SettingsError, CommandError, OSError, ValueError) as exc:
+        if reader_gone(exc):
+            raise  # stdout's reader left (| head): main ends quietly
         print(f"txmq: error: {exc}", file=sys.stderr)
         return 1

@@ -62,15 +62,19 @@ def add_parser(sub: SubParsers) -> None:
         ),
     )
     osub = o.add_subparsers(dest="outbox_cmd", required=True, metavar="COMMAND")
-    r = osub.add_parser(
+    r = add_command(
+        osub,
         "relay",
         help="send outbox rows to the broker until stopped (SIGTERM/SIGINT)",
         description=(
-            "Sends outbox rows at least once, in order per sharding key. Several relays may "
-            "run at once (each key is worked on by one relay at a time); SQLite needs one. "
-            "Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite. Sends to one broker "
+            "Sends outbox rows at least once, in order per sharding key. Several relays may\n"
+            "run at once (each key is worked on by one relay at a time); SQLite needs one.\n"
+            "Wakes on LISTEN/NOTIFY on PostgreSQL, polls on SQLite. Sends to one broker\n"
             "(--broker) or over a cluster through its name servers (--namesrv)."
         ),
+        examples="  txmq outbox relay --db postgresql+psycopg://app@db/orders --broker HOST:PORT\n"
+        "  txmq outbox relay --db sqlite:///app.db --namesrv 'ns1:9876;ns2:9876' "
+        "--stats-interval 60",
     )
     r.add_argument("--batch-size", type=int, default=500, help="rows per cycle (default 500)")
     r.add_argument(
@@ -96,14 +100,36 @@ def add_parser(sub: SubParsers) -> None:
     r.add_argument(
         "--stats-interval", type=float, default=10.0, help="print stats every N s (0: never)"
     )
-    st = osub.add_parser("stats", help="backlog, lag, parked and sent rows")
-    pk = osub.add_parser("parked", help="rows parked after their last failed attempt")
+    st = add_command(
+        osub,
+        "stats",
+        help="backlog, lag, parked and sent rows",
+        examples="  txmq outbox stats --db sqlite:///app.db\n"
+        "  txmq outbox stats --db postgresql+psycopg://app@db/orders --json",
+    )
+    pk = add_command(
+        osub,
+        "parked",
+        help="rows parked after their last failed attempt",
+        examples="  txmq outbox parked --db sqlite:///app.db --max 20",
+    )
     pk.add_argument("--max", type=int, default=100, help="most rows to show")
-    rq = osub.add_parser("requeue", help="send parked rows again")
+    rq = add_command(
+        osub,
+        "requeue",
+        help="send parked rows again",
+        examples="  txmq outbox requeue --db sqlite:///app.db --id 17 --id 18\n"
+        "  txmq outbox requeue --db sqlite:///app.db --all",
+    )
     which = rq.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", type=int, action="append", help="row id (repeat for several)")
     which.add_argument("--all", action="store_true", help="every parked row")
-    cl = osub.add_parser("cleanup", help="delete sent rows (the relay does it as well)")
+    cl = add_command(
+        osub,
+        "cleanup",
+        help="delete sent rows (the relay does it as well)",
+        examples="  txmq outbox cleanup --db sqlite:///app.db --older-than-hours 48",
+    )
     cl.add_argument(
         "--older-than-hours",
         type=non_negative_float,
@@ -213,14 +239,17 @@ def _relay(args: argparse.Namespace) -> int:
 
     async def relay_until_stopped() -> None:
         async with relay, anyio.create_task_group() as tg:
-            how = "LISTEN/NOTIFY" if relay.listen else f"polling every {relay.poll_interval:g} s"
-            target = relay.producer.address
-            if relay.producer.direct is None:
-                target = f"name servers {target}"
-            print(f"txmq outbox relay: {relay.shown_url} -> {target} ({how})", flush=True)
-            if args.stats_interval > 0:
-                tg.start_soon(_print_stats, relay, args.stats_interval)
+            # listening for the signals before saying it runs: a Ctrl-C from then on stops it
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                how = (
+                    "LISTEN/NOTIFY" if relay.listen else f"polling every {relay.poll_interval:g} s"
+                )
+                target = relay.producer.address
+                if relay.producer.direct is None:
+                    target = f"name servers {target}"
+                print(f"txmq outbox relay: {relay.shown_url} -> {target} ({how})", flush=True)
+                if args.stats_interval > 0:
+                    tg.start_soon(_print_stats, relay, args.stats_interval)
                 async for signum in signals:
                     log.info("received %s; stopping the relay", signal.Signals(signum).name)
                     break

@@ -264,6 +264,8 @@ class RuntimeInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
     #: who the broker is in its cluster
     cluster: str = ""
     broker_name: str = ""
+    #: the name servers it registers with (empty: it runs alone, and is all there is)
+    namesrv: list[str] = []
     #: the broker's own id (``--broker-id``; under a controller the master registers with
     #: the name servers as 0 whatever its own id is)
     broker_id: int = 0
