@@ -159,7 +159,15 @@ def test_every_page_renders_live_data(
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "figure.chart polyline"), timeout=15)
     shot(browser, "groups")
     click(browser, By.LINK_TEXT, "shipping")
+    assert "group=shipping" in browser.current_url
     assert text_of(browser, By.ID, "group-lag") == "3"
+    # the chart's total is the page's, at the same moment, also after a live refresh
+    total = '.legend[data-line="total"] .last'
+    assert text_of(browser, By.CSS_SELECTOR, total) == "3"
+    live = browser.find_element(By.CSS_SELECTOR, "[data-live]")
+    first = live.get_attribute("data-updated")
+    wait_for(lambda: live.get_attribute("data-updated") != first, timeout=15)
+    assert text_of(browser, By.CSS_SELECTOR, total) == text_of(browser, By.ID, "group-lag")
     shot(browser, "group")
 
     browser.get(f"{console.url}/message?key=order-42")
@@ -279,6 +287,47 @@ def test_resend_a_dead_letter_from_the_page(
     )
     again = read_topic(seeded.address, "%RETRY%billing", group="billing")
     assert [(m.msg_id, m.body) for m in again] == [(seeded.dead_id, b"invoice 7")]
+
+
+#: for each URL the page shows (CSS selector arguments[0]): its text, how many lines it
+#: spans, and the pieces of it (text between two of its <wbr>) a line end cut, as laid out
+_URL_LINES = """
+const out = [];
+for (const url of document.querySelectorAll(arguments[0])) {
+  const tops = new Set();
+  const cut = [];
+  for (const piece of url.children) {
+    const range = document.createRange();
+    range.selectNodeContents(piece);
+    const lines = new Set(
+      [...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+    lines.forEach((top) => tops.add(top));
+    if (lines.size > 1) cut.push(piece.textContent);
+  }
+  out.push({text: url.textContent, lines: tops.size, cut: cut});
+}
+return out;
+"""
+
+
+def test_a_database_url_wraps_at_its_separators(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    """The transactions page's database column is narrow: its URL (sqlite:////tmp/...)
+    wraps at slashes, never inside a folder or file name (the CSS used to break it
+    anywhere)."""
+    browser.get(console.url + "/transactions")
+    selector = "#pending td.db-log .url"
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, selector), timeout=15)
+    shot(browser, "transactions-narrow")
+    [shown] = browser.execute_script(_URL_LINES, selector)
+    assert shown["text"].startswith("sqlite:///") and shown["text"].endswith("/orders.db")
+    assert shown["lines"] > 1, shown  # it does wrap here...
+    assert shown["cut"] == [], shown  # ...between its pieces only
+    # the outbox page's heading: the same URL, on one line when there is room
+    browser.get(console.url + "/outbox")
+    [heading] = browser.execute_script(_URL_LINES, "#outbox-0 h2 .url")
+    assert heading["text"] == shown["text"] and heading["cut"] == []
 
 
 def test_a_broker_that_goes_down_is_a_clear_page(

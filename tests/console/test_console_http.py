@@ -4,7 +4,9 @@ page with live data, escaping, CSRF, confirmation, clear error pages."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from html import unescape as html_unescape
 from pathlib import Path
 
 import anyio
@@ -18,10 +20,10 @@ pytest.importorskip("httpx2", reason=NO_EXTRA)
 
 from starlette.testclient import TestClient
 
-from txmq import AdminClient, PullConsumer
+from txmq import AdminClient, Message, Producer, PullConsumer
 from txmq.client.core import BrokerClient
 from txmq.console import ConsoleConfig, create_app
-from txmq.protocol.wire import ConsumerSendMsgBack
+from txmq.protocol.wire import ConsumerSendMsgBack, GroupOffset
 
 
 @pytest.fixture
@@ -52,8 +54,8 @@ def test_every_page_answers_with_live_data(web: TestClient, seeded: Seeded) -> N
     assert "shipping" in topic and '<table class="grid" id="queues">' in topic
 
     groups = web.get("/groups").text
-    assert 'href="/group?name=shipping"' in groups and "lag per group" in groups
-    group = web.get("/group", params={"name": "shipping"}).text
+    assert 'href="/group?group=shipping"' in groups and "lag per group" in groups
+    group = web.get("/group", params={"group": "shipping"}).text
     assert 'id="group-lag">3<' in group  # 1 + 2 messages not consumed
 
     tx = web.get("/transactions").text
@@ -286,3 +288,104 @@ def test_reset_offsets_of_a_group_asks_then_moves_them(web: TestClient, seeded: 
     assert bad.status_code == 400 and "to must be a date and time" in bad.text
     missing = web.post("/group/reset", data={**later, "topic": "no-such-topic"})
     assert missing.status_code == 404 and "does not exist" in missing.text
+
+
+# -- one number, one name ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def quiet_web(seeded: Seeded) -> Iterator[TestClient]:
+    """The console without its background sampler: the history is what a test puts in."""
+    app = create_app(ConsoleConfig(broker=seeded.address), sample=False)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        yield client
+
+
+def _legend(html: str) -> dict[str, str]:
+    """A page's chart legend: line name -> the value it shows."""
+    found = re.findall(
+        r'<span class="legend" data-line="([^"]*)">.*?<span class="last">([^<]*)</span>', html, re.S
+    )
+    return {html_unescape(name): value for name, value in found}
+
+
+def _plotted_last(html: str, line: str) -> float:
+    """The value where chart line ``line`` ends, read back from the SVG's geometry."""
+    from txmq.console.render import HEIGHT, PAD_BOTTOM, PAD_TOP
+
+    y_max = re.findall(r'<text x="\d+" y="\d+" text-anchor="end">(\d+)</text>', html)[0]
+    [points] = re.findall(rf'<polyline data-line="{re.escape(line)}" points="([^"]*)"', html)
+    y = float(points.split()[-1].split(",")[1])
+    bottom, top = HEIGHT - PAD_BOTTOM, PAD_TOP
+    return (bottom - y) / (bottom - top) * float(y_max)
+
+
+def test_group_total_lag_is_what_its_chart_shows(quiet_web: TestClient, seeded: Seeded) -> None:
+    """The issue's page: a sample of 10 s ago said lags 5 and 6, the page's total (read
+    now) is 3.  The chart's lines end with the page's reading: its "total" line is the
+    page's total lag, each queue's line that queue's row."""
+    state = quiet_web.app.state.console  # type: ignore[attr-defined]
+    old = [
+        GroupOffset(group="shipping", topic="orders", queue_id=q, offset=0, max_offset=lag, lag=lag)
+        for q, lag in ((0, 5), (1, 6))
+    ]
+    state.history.record_offsets(old, time.time() - 10)
+    page = quiet_web.get("/group", params={"group": "shipping"}).text
+    total = re.search(r'id="group-lag">(\d+)<', page)
+    assert total and total.group(1) == "3"  # 1 + 2 messages not consumed
+    legend = _legend(page)
+    assert legend == {"total": "3", "orders#0": "1", "orders#1": "2"}
+    assert next(iter(legend)) == "total"  # the page's number comes first
+    lags = {f"orders#{q}": cells[2] for q, cells in _queue_cells(page, "orders").items()}
+    assert {k: v for k, v in legend.items() if k != "total"} == lags
+    assert sum(map(int, lags.values())) == int(legend["total"])
+    assert _plotted_last(page, "total") == pytest.approx(3, abs=0.05)
+    # the history stays behind the line: the sample of 10 s ago is its first point
+    assert len(re.findall(r'data-line="total" points="([^"]*)"', page)[0].split()) == 2
+
+    # more messages: the page, its live part and the chart move together
+    anyio.run(_send, seeded.address, 4)
+    part = quiet_web.get("/group", params={"group": "shipping", "partial": "1"}).text
+    assert 'id="group-lag">7<' in part and _legend(part)["total"] == "7"
+    # the groups page: each group's legend value is its row's lag
+    groups = quiet_web.get("/groups").text
+    [row_lag] = re.findall(
+        r'href="/group\?group=shipping">shipping</a></td><td>[^<]*</td><td>(\d+)<', groups
+    )
+    assert row_lag == "7" and _legend(groups)["shipping"] == "7"
+
+
+async def _send(address: str, n: int) -> None:
+    async with Producer(address) as p:
+        for i in range(n):
+            await p.send(Message("orders", f"more {i}".encode()), queue_id=0)
+
+
+def test_a_group_is_group_on_every_page_and_name_still_works(
+    quiet_web: TestClient, seeded: Seeded
+) -> None:
+    new = quiet_web.get("/group", params={"group": "shipping"})
+    old = quiet_web.get("/group", params={"name": "shipping"})  # links from before
+    assert new.status_code == old.status_code == 200
+    assert 'id="group-lag">3<' in new.text and 'id="group-lag">3<' in old.text
+    missing = quiet_web.get("/group")
+    assert missing.status_code == 400 and "?group=" in missing.text
+    # every link to a group's page or its dead letters says group=
+    pages = [
+        quiet_web.get("/groups").text,
+        quiet_web.get("/topic", params={"name": "orders"}).text,
+        quiet_web.get("/group", params={"group": "shipping"}).text,
+        quiet_web.get("/message", params={"id": seeded.dead_id}).text,
+        quiet_web.get("/dlq").text,
+    ]
+    links = [q for text in pages for q in re.findall(r'href="/(?:group|dlq)\?([a-z]+)=', text)]
+    assert links and set(links) == {"group"}, links
+    # the reset action's redirect too
+    csrf = token(quiet_web)
+    form = {"group": "shipping", "topic": "orders", "to": "2000-01-01T00:00"}
+    done = quiet_web.post(
+        "/group/reset",
+        data={**form, "csrf_token": csrf, "confirm": "yes"},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303 and done.headers["location"].startswith("/group?group=shipping&")

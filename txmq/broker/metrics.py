@@ -9,15 +9,14 @@ committed offsets, pending halves, pop in-flight entries, replication lag), into
 families when scraped.  The endpoint is an HTTP handler on the broker's own event loop, so
 a scrape reads the state between two requests, never in the middle of one.
 
-The server (broker/server.py) fills a :class:`MetricsSources` and calls
-:func:`start_metrics`; this module imports nothing of the server.
+The server (broker/server.py) fills a :class:`MetricsSources` and serves
+:func:`registry_for`'s registry with :func:`txmq.broker.metrics_endpoint.start_metrics`;
+this module imports nothing of the server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
@@ -25,15 +24,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-import anyio
-import anyio.abc
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from txmq.broker.state.context import BrokerContext
 from txmq.broker.state.stats import RPC_BUCKETS_MS, Tally
@@ -43,27 +39,18 @@ from txmq.protocol.connection import Connection, Handler, HandlerResult
 from txmq.protocol.message import PARKED_TOPIC
 from txmq.protocol.wire.base import Response, WithBody, requests
 from txmq.protocol.wire.frame import Frame
-from txmq.server.serving import ListenerUnavailable
 
 __all__ = [
-    "DEFAULT_METRICS_PORT",
     "BrokerCollector",
     "MetricsSources",
     "registry_for",
-    "start_metrics",
     "time_flushes",
     "timed_handler",
 ]
 
-log = logging.getLogger("txmq.broker")
-
-#: the RocketMQ exporter's port
-DEFAULT_METRICS_PORT = 5557
 _DLQ_PREFIX = "%DLQ%"
 #: an answer at once (anything else: a future, timed when it settles, or a coroutine)
 _REPLIES = (Response, WithBody)
-_MAX_REQUEST_HEAD = 8192
-_READ_TIMEOUT_S = 10.0
 
 
 class Half(Protocol):
@@ -506,75 +493,3 @@ def _response(exc: BaseException) -> str:
 
 def _snake(name: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
-
-
-# -- the endpoint -------------------------------------------------------------------------
-
-
-async def start_metrics(
-    tg: anyio.abc.TaskGroup, registry: CollectorRegistry, host: str, chosen: int
-) -> int:
-    """Serve ``/metrics`` in ``tg`` on ``host``: port ``chosen``, or for -1 the default
-    (5557), off with a warning if it is taken.  Returns the bound port (0: off); a chosen
-    port that cannot be bound raises :class:`ListenerUnavailable`."""
-    if chosen == 0:
-        return 0
-    port = DEFAULT_METRICS_PORT if chosen < 0 else chosen
-    try:
-        listener = await anyio.create_tcp_listener(
-            local_host=host, local_port=port, reuse_port=False
-        )
-    except OSError as exc:
-        why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
-        if chosen < 0:
-            log.warning(
-                "metrics off: port %s:%d %s (choose one with --metrics-port N)", host, port, why
-            )
-            return 0
-        raise ListenerUnavailable(
-            f"the metrics port {host}:{port} {why}; choose another with --metrics-port N, "
-            "or turn metrics off with --metrics-port 0"
-        ) from None
-    bound = int(listener.extra(anyio.abc.SocketAttribute.local_port))
-
-    async def serve() -> None:
-        async with listener:
-            await listener.serve(lambda stream: _answer(stream, registry))
-
-    tg.start_soon(serve)
-    log.info("metrics on http://%s:%d/metrics", host, bound)
-    return bound
-
-
-async def _answer(stream: anyio.abc.SocketStream, registry: CollectorRegistry) -> None:
-    """One HTTP/1.0-style exchange: ``GET /metrics`` -> the text format; then close."""
-    async with stream:
-        head = b""
-        with anyio.move_on_after(_READ_TIMEOUT_S):
-            try:
-                while b"\r\n\r\n" not in head and b"\n\n" not in head:
-                    chunk = await stream.receive(4096)
-                    head += chunk
-                    if len(head) > _MAX_REQUEST_HEAD:
-                        break
-            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                return
-        line = head.split(b"\n", 1)[0].decode("latin-1").strip().split()
-        if len(line) < 2:
-            status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
-        elif line[0] not in ("GET", "HEAD"):
-            status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET /metrics\n"
-        elif line[1].split("?", 1)[0] not in ("/metrics", "/"):
-            status, ctype, body = "404 Not Found", "text/plain", b"try /metrics\n"
-        else:
-            status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(registry)
-        reply = (
-            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n"
-        ).encode()
-        if line and line[0] == "HEAD":
-            body = b""
-        try:
-            await stream.send(reply + body)
-        except (anyio.BrokenResourceError, OSError):
-            pass

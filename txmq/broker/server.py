@@ -273,14 +273,15 @@ class Broker(Stoppable):
                     await self._start_duties()
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
+                await self._start_metrics(tg)
                 log.info(
-                    "broker %s on %s (flush %s)",
+                    "broker %s on %s (flush %s; metrics %s)",
                     "listening" if listener is not None else "serving in process",
                     self.address,
                     self.config.flush.value,
+                    f"on {self.metrics_url}" if self.metrics_url else "off",
                 )
                 await self._start_grpc()
-                await self._start_metrics(tg)
                 if self.registration is not None:
                     await tg.start(self.registration.run)
                 task_status.started(self)
@@ -388,12 +389,22 @@ class Broker(Stoppable):
         sources = self.metrics_sources()
         if sources is None:
             return
-        from txmq.broker.metrics import registry_for, start_metrics
+        from txmq.broker.metrics import registry_for
+        from txmq.broker.metrics_endpoint import start_metrics
 
         registry = registry_for(sources)
         self.metrics_port = await start_metrics(
             tg, registry, self.config.host, self.config.metrics_port
         )
+
+    @property
+    def metrics_url(self) -> str:
+        """Where ``/metrics`` is served ("" while metrics are off or not started)."""
+        if not self.metrics_port:
+            return ""
+        from txmq.broker.metrics_endpoint import metrics_url
+
+        return metrics_url(self.config.host, self.metrics_port)
 
     def metrics_sources(self) -> MetricsSources | None:
         """What the metrics read (None: metrics are off)."""

@@ -72,7 +72,7 @@ def add_parser(sub: SubParsers) -> None:
         "--metrics-port",
         type=int,
         help="serve Prometheus metrics (GET /metrics) on this port, on --host "
-        "(default 5557 when free; 0: off)",
+        "(default 5557, or a free one when taken; 0: off)",
     )
     cluster = start.add_argument_group(
         "cluster", "register with name servers (without --namesrv the broker runs alone)"

@@ -224,4 +224,4 @@ async def reset_offsets(request: Request) -> Response:
         ),
     )
     text = f"offsets of {topic} reset to {when}: {moved} of {len(rows)} queue(s) moved"
-    return done(request, "/group", "ok", text, name=group)
+    return done(request, "/group", "ok", text, group=group)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
+from collections.abc import Iterable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -13,8 +15,10 @@ from txmq.console.dblog import log_states
 from txmq.console.holders import queue_holders
 from txmq.console.journey import journeys
 from txmq.console.render import chart, show_body
+from txmq.console.state import Point
 from txmq.console.web import client_of, page, state_of
 from txmq.protocol.message import Prop
+from txmq.protocol.wire import GroupOffset
 
 __all__ = [
     "cluster",
@@ -33,6 +37,8 @@ LIST_MAX = 200
 #: operators' decisions shown (newest first)
 DECIDED_MAX = 50
 DLQ_PREFIX, RETRY_PREFIX = "%DLQ%", "%RETRY%"
+#: the group page's chart line of the group's total lag
+TOTAL_LINE = "total"
 
 
 def _param(request: Request, name: str, *, required: bool = True) -> str:
@@ -40,6 +46,25 @@ def _param(request: Request, name: str, *, required: bool = True) -> str:
     if required and not value:
         raise HTTPException(400, f"say which: ?{name}=...")
     return value
+
+
+def _group(request: Request) -> str:
+    """The consumer group a page is about: ``?group=``, every page's name for a group (the
+    group page's ``?name=`` of before still works, for old links)."""
+    name = _param(request, "group", required=False) or _param(request, "name", required=False)
+    if not name:
+        raise HTTPException(400, "say which: ?group=...")
+    return name
+
+
+def _until_now(points: Iterable[Point], now: float, value: float) -> list[Point]:
+    """A chart line's samples and, last, the value the page shows beside it (read now):
+    the legend and the page's number are one reading, never a sample seconds older."""
+    return [*(p for p in points if p[0] < now), (now, value)]
+
+
+def _queue_line(o: GroupOffset) -> str:
+    return f"{o.topic}{'@' + o.broker_name if o.broker_name else ''}#{o.queue_id}"
 
 
 async def cluster(request: Request) -> Response:
@@ -90,6 +115,7 @@ async def topic(request: Request) -> Response:
 async def groups(request: Request) -> Response:
     client = await client_of(request)
     offsets = await client.offsets()
+    now = time.time()
     configs = {g.group: g for g in await client.groups()}
     lag: dict[str, int] = defaultdict(int)
     topics_of: dict[str, set[str]] = defaultdict(set)
@@ -107,32 +133,38 @@ async def groups(request: Request) -> Response:
         for g in names
     ]
     history = state_of(request).history
-    lines = {g: list(p) for g, p in history.group_lag.items()}
+    lines = {g: _until_now(history.group_lag.get(g, ()), now, total) for g, total in lag.items()}
     return page(request, "groups", {"rows": rows, "lag_chart": chart(lines)})
 
 
 async def group(request: Request) -> Response:
-    name = _param(request, "name")
-    state = state_of(request)
+    """A consumer group: its lag (the total: the sum over the queues it has committed
+    offsets on of max offset - committed offset, the groups page's number; and each
+    queue's), members and the queues each holds.  The chart's lines end with this read,
+    so that its legend and the page's numbers agree."""
+    name = _group(request)
+    history = state_of(request).history
     client = await client_of(request)
     offsets = [o for o in await client.offsets() if o.group == name]
+    now = time.time()
+    total = sum(o.lag for o in offsets)
+    lines = {TOTAL_LINE: _until_now(history.group_lag.get(name, ()), now, total)}
+    for o in offsets:
+        key = (name, o.topic, o.broker_name, o.queue_id)
+        lines[_queue_line(o)] = _until_now(history.queue_lag.get(key, ()), now, o.lag)
     members = await client.members(name)
     holders = await queue_holders(client, name, offsets, members)
-    lines = {
-        f"{topic}{'@' + broker if broker else ''}#{qid}": list(points)
-        for (g, topic, broker, qid), points in state.history.queue_lag.items()
-        if g == name
-    }
     return page(
         request,
         "group",
         {
             "name": name,
             "offsets": offsets,
-            "lag": sum(o.lag for o in offsets),
+            "lag": total,
+            "total_line": TOTAL_LINE,
             "members": members,
             "holders": holders,
-            "lag_chart": chart(lines),
+            "lag_chart": chart(lines, first=[TOTAL_LINE]),
         },
     )
 

@@ -8,8 +8,9 @@ property or topic name holding markup is shown as text.
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,12 +24,16 @@ __all__ = [
     "human_bytes",
     "show_body",
     "show_ms",
+    "show_number",
+    "url_pieces",
 ]
 
 BodyKind = Literal["empty", "json", "text", "hex"]
 #: colours of a chart's lines, in order
 COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
 _CONTROL = {c for c in range(32) if chr(c) not in "\t\n\r"} | {127}
+#: where a URL may wrap: after its slashes and its ``@``, before its ``?`` and ``&``
+_URL_BREAKS = re.compile(r"(?<=[/@])(?!/)|(?=[?&])")
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,19 @@ def show_ms(ms: int | None) -> str:
     return ms_time(ms) if ms else "-"
 
 
+def show_number(n: float) -> str:
+    """A chart's value as a page shows it: a whole number as such (a lag of 1234567 is
+    ``1234567``, as in the tables, not ``1.23457e+06``), else with one decimal."""
+    return str(int(n)) if float(n).is_integer() else f"{n:.1f}"
+
+
+def url_pieces(url: str) -> list[str]:
+    """``url`` cut where a line may wrap (after ``//`` and each ``/``, after ``@``, before
+    ``?`` and ``&``): the template puts a ``<wbr>`` between the pieces, so that a long
+    database URL wraps at its separators, never inside a host or a file name."""
+    return [p for p in _URL_BREAKS.split(url) if p]
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -128,11 +146,18 @@ class Chart:
     until: str
 
 
-def chart(series: Mapping[str, Iterable[tuple[float, float]]], now: float | None = None) -> Chart:
+def chart(
+    series: Mapping[str, Iterable[tuple[float, float]]],
+    now: float | None = None,
+    *,
+    first: Sequence[str] = (),
+) -> Chart:
     """A line chart's geometry: each series (time, value) as a polyline over one time axis
-    (the oldest to the newest sample) and one value axis from 0."""
+    (the oldest to the newest sample) and one value axis from 0; the lines named in
+    ``first`` in that order, then the others by name."""
     data = {name: list(points) for name, points in series.items()}
     data = {name: pts for name, pts in data.items() if pts}
+    names = [n for n in first if n in data] + sorted(n for n in data if n not in first)
     times = [t for pts in data.values() for t, _ in pts]
     values = [v for pts in data.values() for _, v in pts]
     t1 = max(times) if times else (now or time.time())
@@ -142,7 +167,8 @@ def chart(series: Mapping[str, Iterable[tuple[float, float]]], now: float | None
     plot_w = WIDTH - PAD_LEFT - 8
     plot_h = HEIGHT - PAD_BOTTOM - PAD_TOP
     lines = []
-    for i, (name, pts) in enumerate(sorted(data.items())):
+    for i, name in enumerate(names):
+        pts = data[name]
         coords = " ".join(
             f"{PAD_LEFT + (t - t0) / span * plot_w:.1f},{PAD_TOP + plot_h - v / y_max * plot_h:.1f}"
             for t, v in pts

@@ -33,6 +33,8 @@ _env = jinja2.Environment(
 )
 _env.globals.update(
     show_ms=render.show_ms,
+    show_number=render.show_number,
+    url_pieces=render.url_pieces,
     human_bytes=render.human_bytes,
     csrf_field=FIELD,
 )

@@ -115,9 +115,9 @@ class BrokerConfig(ConnectionSettings):
     #: without it (RocketMQ's `grpcServerPort`, of its proxy)
     grpc_port: int = -1
     #: Prometheus metrics (``GET /metrics``) on this port, bound to ``host``.  -1 (the
-    #: default): port 5557 (the RocketMQ exporter's), or off with a warning when it is
-    #: taken; 0: off; any other port: that port, and the broker does not start without it
-    #: (RocketMQ's `metricsPromExporterPort`)
+    #: default): port 5557 (the RocketMQ exporter's), or when it is taken the next free of
+    #: 5558-5566, else any free port (a warning says which); 0: off; any other port: that
+    #: port, and the broker does not start without it (RocketMQ's `metricsPromExporterPort`)
     metrics_port: int = -1
     #: the gRPC address clients are told to use (default: host:grpc port)
     grpc_advertised_address: str = ""
@@ -256,7 +256,7 @@ class BrokerConfig(ConnectionSettings):
         if not -1 <= self.metrics_port <= 65535:
             raise SettingsError(
                 f"metrics_port {self.metrics_port} is not between 0 (off) and 65535 "
-                "(-1: 5557 if free)"
+                "(-1: 5557, or a free port when it is taken)"
             )
         if self.ha_master_address:
             try:
