@@ -27,11 +27,14 @@ import os
 import re
 import shlex
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -594,6 +597,43 @@ def run_acl_by_hand(folder: Folder, block: Block) -> None:
     folder.stop(folder.procs[0])
 
 
+def run_fastapi_service(folder: Folder, block: Block) -> None:
+    """The FastAPI service, run as ``python app.py`` (uvicorn on a free port instead of
+    8000): an order over the limit answers 422 and leaves neither its row nor its message;
+    an order placed commits both, and the service's own consumer bills it; Ctrl-C stops it."""
+    folder.upgrade_db()
+    port = free_port()
+    assert "port=8000" in block.text, block.where
+    proc = folder.start_python(replace(block, text=block.text.replace("port=8000", f"port={port}")))
+
+    def post(amount: int) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/orders?amount={amount}", method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def serving() -> bool:
+        assert proc.poll() is None, folder.stderr(proc)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    wait_for(serving, timeout=60, interval=0.1)
+    assert post(5000) == (422, {"detail": "amount over the limit"})
+    status, placed = post(42)
+    assert status == 200, placed
+    assert read_line(proc, "billed ") == f"billed {placed['order']}"
+    assert folder.topic_messages("orders") == 1  # the one over the limit never committed
+    assert "billed" not in folder.stop(proc)
+    assert rows(folder, "SELECT id, amount FROM orders") == [(placed["order"], 42)]
+
+
 PLAN: dict[str, Runner | str] = {
     "scripts/test.sh": "the README's two commands: scripts/test.sh is this suite; "
     "tests/acceptance/test_orders.py runs scripts/demo.sh",
@@ -623,6 +663,10 @@ PLAN: dict[str, Runner | str] = {
     "txmq namesrv start --controller-store ./controller": run_replicated_set_by_hand,
     "pip install rocketmq-python-client": run_official_client,
     "# acl.toml": run_acl_file,
+    "# app.py": run_fastapi_service,
+    "async def place_order(request: Request)": "a fragment of a Starlette application; "
+    "tests/integration/test_asgi.py::test_a_starlette_app_runs_the_lifespan_and_a_transaction "
+    "runs such an application (the lifespan, txmq.sqla.transaction in the endpoint)",
     "txmq broker start --store ./store --acl acl.toml": run_acl_by_hand,
     CLUSTER_CLIENT: "run by run_cluster_by_hand, against the cluster of the three commands "
     "before it",

@@ -25,6 +25,7 @@ REFERENCE = {
     "txmq.outbox": "outbox",
     "txmq.saga": "saga",
     "txmq.testing": "testing",
+    "txmq.asgi": "asgi",
     "txmq.admin": "admin",
 }
 

@@ -60,6 +60,7 @@ PLACES = {
     "txmq.outbox": "application",
     "txmq.saga": "application",
     "txmq.migrations": "application",
+    "txmq.asgi": "application",  # FastAPI/Starlette lifespans and dependencies
     "txmq.broker": "broker",
     "txmq.broker.store": "store",
     "txmq.namesrv": "namesrv",
