@@ -31,6 +31,7 @@ from txmq.admin.acl import AclAdmin
 from txmq.admin.cluster import BrokerRow, ControllerView, cluster_rows
 from txmq.admin.controller import SwitchoverResult
 from txmq.admin.fanout import BrokerAddress, is_offset_id, merged
+from txmq.admin.groups import GroupAdmin, GroupSummary
 from txmq.admin.transactions import BrokerDecisionRow, BrokerTransactionRow, TransactionAdmin
 from txmq.protocol.codec import decode_record, decode_records
 from txmq.protocol.message import MessageExt, Prop, is_system_topic
@@ -70,6 +71,7 @@ __all__ = [
     "BrokerTransactionRow",
     "ConsumeTimeout",
     "ControllerView",
+    "GroupSummary",
     "QueueReset",
     "SwitchoverResult",
     "epoch_ms",
@@ -84,7 +86,7 @@ class ConsumeTimeout(TxmqError, TimeoutError):
     retriable = True
 
 
-class AdminClient(TransactionAdmin, AclAdmin):
+class AdminClient(TransactionAdmin, AclAdmin, GroupAdmin):
     """Operator queries of the broker given by ``address``, or of every broker of a
     cluster through its name servers (``namesrv=``).  Methods that take ``broker``
     (a broker set's name) ask only that broker set of the cluster."""

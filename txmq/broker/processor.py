@@ -28,6 +28,7 @@ from txmq.protocol.wire import (
     GetAllSubscriptionGroups,
     GetAllTopicConfig,
     GetBrokerRuntimeInfo,
+    GetConsumerConnectionList,
     GetConsumerListByGroup,
     GetMaxOffset,
     GetMinOffset,
@@ -89,6 +90,7 @@ def request_router(s: Services, guard: Gate | None = None) -> Router:
     r.route(Heartbeat, s.groups.heartbeat)
     r.route(UnregisterClient, s.groups.unregister)
     r.route(GetConsumerListByGroup, s.groups.consumer_list)
+    r.route(GetConsumerConnectionList, s.groups.connection_list)
     r.route(LockBatchMq, s.locks.lock_batch)
     r.route(UnlockBatchMq, s.locks.unlock_batch)
     # topics and routes

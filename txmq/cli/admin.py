@@ -32,7 +32,8 @@ from txmq.cli.options import (
     endpoints,
     share,
 )
-from txmq.observability.fmt import cell, format_table, ms_time, with_times
+from txmq.cli.tables import table
+from txmq.observability.fmt import cell, ms_time, with_times
 
 if TYPE_CHECKING:
     from txmq.admin.client import AdminClient
@@ -50,6 +51,12 @@ def _shared(parser: argparse.ArgumentParser, default: object) -> None:
         action="store_true",
         default=default if default is argparse.SUPPRESS else False,
         help="print JSON instead of a table",
+    )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="every column of a table, however wide (tables fit $COLUMNS or the terminal)",
     )
 
 
@@ -136,6 +143,23 @@ def add_parser(sub: SubParsers) -> None:
     where = tc.add_mutually_exclusive_group()
     where.add_argument("--cluster", help="every master of this cluster (with --namesrv)")
     where.add_argument("--broker-name", help="the broker set with this name (with --namesrv)")
+    tp = add_command(asub, "topic", help="a topic: delete it")
+    tsub = tp.add_subparsers(dest="topic_cmd", required=True, metavar="COMMAND")
+    td = add_command(
+        tsub,
+        "delete",
+        help="delete a topic from every broker set holding it (asks for --yes)",
+        description=(
+            "Delete a topic: its config and its queues on every broker set holding it (or\n"
+            "on --broker-name B alone), and its route at the name servers when the brokers\n"
+            "next register. Its messages can no longer be consumed. Refused without --yes."
+        ),
+        examples="  txmq admin topic delete orders --yes\n"
+        "  txmq admin topic delete orders --yes --namesrv 127.0.0.1:9876 --broker-name broker-b",
+    )
+    td.add_argument("topic")
+    td.add_argument("--yes", action="store_true", help="yes, delete it")
+    td.add_argument("--broker-name", help=BROKER_NAME_HELP)
     add_command(
         asub,
         "offsets",
@@ -213,7 +237,7 @@ def run_admin(args: argparse.Namespace) -> int:
     import anyio
 
     from txmq.admin.client import AdminClient
-    from txmq.cli.admin_views import cluster_note, query
+    from txmq.cli.admin_views import cluster_note, low_value, query
 
     if args.controller and args.admin_cmd not in ("cluster", "switchover"):
         raise CommandError("--controller is for 'txmq admin cluster' and 'txmq admin switchover'")
@@ -233,6 +257,8 @@ def run_admin(args: argparse.Namespace) -> int:
                 "say which: --pending, --parked or --decided (or a command: commit, rollback, "
                 "recheck)"
             )
+    if args.admin_cmd == "topic":
+        return _delete_topic(args)
     where = endpoints(args)
 
     async def client() -> AdminClient:
@@ -268,5 +294,31 @@ def run_admin(args: argparse.Namespace) -> int:
                 print(f"{key:>18}: {cell(value)}")
             print()
     else:
-        print(format_table(rows, columns))
+        print(table(rows, columns, drop=low_value(args), wide=args.wide))
+    return 0
+
+
+def _delete_topic(args: argparse.Namespace) -> int:
+    import anyio
+
+    from txmq.admin.client import AdminClient
+
+    if not args.yes:
+        raise CommandError(
+            f"deleting topic {args.topic!r} drops its queues and messages: add --yes to do it"
+        )
+    where = endpoints(args)
+
+    async def run() -> None:
+        async with AdminClient(where["address"], namesrv=where["namesrv"]) as admin:
+            await admin.delete_topic(args.topic, broker=args.broker_name)
+
+    anyio.run(run)
+    if args.json:
+        print(json.dumps([{"topic": args.topic, "deleted": True}], indent=2))
+    else:
+        where_ = (
+            f"broker set {args.broker_name}" if args.broker_name else "every broker set holding it"
+        )
+        print(f"topic {args.topic} deleted (from {where_})")
     return 0

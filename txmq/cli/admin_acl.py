@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.observability.fmt import format_table
+from txmq.cli.tables import table
 
 if TYPE_CHECKING:
     from txmq.admin.client import AdminClient
@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace, do: Callable[[AdminClient], Awaitable[T]]) ->
 def _run_user(args: argparse.Namespace) -> int:
     cmd, name = args.user_cmd, args.name
     if cmd == "list":
-        _print_users(_run(args, lambda admin: admin.users(name)), args.json)
+        _print_users(_run(args, lambda admin: admin.users(name)), args.json, args.wide)
         return 0
     if cmd == "delete":
         deleted = _run(args, lambda admin: admin.delete_user(name))
@@ -285,7 +285,7 @@ def _run_rules(args: argparse.Namespace) -> int:
             rows = [{"user": u.name, **_rule_json(r)} for u in users for r in u.rules]
             print(json.dumps(rows, indent=2))
         else:
-            print(format_table(_rule_rows(users), ["user", "rule"]))
+            print(table(_rule_rows(users), ["user", "rule"], wide=args.wide))
         return 0
     try:
         if cmd == "add":
@@ -365,7 +365,7 @@ def _done(
             f"TXMQ_ACCESS_KEY={user.name} TXMQ_SECRET_KEY=<the secret key>."
         )
     if show:
-        print(format_table(_user_rows([user]), ["name", "super", "rules"]))
+        print(table(_user_rows([user]), ["name", "super", "rules"], wide=args.wide))
 
 
 def rule_text(rule: AclRule) -> str:
@@ -415,8 +415,8 @@ def _rule_rows(users: list[AclUser]) -> list[dict[str, Any]]:
     return rows
 
 
-def _print_users(users: list[AclUser], as_json: bool) -> None:
+def _print_users(users: list[AclUser], as_json: bool, wide: bool) -> None:
     if as_json:
         print(json.dumps([_user_json(u) for u in users], indent=2))
     else:
-        print(format_table(_user_rows(users), ["name", "super", "rules"]))
+        print(table(_user_rows(users), ["name", "super", "rules"], wide=wide))

@@ -1,4 +1,6 @@
-"""``txmq admin group``: consumer-group configs (RocketMQ's SubscriptionGroupConfig) —
+"""``txmq admin group``: the consumer groups the brokers know (``list``), a group's live
+members (``connections``, mqadmin's consumerConnection) and its progress per queue
+(``progress``, consumerProgress); consumer-group configs (RocketMQ's SubscriptionGroupConfig) —
 whether a group is FIFO (the broker delivers a queue's messages one batch at a time, in
 order) and its retry limit (``retry_max_times``, 16 by default) — set, listed and deleted
 on one broker or on every master of a cluster — and a group's offsets reset to a time
@@ -15,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.observability.fmt import format_table, iso_ms, ms_time
+from txmq.cli.tables import table
+from txmq.observability.fmt import iso_ms, ms_time
 
 if TYPE_CHECKING:
+    from txmq.admin.client import AdminClient
     from txmq.protocol.wire import GroupConfigRow, QueueReset
 
 __all__ = ["add_group", "run_group"]
@@ -26,19 +30,24 @@ BROKER_NAME_HELP = "only the broker set with this name (with --namesrv)"
 
 
 def add_group(asub: SubParsers) -> argparse.ArgumentParser:
-    """``txmq admin group update | list | delete | reset-offset``."""
+    """``txmq admin group list | connections | progress | update | delete | reset-offset``."""
     g = add_command(
         asub,
         "group",
-        help="consumer-group configs: FIFO delivery and the retry limit",
+        help="consumer groups: members, progress, lag; configs (FIFO, the retry limit)",
         description=(
-            "Consumer-group configs (RocketMQ's subscription groups). A FIFO group gets a\n"
+            "The consumer groups the brokers know (list), a group's live members\n"
+            "(connections) and its offsets and lag per queue (progress). Configs (RocketMQ's\n"
+            "subscription groups). A FIFO group gets a\n"
             "queue's messages one batch at a time, in order; --retry-max is how often a\n"
             "failed message is retried before it goes to %%DLQ%%<group> (0 to 64, default\n"
             "16). A group nobody configured has the defaults (not FIFO, 16 retries).\n"
             "Through name servers a change is made on every master (or on --broker-name B)."
         ),
-        examples="  txmq admin group update --group billing --fifo --retry-max 3\n"
+        examples="  txmq admin group list\n"
+        "  txmq admin group connections billing\n"
+        "  txmq admin group progress billing --namesrv 127.0.0.1:9876\n"
+        "  txmq admin group update --group billing --fifo --retry-max 3\n"
         "  txmq admin group list --json\n"
         "  txmq admin group delete --group billing --namesrv 127.0.0.1:9876\n"
         "  txmq admin group reset-offset --group billing --topic orders --to -1h",
@@ -74,14 +83,48 @@ def add_group(asub: SubParsers) -> argparse.ArgumentParser:
     ls = add_command(
         gsub,
         "list",
-        help="list configured consumer groups",
+        help="list the consumer groups the brokers know: members, lag, config",
         description=(
-            "List configured consumer groups. Through name servers each row names the\n"
-            "broker sets that have that config."
+            "List the consumer groups the brokers know: those with members connected now,\n"
+            "with committed offsets, or with a config. MEMBERS: clients connected now (over\n"
+            "every broker set); LAG: messages not consumed yet, summed over every queue the\n"
+            "group committed an offset of (- when it committed none); CONFIG: whether it\n"
+            "has a config (else it has the defaults: not FIFO, 16 retries)."
         ),
         examples="  txmq admin group list\n  txmq admin group list --namesrv 127.0.0.1:9876 --json",
     )
     ls.add_argument("--broker-name", help=BROKER_NAME_HELP)
+    co = add_command(
+        gsub,
+        "connections",
+        help="a consumer group's live members: client id, address, subscriptions",
+        description=(
+            "A consumer group's members connected now (RocketMQ mqadmin's\n"
+            "consumerConnection): each one's client id, address (as the broker sees it),\n"
+            "subscriptions (topic=expression), consume type (CONCURRENTLY, ORDERLY) and\n"
+            "message model (CLUSTERING, BROADCASTING), and seconds since its last heartbeat.\n"
+            "Through name servers a member gets a row for each broker set it is connected to."
+        ),
+        examples="  txmq admin group connections billing\n"
+        "  txmq admin group connections billing --namesrv 127.0.0.1:9876 --json",
+    )
+    co.add_argument("group", metavar="GROUP", help="consumer group")
+    co.add_argument("--broker-name", help=BROKER_NAME_HELP)
+    pr = add_command(
+        gsub,
+        "progress",
+        help="a consumer group's offsets and lag, per queue",
+        description=(
+            "A consumer group's progress per queue (RocketMQ mqadmin's consumerProgress):\n"
+            "the broker's offset (the queue's end), the group's committed offset, and the\n"
+            "lag between them; then the total lag. Queues the group has committed no offset\n"
+            "of are not listed. The brokers do not record when a queue was last consumed."
+        ),
+        examples="  txmq admin group progress billing\n"
+        "  txmq admin group progress billing --namesrv 127.0.0.1:9876 --json",
+    )
+    pr.add_argument("group", metavar="GROUP", help="consumer group")
+    pr.add_argument("--broker-name", help=BROKER_NAME_HELP)
     de = add_command(
         gsub,
         "delete",
@@ -170,14 +213,14 @@ def _run_reset(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"consumer group {args.group}: offsets of {args.topic} reset to {ms_time(to)}")
-    table = [
+    rows_out = [
         {"broker": r.broker_name, "queue": r.queue_id, "old": r.old_offset, "new": r.new_offset}
         for r in rows
     ]
     columns = ["queue", "old", "new"]
     if any(r.broker_name for r in rows):
         columns.insert(0, "broker")
-    print(format_table(table, columns))
+    print(table(rows_out, columns, wide=args.wide))
     return 0
 
 
@@ -188,6 +231,8 @@ def run_group(args: argparse.Namespace) -> int:
 
     if args.group_cmd == "reset-offset":
         return _run_reset(args)
+    if args.group_cmd in ("list", "connections", "progress"):
+        return _run_view(args)
     where = endpoints(args)
     cmd, name = args.group_cmd, args.broker_name
 
@@ -199,7 +244,7 @@ def run_group(args: argparse.Namespace) -> int:
                 )
             if cmd == "delete":
                 return await admin.delete_group(args.group, broker=name)
-            return await admin.groups(broker=name)
+            raise AssertionError(cmd)  # pragma: no cover - argparse allows no other
 
     result = anyio.run(run)
     if isinstance(result, bool):
@@ -214,11 +259,93 @@ def run_group(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(format_table([{**r, "fifo": "yes" if r["fifo"] else "no"} for r in rows]))
+        print(table([{**r, "fifo": "yes" if r["fifo"] else "no"} for r in rows], wide=args.wide))
     return 0
 
 
-def _row(row: GroupConfigRow | QueueReset) -> dict[str, Any]:
+#: what a narrow terminal leaves out first (the first first)
+LIST_LOW_VALUE = ["brokers", "topics", "retry_max", "fifo"]
+CONNECTIONS_LOW_VALUE = ["heartbeat_s", "model", "broker_name"]
+
+
+def _run_view(args: argparse.Namespace) -> int:
+    """``list``, ``connections`` and ``progress``."""
+    import anyio
+
+    from txmq.admin.client import AdminClient
+
+    where = endpoints(args)
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with AdminClient(where["address"], namesrv=where["namesrv"]) as admin:
+            return await _view(admin, args)
+
+    raw, rows = anyio.run(run)
+    if args.json:
+        print(json.dumps(raw, indent=2))
+        return 0
+    cmd = args.group_cmd
+    if cmd == "connections" and not rows:
+        print(f"consumer group {args.group}: no member is connected")
+    elif cmd == "progress" and not rows:
+        print(f"consumer group {args.group}: no committed offset")
+    else:
+        drop = LIST_LOW_VALUE if cmd == "list" else CONNECTIONS_LOW_VALUE
+        print(table(rows, drop=drop, wide=args.wide))
+        if cmd == "progress":
+            print(f"total lag: {sum(r['lag'] for r in rows)}")
+    return 0
+
+
+async def _view(
+    admin: AdminClient, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """JSON rows and table rows of ``list``, ``connections`` or ``progress``."""
+    name = args.broker_name
+    if args.group_cmd == "list":
+        groups = [_row(g) for g in await admin.group_summaries(broker=name)]
+        return groups, [
+            {
+                "group": g["group"],
+                "members": g["members"],
+                "lag": g["lag"],
+                "config": "yes" if g["config"] else "no",
+                "fifo": None if g["fifo"] is None else "yes" if g["fifo"] else "no",
+                "retry_max": g["retry_max_times"],
+                "topics": g["topics"],
+                **({"brokers": g["brokers"]} if "brokers" in g else {}),
+            }
+            for g in groups
+        ]
+    if args.group_cmd == "connections":
+        members = [_row(c) for c in await admin.consumer_connections(args.group, broker=name)]
+        return members, [
+            {
+                **({"broker_name": c["broker_name"]} if "broker_name" in c else {}),
+                "client_id": c["client_id"],
+                "address": c["address"],
+                "type": c["consume_type"],
+                "model": c["message_model"],
+                "subscriptions": c["subscriptions"],
+                "heartbeat_s": c["heartbeat_age_s"],
+            }
+            for c in members
+        ]
+    offsets = [_row(o) for o in await admin.group_offsets(args.group, broker=name)]
+    return offsets, [
+        {
+            **({"broker_name": o["broker_name"]} if "broker_name" in o else {}),
+            "topic": o["topic"],
+            "queue_id": o["queue_id"],
+            "broker_offset": o["max_offset"],
+            "consumer_offset": o["offset"],
+            "lag": o["lag"],
+        }
+        for o in offsets
+    ]
+
+
+def _row(row: msgspec.Struct) -> dict[str, Any]:
     """A row as a dict; ``brokers`` / ``broker_name`` only when a cluster filled it."""
     out: dict[str, Any] = msgspec.structs.asdict(row)
     for name in ("brokers", "broker_name"):

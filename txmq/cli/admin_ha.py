@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.observability.fmt import format_table, span, with_times
+from txmq.cli.tables import table
+from txmq.observability.fmt import span, with_times
 
 if TYPE_CHECKING:
     from txmq.admin.client import AdminClient, BrokerRow
@@ -144,11 +145,31 @@ async def cluster_output(admin: AdminClient, args: argparse.Namespace) -> str:
     brokers = await admin.cluster(controller=_controllers(args) or None)
     if args.json:
         return json.dumps([with_times(msgspec.to_builtins(b)) for b in brokers], indent=2)
-    text = format_table([_broker_line(b, any(x.error for x in brokers)) for b in brokers])
+    wide = bool(getattr(args, "wide", False))
+    lines = [_broker_line(b, any(x.error for x in brokers)) for b in brokers]
+    text = table(lines, drop=BROKER_LOW_VALUE, wide=wide)
     sets = _set_lines(brokers)
     if sets:
-        text += "\n\n" + format_table(sets)
+        text += "\n\n" + table(sets, drop=SET_LOW_VALUE, wide=wide)
     return text
+
+
+#: what a narrow terminal leaves out first (the first first)
+BROKER_LOW_VALUE = [
+    "max_offset",
+    "get/s",
+    "put/s",
+    "topics",
+    "connections",
+    "version",
+    "slave_lag_s",
+    "slave_lag",
+    "epoch",
+    "uptime",
+    "messages",
+    "cluster",
+]
+SET_LOW_VALUE = ["ctl_in_sync", "ctl_master", "ctl_epoch", "electing", "cluster"]
 
 
 def _broker_line(b: BrokerRow, errors: bool) -> dict[str, Any]:

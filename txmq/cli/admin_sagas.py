@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints, positive_int
-from txmq.observability.fmt import format_table, span
+from txmq.cli.tables import table
+from txmq.observability.fmt import span
 from txmq.saga.model import OPERATOR_GROUP, State
 
 __all__ = ["add_sagas", "run_sagas"]
@@ -128,7 +129,7 @@ def run_sagas(args: argparse.Namespace) -> int:
                 }
                 for i in found
             ]
-            print(format_table(rows))
+            print(table(rows, drop=["age"], wide=args.wide))
             return 0
         if args.sagas_cmd != "show":  # retry, resolve: operate() looks the saga up itself
             return _operate(args)
@@ -143,7 +144,7 @@ def run_sagas(args: argparse.Namespace) -> int:
         if info.error:
             print(f"error: {info.error}")
         print(f"data: {json.dumps(info.data, default=str)}")
-        print(format_table(_steps(info)))
+        print(table(_steps(info), wide=args.wide))
         return 0
     except SQLAlchemyError as exc:
         raise CommandError(describe_db_error(exc, args.db)) from exc

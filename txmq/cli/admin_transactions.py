@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
-from txmq.observability.fmt import format_table, ms_time, with_times
+from txmq.cli.tables import table
+from txmq.observability.fmt import ms_time, with_times
 
 if TYPE_CHECKING:
     from txmq.admin.client import BrokerDecisionRow
@@ -128,7 +129,8 @@ def run_decide(args: argparse.Namespace) -> int:
     elif not rows:
         print("no parked half message to re-check")
     else:
-        print(format_table(decision_table(rows)))
+        drop = ["transaction_id", "was", "new_offset", "operator", "topic", "decided"]
+        print(table(decision_table(rows), drop=drop, wide=args.wide))
     return 0
 
 

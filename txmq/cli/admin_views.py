@@ -18,7 +18,7 @@ from txmq.protocol.message import MessageExt, Prop
 from txmq.protocol.wire import PERM_READ, PERM_WRITE
 from txmq.protocol.wire.errors import TxmqError
 
-__all__ = ["Rows", "cluster_note", "query"]
+__all__ = ["DECIDED_LOW_VALUE", "Rows", "cluster_note", "low_value", "query"]
 
 Rows = tuple[list[dict[str, Any]], list[str] | None]
 
@@ -32,6 +32,25 @@ MESSAGE_COLUMNS = [
     "store_time",
     "body",
 ]
+
+
+#: the columns a narrow terminal leaves out first, by command (the first first)
+LOW_VALUE: dict[str, list[str]] = {
+    "topics": ["brokers", "system"],
+    "topic-stats": ["min_offset"],
+    "offsets": ["max_offset"],
+    "route": ["cluster", "perm"],
+    "dlq": ["store_time", "keys", "reconsume_times"],
+    "transactions": ["offset", "born", "checks", "transaction_id"],
+}
+DECIDED_LOW_VALUE = ["transaction_id", "was", "new_offset", "operator", "topic", "decided"]
+
+
+def low_value(args: argparse.Namespace) -> list[str]:
+    """The columns of this command's table that a narrow terminal leaves out first."""
+    if args.admin_cmd == "transactions" and getattr(args, "decided", False):
+        return DECIDED_LOW_VALUE
+    return LOW_VALUE.get(args.admin_cmd, [])
 
 
 def _named(row: dict[str, Any]) -> dict[str, Any]:

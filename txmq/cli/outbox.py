@@ -19,7 +19,8 @@ from txmq.cli.options import (
     non_negative_float,
     share,
 )
-from txmq.observability.fmt import format_table, span
+from txmq.cli.tables import table
+from txmq.observability.fmt import span
 from txmq.sqla.db import describe_db_error, with_connection
 
 __all__ = ["add_parser", "run_outbox"]
@@ -43,6 +44,12 @@ def _json(parser: argparse.ArgumentParser, default: object) -> None:
         action="store_true",
         default=default if default is argparse.SUPPRESS else False,
         help="print JSON",
+    )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="every column of a table, however wide (tables fit $COLUMNS or the terminal)",
     )
 
 
@@ -184,13 +191,13 @@ def _table_command(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(s.as_dict()))
         else:
-            print(format_table([s.as_dict()]))
+            print(table([s.as_dict()], wide=args.wide))
     elif cmd == "parked":
         rows = with_connection(args.db, lambda conn: outbox.parked(conn, limit=args.max))
         if args.json:
             print(json.dumps(rows, default=str, indent=2))
         else:
-            print(format_table(rows))
+            print(table(rows, wide=args.wide))
     elif cmd == "requeue":
         n = with_connection(
             args.db, lambda conn: outbox.requeue(conn, None if args.all else args.id)

@@ -20,8 +20,11 @@ from txmq.protocol.connection import Connection
 from txmq.protocol.message import retry_topic
 from txmq.protocol.rpc import Call
 from txmq.protocol.wire import (
+    ConsumerConnection,
+    ConsumerConnections,
     ConsumerList,
     Empty,
+    GetConsumerConnectionList,
     GetConsumerListByGroup,
     Heartbeat,
     NotifyConsumerIdsChanged,
@@ -164,6 +167,25 @@ class ConsumerManager:
         info = self._groups.get(group)
         return sorted(info.members) if info is not None else []
 
+    def connections(self, group: str = "") -> list[ConsumerConnection]:
+        """The live members of ``group`` (empty: of every group), by group and client id."""
+        now = self._clock()
+        names = [group] if group else sorted(self._groups)
+        return [
+            ConsumerConnection(
+                group=name,
+                client_id=m.client_id,
+                address=str(getattr(m.conn, "name", "") or "?"),
+                message_model=m.message_model,
+                consume_type=m.consume_type,
+                subscriptions=dict(sorted(m.subscriptions.items())),
+                heartbeat_age_s=round(max(now - m.last_heartbeat, 0.0), 3),
+            )
+            for name in names
+            if (info := self._groups.get(name)) is not None
+            for m in sorted(info.members.values(), key=lambda m: m.client_id)
+        ]
+
     def group(self, group: str) -> ConsumerGroupInfo | None:
         return self._groups.get(group)
 
@@ -227,7 +249,8 @@ class ProducerManager:
 
 
 class GroupService:
-    """HEARTBEAT, UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP."""
+    """HEARTBEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP and
+    GET_CONSUMER_CONNECTION_LIST."""
 
     def __init__(
         self, consumers: ConsumerManager, producers: ProducerManager, topics: TopicManager
@@ -280,6 +303,9 @@ class GroupService:
 
     def consumer_list(self, req: GetConsumerListByGroup, call: Call) -> ConsumerList:
         return ConsumerList(client_ids=self.consumers.client_ids(req.group))
+
+    def connection_list(self, req: GetConsumerConnectionList, call: Call) -> ConsumerConnections:
+        return ConsumerConnections(connections=self.consumers.connections(req.group))
 
 
 async def run_expiry_scan(

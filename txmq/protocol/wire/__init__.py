@@ -83,8 +83,11 @@ from txmq.protocol.wire.frame import (
     encode_frame,
 )
 from txmq.protocol.wire.groups import (
+    ConsumerConnection,
+    ConsumerConnections,
     ConsumerData,
     ConsumerList,
+    GetConsumerConnectionList,
     GetConsumerListByGroup,
     Heartbeat,
     LockBatchMq,
@@ -167,6 +170,8 @@ __all__ = [
     "BrokerSetState",
     "CheckTransactionState",
     "ClusterInfo",
+    "ConsumerConnection",
+    "ConsumerConnections",
     "ConsumerData",
     "ConsumerList",
     "ConsumerSendMsgBack",
@@ -197,6 +202,7 @@ __all__ = [
     "GetAllTopicConfig",
     "GetBrokerRuntimeInfo",
     "GetClusterInfo",
+    "GetConsumerConnectionList",
     "GetConsumerListByGroup",
     "GetMaxOffset",
     "GetMinOffset",

@@ -10,8 +10,11 @@ from txmq.protocol.wire.base import Empty, Name, NameOrEmpty, Request, Response
 from txmq.protocol.wire.codes import RequestCode
 
 __all__ = [
+    "ConsumerConnection",
+    "ConsumerConnections",
     "ConsumerData",
     "ConsumerList",
+    "GetConsumerConnectionList",
     "GetConsumerListByGroup",
     "Heartbeat",
     "LockBatchMq",
@@ -60,6 +63,38 @@ class ConsumerList(Response, frozen=True, kw_only=True, omit_defaults=True):
 class GetConsumerListByGroup(Request[ConsumerList], frozen=True, kw_only=True, omit_defaults=True):
     CODE = RequestCode.GET_CONSUMER_LIST_BY_GROUP
     group: Name
+
+
+class ConsumerConnection(Response, frozen=True, kw_only=True, omit_defaults=True):
+    """A live member of a consumer group as the broker knows it from its heartbeats."""
+
+    group: str
+    client_id: str
+    #: the member's connection, as the broker sees it ("host:port")
+    address: str
+    message_model: str = "CLUSTERING"
+    consume_type: str = "CONCURRENTLY"
+    #: topic -> subscription expression
+    subscriptions: dict[str, str] = {}
+    #: seconds since its last heartbeat
+    heartbeat_age_s: float = 0.0
+    #: the broker set that answered (filled by a client of name servers)
+    broker_name: str = ""
+
+
+class ConsumerConnections(Response, frozen=True, kw_only=True, omit_defaults=True):
+    connections: list[ConsumerConnection]
+
+
+class GetConsumerConnectionList(
+    Request[ConsumerConnections], frozen=True, kw_only=True, omit_defaults=True
+):
+    """The live members of consumer group ``group`` (empty: of every group with one),
+    each with its address, subscriptions, consume type and message model (RocketMQ's
+    GET_CONSUMER_CONNECTION_LIST, mqadmin's ``consumerConnection``)."""
+
+    CODE = RequestCode.GET_CONSUMER_CONNECTION_LIST
+    group: NameOrEmpty = ""
 
 
 class Locked(Response, frozen=True, kw_only=True, omit_defaults=True):

@@ -146,6 +146,7 @@ ADMIN_ONLY = frozenset(
         "GetBrokerRuntimeInfo",
         "GetAllConsumerOffsets",
         "GetAllSubscriptionGroups",
+        "GetConsumerConnectionList",
         "GetTransactions",
         "DecideTransaction",
         "RegisterBroker",
