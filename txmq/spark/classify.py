@@ -60,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from txmq.spark import messages, offsets, transactions
@@ -124,7 +124,7 @@ def classify(
     key_groups = set(consumer_groups)
     names = sorted(key_groups)
     if expect is None:
-        keys = messages.consumed_hashes(consumed, _groups(spark, names, {}), broadcast)
+        keys = messages.consumed_hashes(consumed, _groups(names, {}), broadcast)
         with run.step("expected consumers"):
             seen = messages.pairs(store, keys).collect()
         pairs = {(names[r["gi"]], r["topic"]) for r in seen}
@@ -145,7 +145,7 @@ def classify(
     for g, t in pairs:
         need[t] = need.get(t, 0) | bit[g]
     names += sorted(set(bit) - set(names))  # expected, without consumed keys yet
-    keys = messages.consumed_hashes(consumed, _groups(spark, names, bit), broadcast)
+    keys = messages.consumed_hashes(consumed, _groups(names, bit), broadcast)
     db_index = mapped(F.col("db"), {d.name: i for i, d in enumerate(dbs)}, 0)
     marks = offsets.marks(spark, committed, bit)
     evidence = offsets.evidence(pairs, key_groups, committed)
@@ -164,13 +164,9 @@ def classify(
             max_rows=max_rows,
         )
         counts = run.counts()
-        counts["retrying"] = flagged.where(F.col("retrying")).count()
     return found, Facts(counts, expected, evidence)
 
 
-def _groups(spark: SparkSession, names: list[str], bit: dict[str, int]) -> DataFrame:
-    """The consumer groups as rows (``consumer_group``, ``gi``, ``gbit``)."""
-    return spark.createDataFrame(
-        [(g, i, bit.get(g, 0)) for i, g in enumerate(names)],
-        "consumer_group string, gi int, gbit long",
-    )
+def _groups(names: list[str], bit: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The consumer groups: name -> (``gi``: its index, ``gbit``: its bit, or 0)."""
+    return {g: (i, bit.get(g, 0)) for i, g in enumerate(names)}

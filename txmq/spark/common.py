@@ -4,7 +4,7 @@ and the counts they take on the way (Spark Observations, so no extra pass counts
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -14,7 +14,7 @@ from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-__all__ = ["Run", "mapped", "ms"]
+__all__ = ["Run", "local_frame", "mapped", "ms"]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -33,6 +33,31 @@ def mapped(col: Column, mapping: Mapping[Any, Any], default: Any = None) -> Colu
     return F.lit(default) if out is F else out.otherwise(F.lit(default))
 
 
+def local_frame(spark: SparkSession, rows: Sequence[Sequence[Any]], schema: str) -> DataFrame:
+    """``rows`` (tuples of plain values) as a DataFrame of ``schema`` (Spark DDL), handed to
+    Spark through Arrow: a local relation, which Spark scans, sizes and broadcasts without a
+    job of its own (``createDataFrame`` of a list is an RDD, a job each time it is read or
+    broadcast).  A timestamp without a time zone is local time, as ``createDataFrame``
+    takes it."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import DataType, StructType, TimestampType
+
+    struct = DataType.fromDDL(schema)
+    assert isinstance(struct, StructType)
+    columns: list[Any] = list(zip(*rows, strict=True)) if rows else [()] * len(struct.fields)
+    arrays = []
+    for f, values in zip(struct.fields, columns, strict=True):
+        if isinstance(f.dataType, TimestampType):
+            values = [
+                v.astimezone(UTC) if isinstance(v, datetime) and v.tzinfo is None else v
+                for v in values
+            ]
+        arrays.append(pa.array(values, type=to_arrow_type(f.dataType, timezone="UTC")))
+    table = pa.Table.from_arrays(arrays, names=struct.names)
+    return spark.createDataFrame(table, schema=struct)
+
+
 @dataclass
 class Run:
     """One run's settings and bookkeeping."""
@@ -45,6 +70,10 @@ class Run:
     #: frames cached by keep(): the caller unpersists them when done
     cached: list[DataFrame] = field(default_factory=list)
     observations: dict[str, tuple[Observation, DataFrame]] = field(default_factory=dict)
+    #: what observe() asked for: (its observation, the frame unobserved, the aggregates)
+    metrics: dict[str, tuple[Observation, DataFrame, dict[str, Column]]] = field(
+        default_factory=dict
+    )
     #: wall-clock seconds of each step (see step())
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -87,12 +116,33 @@ class Run:
         self.observations[name] = (obs, df.where(cond))
         return df.observe(obs, F.sum(F.when(cond, 1).otherwise(0)).alias("n"))
 
+    def observe(self, df: DataFrame, name: str, **metrics: Column) -> DataFrame:
+        """``df``, computing ``metrics`` (aggregates, by name) as it is computed: read them
+        with :meth:`observed` once an action computed it (no pass of their own)."""
+        obs = Observation(name)
+        self.metrics[name] = (obs, df, metrics)
+        return df.observe(obs, *(m.alias(n) for n, m in metrics.items()))
+
+    def observed(self, name: str) -> dict[str, Any]:
+        """The metrics :meth:`observe` asked for as ``name``."""
+        obs, df, metrics = self.metrics[name]
+        try:
+            got = obs.get
+        except Py4JError:  # a pass over empty input may have been skipped, metric and all
+            got = {}
+        if metrics.keys() <= got.keys():
+            return got
+        # not observed: Spark reports no metrics when it optimized their operator away
+        return df.agg(*(m.alias(n) for n, m in metrics.items())).collect()[0].asDict()
+
     def counts(self) -> dict[str, int]:
         out = {}
         for name, (obs, df) in self.observations.items():
             try:
                 out[name] = int(obs.get["n"] or 0)
-            except Py4JError:  # a pass over empty input may have been skipped, metric and all
+            # a pass over empty input may have been skipped, metric and all (Spark then
+            # reports no metrics, or none of this name)
+            except (Py4JError, KeyError):
                 out[name] = int(df.count())
         return out
 

@@ -13,8 +13,10 @@ with pandas: a Spark job per small join would cost more than the joins.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 import numpy as np
@@ -23,9 +25,10 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from txmq.spark.common import Run, ms
+from txmq.spark.common import Run, local_frame, ms
+from txmq.spark.messages import FLAGGED, reason
 from txmq.spark.sources import TABLES, Database
-from txmq.spark.transactions import LOCAL_COMMITTED, RANK
+from txmq.spark.transactions import CANDIDATES, LOCAL_COMMITTED, RANK
 
 __all__ = ["COLUMNS", "SCHEMA", "Anomalies", "anomalies"]
 
@@ -115,25 +118,50 @@ def _in_window(run: Run, at_ms: pd.Series) -> pd.Series:
     return ok.fillna(False).astype(bool)
 
 
-def _wanted(run: Run, store: DataFrame, txc: DataFrame, flagged: DataFrame) -> pd.DataFrame:
+#: up to this many values, a lookup of :func:`_wanted` is a list of literals, not a join
+_INLINE = 10_000
+
+
+def _wanted(run: Run, store: DataFrame, tx: pd.DataFrame, flags: pd.DataFrame) -> pd.DataFrame:
     """The store rows the anomalies need the strings of: the halves (and op records) of the
-    transaction candidates, the messages and dead letters flagged, the messages of the
-    events applied twice."""
-    half = txc.where(F.col("rank").isNotNull()).select("broker", "half_offset").distinct()
-    msg = flagged.where(F.col("late") | F.col("dead"))
-    event = flagged.where(F.col("part") == 1)
+    transaction candidates ``tx``, the messages and dead letters ``flags`` says, the
+    messages of the events applied twice.  The lookups are made here, from the candidates
+    collected: a few are lists of values, more a local relation broadcast (a job each)."""
+    spark = run.spark
     rows = store.where(F.col("kind").isin("half", "op", "message", "dlq")).select(
         "*",
         F.xxhash64("msg_id").alias("mh"),
         F.xxhash64("key").alias("kh"),
         F.hash("group").alias("gh"),
     )
-    for on, wanted, flag in (
-        (["broker", "half_offset"], half, "wh"),
-        (["mh"], msg.select(F.col("k").alias("mh")).distinct(), "wm"),
-        (["kh"], event.select(F.col("k").alias("kh")).distinct(), "wk"),
-    ):
-        rows = rows.join(F.broadcast(wanted.withColumn(flag, F.lit(True))), on, "left")
+    halves = tx.loc[tx["rank"].notna(), ["broker", "half_offset"]].drop_duplicates()
+    half = [(b, int(h)) for b, h in halves.itertuples(index=False)]
+    if len(half) <= _INLINE:
+        offsets: dict[str, list[int]] = {}
+        for b, h in half:
+            offsets.setdefault(b, []).append(h)
+        wh = reduce(
+            operator.or_,
+            [
+                (F.col("broker") == b) & F.col("half_offset").isin(hs)
+                for b, hs in sorted(offsets.items())
+            ],
+            F.lit(False),
+        )
+        rows = rows.withColumn("wh", F.when(wh, True))
+    else:
+        wanted = local_frame(
+            spark, [(*bh, True) for bh in half], "broker string, half_offset long, wh boolean"
+        )
+        rows = rows.join(F.broadcast(wanted), ["broker", "half_offset"], "left")
+    late_or_dead = flags["late"].fillna(False) | flags["dead"].fillna(False)
+    for col, mask, flag in (("mh", late_or_dead, "wm"), ("kh", flags["part"] == 1, "wk")):
+        keys = [int(k) for k in pd.unique(flags.loc[mask.fillna(False), "k"].dropna())]
+        if len(keys) <= _INLINE:
+            rows = rows.withColumn(flag, F.when(F.col(col).isin(keys), True))
+        else:
+            wanted = local_frame(spark, [(k, True) for k in keys], f"{col} long, {flag} boolean")
+            rows = rows.join(F.broadcast(wanted), col, "left")
     found = _pandas(rows.where(F.col("wh") | F.col("wm") | F.col("wk")))
     for flag in ("wh", "wm", "wk"):
         found[flag] = found[flag].fillna(False).astype(bool)
@@ -248,29 +276,20 @@ def anomalies(
     names by index; ``evidence``: expected group -> what its consumption was judged on
     (:data:`spark.offsets.EVIDENCE`; the detail of its unconsumed rows says it);
     ``max_rows``: the most rows a class gets (its count stays exact)."""
-    part1 = F.col("part") == 1
-    what = (
-        F.when(F.col("late"), "late")
-        .when(F.col("never_sent"), "never_sent")
-        .when(F.col("dead"), "dead")
-        .when(part1, "twice")
-    )
-    candidates = {r[0]: int(r[1]) for r in txc.groupBy("class").count().collect()}
-    pairs = 0
-    for r in (
-        flagged.withColumn("what", what)
-        .groupBy("what")
-        .agg(F.count("*"), F.sum(F.bit_count("missing")))
-        .collect()
-    ):
-        candidates[r[0]] = int(r[1])
-        pairs += int(r[2] or 0) if r[0] == "late" else 0
+    what = reason()
+    # the candidates of each class and reason, as the passes counted them
+    candidates: dict[str | None, int] = {
+        c: int(n or 0) for c, n in run.observed(CANDIDATES).items()
+    }
+    reasons = run.observed(FLAGGED)
+    pairs = int(reasons.pop("pairs") or 0)
+    candidates |= {None if r == "none" else r: int(n or 0) for r, n in reasons.items()}
     if max(candidates.values(), default=0) > max_rows:  # else every candidate is wanted
         txc = _first(run, txc.withColumn("k", F.col("half_offset")), F.col("class"), max_rows)
         flagged = _first(run, flagged, what, max_rows)
-    found = _wanted(run, store, txc, flagged)
     tx = _pandas(txc)
     flags = _pandas(flagged)
+    found = _wanted(run, store, tx, flags)
     out = _transactions(tx, found, dbs)
 
     # -- outbox rows the broker never got ----------------------------------------------------

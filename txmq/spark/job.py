@@ -20,14 +20,14 @@ does, 2 on bad input (unreadable store or database, bad option).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -316,6 +316,9 @@ def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) ->
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")
+        # a run compiles some 150 classes of generated code, most of them again in the next
+        # run of a session (tests, a notebook) unless they stay cached (Spark keeps 100)
+        .config("spark.sql.codegen.cache.maxEntries", "1000")
         # hash joins: sorting millions of string keys is what a sort-merge join costs most
         .config("spark.sql.join.preferSortMergeJoin", "false")
     )
@@ -431,8 +434,56 @@ def _write(rows: Any, folder: Path, schema: Any) -> None:
     pq.write_table(table, folder / "part-00000.parquet")
 
 
-def _union(frames: Sequence[Any]) -> Any:
-    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+#: inputs up to this many bytes together (as Spark sizes them: exactly, for the ones read on
+#: the driver) are planned without adaptive execution and shuffled into no more partitions
+#: than the session has cores (see _plan_settings)
+SMALL_BYTES = 64 * 2**20
+
+
+def _size(df: Any) -> int | None:
+    """The bytes Spark's optimizer reckons ``df`` takes (None: it cannot say).  Through
+    Spark's internals (``queryExecution``, not public in PySpark): a Spark that has them
+    otherwise is treated as a big input."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+    try:
+        n = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()  # a Scala BigInt
+        return n if isinstance(n, int) else int(n.toString())
+    except (AttributeError, TypeError, ValueError, Py4JError):
+        return None
+
+
+def _plan_settings(spark: Any, inputs: Sequence[Any]) -> dict[str, str]:
+    """The Spark SQL settings the passes run with: for small inputs, no adaptive execution
+    (the passes ask for the broadcasts and the partitioning they want, and re-planning every
+    query at each shuffle costs a job per stage) and as many shuffle partitions as cores at
+    most (a task per partition and stage is most of what a small run costs).  Big inputs
+    run with the session's settings."""
+    sizes = [_size(df) for df in inputs]
+    if any(n is None for n in sizes) or sum(n or 0 for n in sizes) > SMALL_BYTES:
+        return {}
+    settings = {"spark.sql.adaptive.enabled": "false"}
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    cores = max(int(spark.sparkContext.defaultParallelism), 1)
+    if cores < partitions:
+        settings["spark.sql.shuffle.partitions"] = str(cores)
+    return settings
+
+
+@contextmanager
+def _settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
+    """The session's SQL ``settings`` changed while the block runs (then as they were)."""
+    before = {k: spark.conf.get(k, None) for k in settings}
+    try:
+        for k, v in settings.items():
+            spark.conf.set(k, v)
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def run(opts: Options, spark: Any | None = None) -> Result:
@@ -442,7 +493,7 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     from txmq.spark.details import SCHEMA
     from txmq.spark.offsets import read_offsets
     from txmq.spark.sagas import SAGA_CLASSES, SAGA_SCHEMA, SagaFindings, reconcile_sagas
-    from txmq.spark.sources import Database, read_stores
+    from txmq.spark.sources import LOCAL_BYTES, Database, read_stores, read_tables
     from txmq.spark.store_source import segments
 
     started = time.perf_counter()
@@ -480,51 +531,54 @@ def run(opts: Options, spark: Any | None = None) -> Result:
             limit = int(heap) // BROADCAST_BYTES
         since_ms = ms(since_read) if since_read else 0
         with run.step("store"):  # the segments without an export are decoded (and cached)
-            store = read_stores(spark, stores, since_ms, ms(now), cached=run.cached)
-        tables = {}
-        for kind in ("log", "outbox", "consumed"):
-            # a message of the window may be consumed any time later (up to "as of")
-            until = now if kind == "consumed" else until_read
-            frames = [
-                db.read(spark, kind, since=since_read, until=until, partitions=opts.partitions)
-                for db in dbs
-            ]
-            # not cached: each pass reads them once, only the columns it needs
-            tables[kind] = _union(frames)
-        anomalies, facts = classify(
-            run,
-            store,
-            tables["log"],
-            tables["outbox"],
-            tables["consumed"],
-            dbs=dbs,
-            expect=opts.expect,
-            producer_groups=producer_groups,
-            consumer_groups=consumer_groups,
-            committed=committed,
-            broadcast=keys <= limit,
-            max_rows=opts.max_rows,
-        )
-        sagas = SagaFindings()
+            store = read_stores(
+                spark, stores, since_ms, ms(now), cached=run.cached, local_bytes=LOCAL_BYTES
+            )
+        # a message of the window may be consumed any time later (up to "as of"); a saga's
+        # row, step log and barrier rows: from its creation (with the SLA as margin) up to
+        # "as of" (its steps may come any time after it started).  Not cached: each pass
+        # reads them once, only the columns it needs
+        until = {"consumed": now, "steps": now, "barrier": now}
+        kinds = ["log", "outbox", "consumed"]
         if with_sagas:
-            # a saga's row, step log and barrier rows: from its creation (with the SLA as
-            # margin) up to "as of" (its steps may come any time after it started)
-            saga_tables = {
-                kind: _union(
-                    [
-                        db.read(
-                            spark,
-                            kind,
-                            since=since_read,
-                            until=until_read if kind == "sagas" else now,
-                            partitions=opts.partitions,
-                        )
-                        for db in dbs
-                    ]
+            kinds += ["sagas", "steps", "barrier"]
+        tables = {
+            kind: read_tables(
+                spark,
+                dbs,
+                kind,
+                since=since_read,
+                until=until.get(kind, until_read),
+                partitions=opts.partitions,
+                local_bytes=LOCAL_BYTES,
+            )
+            for kind in kinds
+        }
+        with _settings(spark, _plan_settings(spark, [store, *tables.values()])):
+            anomalies, facts = classify(
+                run,
+                store,
+                tables["log"],
+                tables["outbox"],
+                tables["consumed"],
+                dbs=dbs,
+                expect=opts.expect,
+                producer_groups=producer_groups,
+                consumer_groups=consumer_groups,
+                committed=committed,
+                broadcast=keys <= limit,
+                max_rows=opts.max_rows,
+            )
+            sagas = SagaFindings()
+            if with_sagas:
+                sagas = reconcile_sagas(
+                    run,
+                    tables["sagas"],
+                    tables["steps"],
+                    tables["barrier"],
+                    dbs=dbs,
+                    max_rows=opts.max_rows,
                 )
-                for kind in ("sagas", "steps", "barrier")
-            }
-            sagas = reconcile_sagas(run, **saga_tables, dbs=dbs, max_rows=opts.max_rows)
         rows = {**anomalies.rows, **sagas.rows}
         totals = {**anomalies.totals, **sagas.totals}
         out = Path(opts.out)

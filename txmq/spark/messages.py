@@ -34,26 +34,56 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from txmq.protocol.message import retry_topic
-from txmq.spark.common import Run, mapped
+from txmq.spark.common import Run, local_frame, mapped
 
-__all__ = ["MAX_GROUPS", "broker_group", "consumed_hashes", "flags", "pairs"]
+__all__ = [
+    "FLAGGED",
+    "MAX_GROUPS",
+    "REASONS",
+    "broker_group",
+    "consumed_hashes",
+    "flags",
+    "pairs",
+    "reason",
+]
 
 #: expected consumer groups are bits of a long
 MAX_GROUPS = 62
 _TOKEN = "c0"
 
 
-def consumed_hashes(consumed: DataFrame, groups: DataFrame, broadcast: bool) -> DataFrame:
+#: up to this many consumer groups are told apart by a CASE expression, not a join
+_FEW_GROUPS = 64
+
+
+def consumed_hashes(
+    consumed: DataFrame, groups: DataFrame | Mapping[str, tuple[int, int]], broadcast: bool
+) -> DataFrame:
     """The ``done`` consumed keys as ``c0``/``c1`` (the key's two hashes), ``gi`` (the group's
     index) and ``gbit`` (its bit if it is an expected group, else 0), from ``groups``
-    (``consumer_group``, ``gi``, ``gbit``: a few rows).  ``broadcast``: the messages probe
-    them where they are (else both sides are shuffled by token, once for ids and once for
-    keys: slower, but the keys need not fit in the driver's memory)."""
-    keys = (
-        consumed.where(F.col("state") == "done")
-        .join(F.broadcast(groups), "consumer_group")
-        .select(F.xxhash64("key").alias("c0"), F.hash("key").alias("c1"), "gi", "gbit")
-    )
+    (``consumer_group``, ``gi``, ``gbit``: a few rows; or group -> (``gi``, ``gbit``)): the
+    keys of other groups are left out.  ``broadcast``: the messages probe them where they
+    are (else both sides are shuffled by token, once for ids and once for keys: slower, but
+    the keys need not fit in the driver's memory)."""
+    done = consumed.where(F.col("state") == "done")
+    hashes = [F.xxhash64("key").alias("c0"), F.hash("key").alias("c1")]
+    if isinstance(groups, Mapping) and len(groups) <= _FEW_GROUPS:
+        # an expression, not a join: consumed keys read on the driver stay a local relation,
+        # which Spark broadcasts without a job of its own
+        group = F.col("consumer_group")
+        gi = mapped(group, {g: i for g, (i, _) in groups.items()}).cast("int")
+        gbit = mapped(group, {g: b for g, (_, b) in groups.items()}, 0).cast("long")
+        keys = done.where(group.isin(list(groups))).select(
+            *hashes, gi.alias("gi"), gbit.alias("gbit")
+        )
+    else:
+        if isinstance(groups, Mapping):
+            groups = local_frame(
+                done.sparkSession,
+                [(g, i, b) for g, (i, b) in groups.items()],
+                "consumer_group string, gi int, gbit long",
+            )
+        keys = done.join(F.broadcast(groups), "consumer_group").select(*hashes, "gi", "gbit")
     return F.broadcast(keys) if broadcast else keys
 
 
@@ -383,17 +413,46 @@ def flags(
     dead = (F.col("part") == 2) & ~has(_HIT)
     retrying = own_row & has(_RETRY) & ~has(_HIT)
     twice = (F.col("part") == 1) & (F.col("lo") != F.col("hi"))
+    grouped = run.counted(grouped, "retrying", retrying)
+    flagged = grouped.where(late | never_sent | dead | retrying | twice).select(
+        "part",
+        "k",
+        "g",
+        "at",
+        "oref",
+        missing.alias("missing"),
+        late.alias("late"),
+        never_sent.alias("never_sent"),
+        dead.alias("dead"),
+        retrying.alias("retrying"),
+    )
+    # how many of each reason (spark.details.reason), and the (message, group) pairs late
+    why = reason()
+    one = F.lit(1)
     return run.keep(
-        grouped.where(late | never_sent | dead | retrying | twice).select(
-            "part",
-            "k",
-            "g",
-            "at",
-            "oref",
-            missing.alias("missing"),
-            late.alias("late"),
-            never_sent.alias("never_sent"),
-            dead.alias("dead"),
-            retrying.alias("retrying"),
+        run.observe(
+            flagged,
+            FLAGGED,
+            **{str(r): F.sum(F.when(why == r, one).otherwise(0)) for r in REASONS},
+            none=F.sum(F.when(why.isNull(), one).otherwise(0)),
+            pairs=F.sum(F.when(why == "late", F.bit_count("missing"))),
         )
+    )
+
+
+#: the reasons a flagged row is there for (:func:`reason`), but retrying
+REASONS = ("late", "never_sent", "dead", "twice")
+#: the name of the metrics of the flagged rows (:meth:`Run.observe`): a count per reason
+#: (``none``: retrying only) and ``pairs``, the late rows' (message, group) pairs
+FLAGGED = "flagged"
+
+
+def reason() -> Column:
+    """Why a flagged row (of :func:`flags`) is there: one of :data:`REASONS`, in that order
+    (null: it is retrying, and only that)."""
+    return (
+        F.when(F.col("late"), "late")
+        .when(F.col("never_sent"), "never_sent")
+        .when(F.col("dead"), "dead")
+        .when(F.col("part") == 1, "twice")
     )

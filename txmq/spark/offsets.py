@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from txmq.broker.store.export import StoreUnreadable
 from txmq.protocol.message import is_system_topic, retry_topic
+from txmq.spark.common import local_frame
 from txmq.spark.messages import broker_group
 
 __all__ = [
@@ -149,4 +150,4 @@ def marks(
         )
     if not queues:
         return None
-    return spark.createDataFrame([(*k, v) for k, v in sorted(queues.items())], MARKS)
+    return local_frame(spark, [(*k, v) for k, v in sorted(queues.items())], MARKS)

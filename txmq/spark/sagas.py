@@ -66,7 +66,7 @@ import pandas as pd  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from txmq.spark.common import Run, mapped
+from txmq.spark.common import Run, local_frame, mapped
 from txmq.spark.options import BadOption
 from txmq.spark.saga_rows import (
     ENDED,
@@ -117,6 +117,8 @@ _B_CONFIRM = 256  # a barrier row of its confirm
 _BARRIER_OPS = {_ACTION: _B_ACTION, _COMPENSATION: _B_COMP, _CONFIRM: _B_CONFIRM}
 #: the most databases a run tells apart (a bit each)
 MAX_DATABASES = 62
+#: the names of the counts taken on the way (:meth:`Run.observe`)
+_SAGAS, _FLAGGED = "sagas", "flagged_sagas"
 
 
 def _has(bit: int) -> Column:
@@ -313,19 +315,34 @@ def reconcile_sagas(
             & (left > 0)
             & ((sc == _CODE["COMPENSATED"]) | (compensating & (left < F.col("effects"))))
         )
+        # counted as they are computed: the sagas judged, and how many are stuck, partly
+        per_saga = run.observe(per_saga, _SAGAS, n=F.count(F.lit(1)))
+        flagged = per_saga.select(
+            "saga_id", "upd", "effects", "undone", stuck.alias("stuck"), partly.alias("partly")
+        ).where(F.col("stuck") | F.col("partly"))
         flagged = run.keep(
-            per_saga.select(
-                "saga_id", "upd", "effects", "undone", stuck.alias("stuck"), partly.alias("partly")
-            ).where(F.col("stuck") | F.col("partly"))
+            run.observe(
+                flagged,
+                _FLAGGED,
+                **{c: F.sum(F.when(F.col(c), 1).otherwise(0)) for c in ("stuck", "partly")},
+            )
         )
-        out.sagas = int(per_saga.count())
-        stuck_found = _first(flagged.where("stuck"), "upd", max_rows, SAGA_CLASSES[0], out)
-        partly_found = _first(flagged.where("partly"), "upd", max_rows, SAGA_CLASSES[1], out)
+        out.sagas = int(run.observed(_SAGAS)["n"] or 0)
+        flags = {c: int(n or 0) for c, n in run.observed(_FLAGGED).items()}
+        if max(flags.values()) <= max_rows:  # all of them, in one go
+            both = flagged.toArrow().to_pandas()
+            stuck_found, partly_found = (
+                both[both[c].fillna(False).astype(bool)]
+                .sort_values(["upd", "saga_id"])
+                .reset_index(drop=True)
+                for c in ("stuck", "partly")
+            )
+        else:
+            stuck_found = _first(flagged.where("stuck"), "upd", max_rows, SAGA_CLASSES[0], out)
+            partly_found = _first(flagged.where("partly"), "upd", max_rows, SAGA_CLASSES[1], out)
         left_undone: dict[str, list[str]] = {}
         if len(partly_found):
-            few = run.spark.createDataFrame(
-                [(i,) for i in partly_found["saga_id"]], "saga_id string"
-            )
+            few = local_frame(run.spark, [(i,) for i in partly_found["saga_id"]], "saga_id string")
             for r in pb.join(F.broadcast(few), "saga_id").where(undone).collect():
                 left_undone.setdefault(r["saga_id"], []).append(r["branch"])
         # -- barrier rows of the branches the definitions know, of no saga read

@@ -24,11 +24,12 @@ from sqlalchemy import bindparam, create_engine, inspect, make_url, text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from txmq.broker.store.export import valid_export
-from txmq.spark.common import ms
-from txmq.spark.store_source import NAME, SCHEMA, StoreDataSource, segments
+from txmq.broker.store.export import arrow_schema, scan_segment, valid_export
+from txmq.spark.common import local_frame, ms
+from txmq.spark.store_source import NAME, SCHEMA, SegmentPart, StoreDataSource, segments
 
 __all__ = [
+    "LOCAL_BYTES",
     "TABLES",
     "Database",
     "DatabaseUnreachable",
@@ -36,11 +37,17 @@ __all__ = [
     "jdbc_url",
     "read_store",
     "read_stores",
+    "read_tables",
 ]
 
 
 #: values per query when fetching rows by key
 _CHUNK = 10_000
+#: the job reads a table, or decodes store segments, on the driver up to this many bytes
+#: (see :meth:`Database.read` and :func:`read_store`): a Spark read's own costs (a JDBC
+#: schema query, a connection per task; a Python worker per segment) are most of the time
+#: a small input takes
+LOCAL_BYTES = 16 * 2**20
 
 
 class DatabaseUnreachable(RuntimeError):
@@ -199,33 +206,74 @@ class Database:
         since: datetime | None = None,
         until: datetime | None = None,
         partitions: int = 2,
+        local_bytes: int = 0,
     ) -> DataFrame:
         """Table ``kind`` within the window, with its times as epoch milliseconds too
         (``created_ms`` for ``created_at``, see :attr:`Table.ms`) and a ``db`` column naming
         the database; empty if the database does not have the table.  PostgreSQL: JDBC,
-        ``partitions`` ranges of an indexed column; SQLite: read here, on the driver."""
+        ``partitions`` ranges of an indexed column, or on the driver when the table takes
+        at most ``local_bytes``; SQLite: read here, on the driver."""
+        rows = self.rows(kind, since=since, until=until, local_bytes=local_bytes)
+        if rows is not None:
+            return local_frame(spark, rows, _columns(TABLES[kind]) + ", db string")
+        return self._jdbc(spark, kind, since=since, until=until, partitions=partitions)
+
+    def rows(
+        self,
+        kind: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        local_bytes: int = 0,
+    ) -> list[tuple[Any, ...]] | None:
+        """The rows :meth:`read` makes its DataFrame of (its columns, ``db`` last), read on
+        the driver: a SQLite table, a table the database does not have (none), or a
+        PostgreSQL table of at most ``local_bytes`` (None: a bigger one, for JDBC)."""
+        return self._rows(kind, since, until, local_bytes)[0]
+
+    def _rows(
+        self, kind: str, since: datetime | None, until: datetime | None, local_bytes: int
+    ) -> tuple[list[tuple[Any, ...]] | None, int]:
+        """(:meth:`rows`, the bytes PostgreSQL's table takes: 0 for SQLite or no table)."""
         table = TABLES[kind]
         names = table.names
-        columns = table.columns + "".join(f", {alias} long" for _, alias in table.ms)
         if not self.has(kind):
-            return self._with_db(spark.createDataFrame([], columns))
+            return [], 0
+        if self.pg and local_bytes <= 0:
+            return None, 0
+        where = _where(table, since, until, self.pg)
+        with self.connect(table.name) as conn:
+            if not self.pg:  # SQLite: small, read on the driver
+                q = f"SELECT {_quoted(names)} FROM {table.name} WHERE {where}"
+                at = [names.index(c) for c, _ in table.ms]
+                return [
+                    (*r, *(None if r[i] is None else ms(r[i]) for i in at), self.name)
+                    for r in (_sqlite_row(r, names) for r in conn.execute(text(q)))
+                ], 0
+            size = conn.execute(
+                text("SELECT pg_table_size(to_regclass(:t))"), {"t": table.name}
+            ).scalar()
+            if size is None or size > local_bytes:
+                return None, 0
+            # the query JDBC would run, its values as JDBC reads them
+            q = f"SELECT {', '.join(_select(table))} FROM {table.name} WHERE {where}"
+            return [(*r, self.name) for r in conn.execute(text(q))], int(size)
+
+    def _jdbc(
+        self,
+        spark: SparkSession,
+        kind: str,
+        *,
+        since: datetime | None,
+        until: datetime | None,
+        partitions: int,
+    ) -> DataFrame:
+        """Table ``kind`` of a PostgreSQL database through JDBC (see :meth:`read`)."""
+        table = TABLES[kind]
         where = _where(table, since, until, self.pg)
         lo: Any = None
         hi: Any = None
         with self.connect(table.name) as conn:
-            if not self.pg:  # SQLite: small, read on the driver
-                q = f"SELECT {_quoted(names)} FROM {table.name} WHERE {where}"
-                rows = conn.execute(text(q)).all()
-                at = [names.index(c) for c, _ in table.ms]
-                return self._with_db(
-                    spark.createDataFrame(
-                        [
-                            (*r, *(None if r[i] is None else ms(r[i]) for i in at))
-                            for r in (_sqlite_row(r, names) for r in rows)
-                        ],
-                        columns,
-                    )
-                )
             if table.split_column is not None:
                 lo, hi = conn.execute(
                     text(
@@ -234,13 +282,7 @@ class Database:
                     )
                 ).one()
         url, props = jdbc_url(self.url)
-        # the times as epoch milliseconds too: what the passes use, and a number is much
-        # cheaper for the driver to read than a timestamp's text
-        at_ms = [
-            f'floor(extract(epoch FROM "{c}") * 1000)::bigint AS {alias}' for c, alias in table.ms
-        ]
-        read = [f'"{n}"::text AS "{n}"' if n in table.json else f'"{n}"' for n in names]
-        query = f"(SELECT {', '.join(read + at_ms)} FROM {table.name} WHERE {where}) AS t"
+        query = f"(SELECT {', '.join(_select(table))} FROM {table.name} WHERE {where}) AS t"
         reader = spark.read.format("jdbc").option("url", url).option("dbtable", query)
         reader = reader.option("fetchsize", "50000").options(**props)
         if lo is not None and partitions > 1 and lo != hi:
@@ -333,6 +375,49 @@ class Database:
         return df.withColumn("db", F.lit(self.name))
 
 
+def _columns(table: Table) -> str:
+    """The Spark DDL of the columns :meth:`Database.read` gives (but ``db``)."""
+    return table.columns + "".join(f", {alias} long" for _, alias in table.ms)
+
+
+def _select(table: Table) -> list[str]:
+    """A PostgreSQL select list of ``table``'s columns as the job reads them: JSON as its
+    text, and the times as epoch milliseconds too (what the passes use, and a number is much
+    cheaper for the driver to read than a timestamp's text)."""
+    read = [f'"{n}"::text AS "{n}"' if n in table.json else f'"{n}"' for n in table.names]
+    return read + [
+        f'floor(extract(epoch FROM "{c}") * 1000)::bigint AS {alias}' for c, alias in table.ms
+    ]
+
+
+def read_tables(
+    spark: SparkSession,
+    dbs: Sequence[Database],
+    kind: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    partitions: int = 2,
+    local_bytes: int = 0,
+) -> DataFrame:
+    """Table ``kind`` of every database in ``dbs`` (see :meth:`Database.read`), as one
+    DataFrame: the rows read on the driver together, the bigger tables through JDBC.  The
+    PostgreSQL tables read on the driver take at most ``local_bytes`` together."""
+    local: list[tuple[Any, ...]] = []
+    frames = []
+    left = local_bytes
+    for db in dbs:
+        rows, size = db._rows(kind, since, until, left)
+        if rows is None:
+            frames.append(db._jdbc(spark, kind, since=since, until=until, partitions=partitions))
+        else:
+            local += rows
+            left -= size
+    if local or not frames:
+        frames.insert(0, local_frame(spark, local, _columns(TABLES[kind]) + ", db string"))
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
 def _quoted(names: Sequence[str]) -> str:
     """Column names as a select list (quoted: ``at`` is a keyword of PostgreSQL's)."""
     return ", ".join(f'"{n}"' for n in names)
@@ -353,29 +438,34 @@ def read_store(
     since_ms: int = 0,
     until_ms: int | None = None,
     cached: list[DataFrame] | None = None,
+    local_bytes: int = 0,
 ) -> DataFrame:
     """The broker store's transaction records (see :mod:`broker.store.export`): the Parquet
     exports of sealed segments where the broker has written them, the other segments
-    decoded by the ``txmq-store`` data source.  With ``until_ms``, the store as it was then:
+    decoded by the ``txmq-store`` data source, or here, on the driver, when they take at
+    most ``local_bytes`` together.  With ``until_ms``, the store as it was then:
     the records stored before it (a half's op record stored later is left out too).  With
-    ``cached``, the decoded rows are cached and computed now (and added to it: the caller
-    unpersists them), as the job reads the rows more than once and decoding is the
-    expensive part."""
+    ``cached``, the rows the data source decodes are cached and computed now (and added to
+    it: the caller unpersists them), as the job reads the rows more than once and decoding
+    is the expensive part."""
     from pyspark.sql import functions as F
 
-    spark.dataSource.register(StoreDataSource)
     parts = segments(store, since_ms)
     exports = {p.path: valid_export(store, p.path) for p in parts if not p.last}
-    decode = [Path(p.path).name for p in parts if exports.get(p.path) is None]
-    decoded = (
-        spark.read.format(NAME)
-        .option("since_ms", str(since_ms))
-        .option("segments", ",".join(decode))
-        .load(store)
-    )
-    if cached is not None and decode:
-        cached.append(decoded.cache())
-        decoded.count()
+    decode = [p for p in parts if exports.get(p.path) is None]
+    if sum(_size(p.path) for p in decode) <= local_bytes:
+        decoded = _decoded(spark, decode, since_ms)
+    else:
+        spark.dataSource.register(StoreDataSource)
+        decoded = (
+            spark.read.format(NAME)
+            .option("since_ms", str(since_ms))
+            .option("segments", ",".join(Path(p.path).name for p in decode))
+            .load(store)
+        )
+        if cached is not None:
+            cached.append(decoded.cache())
+            decoded.count()
     files = [str(e) for e in exports.values() if e is not None]
     rows = decoded
     if files:
@@ -396,12 +486,30 @@ def read_store(
     )
 
 
+def _size(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0  # gone: it decodes to nothing either way
+
+
+def _decoded(spark: SparkSession, parts: Sequence[SegmentPart], since_ms: int) -> DataFrame:
+    """The rows of segments ``parts``, decoded here (as the data source's readers do)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    schema = arrow_schema()
+    batches = [b for p in parts for b in scan_segment(p.path, p.last, since_ms)]
+    table = pa.Table.from_batches(batches, schema=schema)
+    return spark.createDataFrame(table, schema=SCHEMA)
+
+
 def read_stores(
     spark: SparkSession,
     stores: Sequence[tuple[str, str]],
     since_ms: int = 0,
     until_ms: int | None = None,
     cached: list[DataFrame] | None = None,
+    local_bytes: int = 0,
 ) -> DataFrame:
     """The rows of several broker stores (``stores``: (broker name, folder), one per broker
     set of a cluster), each read by :func:`read_store`, with a ``broker`` column naming the
@@ -410,7 +518,9 @@ def read_stores(
     from pyspark.sql import functions as F
 
     frames = [
-        read_store(spark, path, since_ms, until_ms, cached).withColumn("broker", F.lit(name))
+        read_store(spark, path, since_ms, until_ms, cached, local_bytes).withColumn(
+            "broker", F.lit(name)
+        )
         for name, path in stores
     ]
     return functools.reduce(lambda a, b: a.unionByName(b), frames)

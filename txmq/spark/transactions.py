@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from txmq.spark.common import Run, mapped
 
-__all__ = ["LOCAL_COMMITTED", "RANK", "candidates"]
+__all__ = ["CANDIDATES", "CLASSES", "LOCAL_COMMITTED", "RANK", "candidates"]
 
 #: a half's broker state (RECHECKED: a parked half an operator re-checked, superseded by its
 #: copy, which is a half of the same transaction and classified on its own)
@@ -32,6 +32,9 @@ _OP_CODE = {
     "RECHECKED": RANK["RECHECKED"],
 }
 LOCAL_COMMITTED, _LOCAL_OTHER = 2, 1
+#: the classes of the candidates, and the name of their counts (:meth:`Run.observe`)
+CLASSES = ("lost", "phantom", "parked")
+CANDIDATES = "candidates"
 #: a broker state's bit in a transaction's ``ranks``
 _BIT = {r: 1 << r for r in RANK.values()}
 
@@ -159,7 +162,15 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         F.lit(None).cast("int").alias("rank"),
         F.lit("lost").alias("class"),
     )
-    return run.keep(halves.unionByName(missing))
+    txc = halves.unionByName(missing)
+    # how many of each class
+    return run.keep(
+        run.observe(
+            txc,
+            CANDIDATES,
+            **{c: F.sum(F.when(F.col("class") == c, 1).otherwise(0)) for c in CLASSES},
+        )
+    )
 
 
 def _rank() -> Column:
