@@ -97,10 +97,11 @@ class CoordinatorCrash(Fault):
 
     def inject(self, demo: Demo) -> FaultResult:
         assert demo.orders is not None
-        # the fault's own saga, once the charge answered (two round trips after the order
-        # was placed: its request was answered long before)
+        # the fault's own saga, once the charge answered: the command of its last step, the
+        # order review (two round trips after the order was placed: its request was answered
+        # long before)
         order_id = uuid.uuid4().hex
-        _arm(demo.orders_url, "between-steps", f"{order_id}/1")
+        _arm(demo.orders_url, "between-steps", f"{order_id}/2")
         demo.place(FAULT_PRODUCT, 1, FAULT_CUSTOMER, order_id)
         line = demo.orders.wait_line("FAULT between-steps ")
         demo.orders.wait_exit()

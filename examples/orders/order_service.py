@@ -57,7 +57,6 @@ from examples.orders.models import (
     price_of,
 )
 from examples.orders.web import JsonServer, Request
-from txmq import MessageExt
 from txmq.client.producer import SendResult
 from txmq.client.transaction import LocalTransactionState
 from txmq.protocol.message import Message
@@ -98,10 +97,11 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
         return result
 
     def send(self, msg: Message, **options: Any) -> SendResult:
-        answer = getattr(self.current, "answer", None)
-        if answer is not None and not msg.topic.endswith("-replies"):
-            # the command of a step decided on "<saga id>/<step>/<op>" (committed by now)
-            saga_id, _, rest = answer.partition("/")
+        if msg.keys and not msg.topic.endswith("-replies"):
+            # the command of a step the coordinator decided (committed by now), keyed
+            # "<saga id>/<step>/<op>" — whichever thread sends it (answers decided together
+            # leave from the thread that led their group)
+            saga_id, _, rest = msg.keys[0].partition("/")
             step = rest.partition("/")[0]
             self.faults.reached("between-steps", saga_id, f"{saga_id}/{step}")
         return super().send(msg, **options)
@@ -189,7 +189,7 @@ class OrderService:
                 **options,
             )
             for options in (
-                {**self.coordinator.consumer_options(), "listener": self._on_answer},
+                self.coordinator.consumer_options(),
                 self.participant.consumer_options(),
             )
         ]
@@ -302,15 +302,6 @@ class OrderService:
             time.sleep(0.05)
 
     # -- the saga --------------------------------------------------------------------------
-
-    def _on_answer(self, msg: MessageExt) -> Any:
-        """The coordinator's listener, with the answer it decides on known to the fault
-        points (answers are keyed ``<saga id>/<step>/<op>``)."""
-        self._current.answer = msg.keys[0] if msg.keys else None
-        try:
-            return self.coordinator.listener(msg)
-        finally:
-            self._current.answer = None
 
     def _confirm(self, data: dict[str, Any], session: Session) -> None:
         """The last step: the order review; CONFIRMED, or refused (the saga refunds the

@@ -72,10 +72,21 @@ log = logging.getLogger("txmq.broker")
 
 
 def version() -> str:
-    """txmq's version (its installed metadata's), as the broker reports it."""
+    """txmq's version (its installed metadata's), as the broker reports it: looked up once
+    (:func:`warm_version`, at start); "unknown" while it cannot be read (out of file
+    descriptors, the broker still answers)."""
     from txmq.protocol.version import installed_version
 
-    return installed_version()
+    try:
+        return installed_version()
+    except OSError:
+        return "unknown"
+
+
+async def warm_version() -> None:
+    """Read the version once, off the start's path (its metadata files are opened then,
+    not when a broker short of file descriptors is asked)."""
+    await anyio.to_thread.run_sync(version)
 
 
 class Broker(Stoppable):
@@ -273,6 +284,7 @@ class Broker(Stoppable):
                     await self._start_duties()
                 expiry = self.config.consumer_channel_expiry_s
                 tg.start_soon(run_expiry_scan, self.consumers, self.producers, expiry)
+                tg.start_soon(warm_version)
                 await self._start_metrics(tg)
                 log.info(
                     "broker %s on %s (flush %s; metrics %s)",
