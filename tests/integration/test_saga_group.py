@@ -204,3 +204,45 @@ async def test_answers_that_queue_up_are_decided_together_each_as_alone(shop: Sh
         done = {saga_id: n for saga_id, n in logged}
     # each answer logged once: the repeats and the failed group left no row
     assert done == {i: 1 if i == ids[3] else 2 for i in ids}
+
+
+async def test_a_leader_cancelled_in_its_group_hands_the_lead_on() -> None:
+    """The queue and the lead alone (each answer decided on its own, as when a group is
+    one): a leader cancelled while it decides settles its group with an error and hands
+    the lead to the answer waiting behind it, which is decided; the next answer after
+    that leads at once."""
+    from txmq.saga.group import GroupCommit
+
+    gate = anyio.Event()
+    decided: list[str] = []
+
+    async def alone(saga_id: str, choose: Any, answered: tuple[str, str]) -> ConsumeResult:
+        if saga_id == "a":
+            await gate.wait()  # never set: "a" is cancelled in here
+        decided.append(saga_id)
+        return ConsumeResult.SUCCESS
+
+    group = GroupCommit(sessions=None, producer=None, service="shop", topic="t",
+                        saga_of=lambda row: None, on_end=None, alone=alone)  # fmt: skip
+    results: dict[str, Any] = {}
+
+    async def one(saga_id: str) -> None:
+        results[saga_id] = await group.decide(saga_id, None, ("c", "done"))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            leader = anyio.CancelScope()
+
+            async def lead() -> None:
+                with leader:
+                    await one("a")
+
+            tg.start_soon(lead)
+            await anyio.wait_all_tasks_blocked()  # "a" leads, inside its decision
+            tg.start_soon(one, "b")
+            await anyio.wait_all_tasks_blocked()  # "b" waits behind it
+            assert decided == [] and results == {}
+            leader.cancel()
+        assert results == {"b": ConsumeResult.SUCCESS} and decided == ["b"]
+        assert await group.decide("c", None, ("c", "done")) is ConsumeResult.SUCCESS
+    assert decided == ["b", "c"]

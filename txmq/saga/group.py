@@ -162,15 +162,15 @@ class GroupCommit:
             self._queue = rest
         return group
 
-    def _hand_over(self, leaving: _Waiting | None = None) -> None:
-        """The lead to the first answer still waiting (``leaving``: one that gives up its
-        place, cancelled while it waited)."""
+    def _hand_over(self, me: _Waiting, *, waited: bool = False) -> None:
+        """``me`` leaves: the lead passes to the first answer still waiting — when ``me``
+        led, or (``waited``: cancelled while it waited) had just been handed the lead.  A
+        leader cancelled before its own answer was taken leaves the queue too."""
         with self._lock:
-            if leaving is not None:
-                if leaving in self._queue:
-                    self._queue.remove(leaving)
-                if not leaving.lead or leaving.settled:
-                    return
+            if me in self._queue:
+                self._queue.remove(me)
+            if waited and not me.lead:
+                return
             if self._queue:
                 nxt = self._queue[0]
                 nxt.lead = True
@@ -231,7 +231,7 @@ class GroupCommit:
             try:
                 await me.done.wait()
             except BaseException:
-                self._hand_over(leaving=me)
+                self._hand_over(me, waited=True)
                 raise
         if not me.settled:  # it leads
             current: list[_Waiting] = []
@@ -243,7 +243,7 @@ class GroupCommit:
                 for w in current:  # cancelled in the middle of a group
                     if not w.settled:
                         w.settle(None, RuntimeError("the coordinator stopped meanwhile"))
-                self._hand_over()
+                self._hand_over(me)
         return self._outcome(me)
 
     async def _decide_group(self, group: list[_Waiting]) -> None:
@@ -315,7 +315,7 @@ class GroupCommit:
                 while not me.settled:
                     self._decide_group_sync(self._take())
             finally:
-                self._hand_over()
+                self._hand_over(me)
         return self._outcome(me)
 
     def _decide_group_sync(self, group: list[_Waiting]) -> None:
