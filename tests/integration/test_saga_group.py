@@ -246,3 +246,10 @@ async def test_a_leader_cancelled_in_its_group_hands_the_lead_on() -> None:
         assert results == {"b": ConsumeResult.SUCCESS} and decided == ["b"]
         assert await group.decide("c", None, ("c", "done")) is ConsumeResult.SUCCESS
     assert decided == ["b", "c"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "32"])
+def test_a_group_size_that_is_not_a_count_is_refused_in_one_line(bad: Any) -> None:
+    sessions = sessionmaker(sa.create_engine("sqlite://"))
+    with pytest.raises(ValueError, match=r"most answers decided in one transaction"):
+        Coordinator("shop", None, sessions, [TWO_STEPS], group=bad)

@@ -96,6 +96,10 @@ class Coordinator(SagaService):
         #: each definition as stored with its sagas: a row that stores the same one is
         #: driven by the definition itself, not one rebuilt from the row every answer
         self._stored = {name: (s.to_dict(), s) for name, s in self.sagas.items()}
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            raise ValueError(
+                f"group is the most answers decided in one transaction (1 or more), not {group!r}"
+            )
         #: answers that queue up are decided together, ``group`` at most in one local
         #: transaction (txmq.saga.group; 1: each answer in its own, all at once)
         self.group_commit = (
