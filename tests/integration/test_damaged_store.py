@@ -178,3 +178,54 @@ def test_a_missing_or_short_segment_is_a_warning_and_shown_by_broker_info(
     assert _read_queue(bp.address, "segments", 0)[-1] == b"after the damage"
     print(f"{damage}: {len(read)} of {len(bodies)} records kept; {warnings[0]}")
     assert bp.terminate() == 0, bp.output()[-3000:]
+
+
+@pytest.mark.parametrize("damage", ["newest deleted", "newest cut mid-record"])
+def test_acknowledged_messages_lost_after_a_sigkill_are_counted_and_shown(
+    broker_process: Callable[..., BrokerProcess], tmp_path: Path, damage: str
+) -> None:
+    """A broker SIGKILLed, then its newest segment deleted or cut in the middle of a
+    record (issue 32, item 6): the consume queues said those messages were stored, so the
+    restarted broker says how many are gone, and where, in one WARNING line, and counts
+    them in ``broker-info`` and the metrics."""
+    bp = broker_process()
+    bp.env = dict(SMALL_SEGMENTS)
+    bp.start()
+    bodies = [b"kill-%04d-" % i + b"k" * 1000 for i in range(400)]
+    with Producer(bp.address) as p:
+        for body in bodies:  # each acknowledged
+            p.send(Message("segments", body), queue_id=0)
+    bp.kill()  # SIGKILL: the page cache keeps every byte, the checkpoint is older
+
+    segments = sorted((tmp_path / "store" / "commitlog").iterdir())
+    assert len(segments) >= 3, segments
+    victim = segments[-1]
+    where = {body: _where(segments, body) for body in bodies}
+    inside = sorted((at, b) for b, (seg, at) in where.items() if seg == victim)
+    if damage == "newest deleted":
+        victim.unlink()
+        lost = [b for _, b in inside]
+    else:  # cut in the middle of its fifth record
+        cut = inside[4][0] + 300
+        with victim.open("r+b") as f:
+            f.truncate(cut)
+        lost = [b for at, b in inside if at + len(b) > cut]
+    assert lost
+
+    logged = len(bp.output())
+    bp.start()
+    lines = bp.output()[logged:].splitlines()
+    warnings = [line for line in lines if " WARNING " in line and "store damage: " in line]
+    assert len(warnings) == 1, "\n".join(lines[-40:])
+    said = f"acknowledged messages are lost, {len(lost)} known from the consume queues"
+    assert said in warnings[0], warnings[0]
+    assert "segments/0 queue offsets" in warnings[0]
+
+    with AdminClient(bp.address) as admin:
+        info = admin.runtime_info()
+    assert info.store_damage_count == 1 and info.store_lost_messages == len(lost), info
+    [as_json] = admin_json(bp.address, "broker-info")
+    assert as_json["store_lost_messages"] == len(lost)
+    read = _read_queue(bp.address, "segments", 0)
+    assert read == bodies[: len(bodies) - len(lost)]
+    assert bp.terminate() == 0, bp.output()[-3000:]

@@ -126,6 +126,8 @@ def test_the_issue_names_are_exposed(exposed: set[str]) -> None:
         "txmq_commitlog_size_bytes",
         "txmq_commitlog_flush_latency_seconds_bucket",
         "txmq_replication_lag_bytes",
+        "txmq_store_damage_total",
+        "txmq_store_lost_messages_total",
     ):
         assert name in exposed, name
 

@@ -83,21 +83,70 @@ def test_recovery_keeps_the_sound_records_after_a_damaged_one(
     assert r.queue_offset == 300
 
 
-def test_a_torn_tail_after_damage_is_still_cut(
-    make_store, put_msg, read_queue, tmp_path, crash_store
-) -> None:
+def test_a_torn_tail_is_cut_quietly(make_store, put_msg, read_queue, tmp_path, crash_store) -> None:
     store = make_store(**NO_CHECKPOINTS)
     results = _fill(store, put_msg, 50)
     crash_store(store)
     last = results[-1]
     seg, pos = _segment_of(tmp_path / "store", last.commit_log_offset)
-    with seg.open("r+b") as f:  # the last record half written, as a killed writer leaves it
-        f.truncate(pos + last.size // 2)
+    with seg.open("r+b") as f:  # half a record after the last, as a killed writer leaves it
+        f.seek(pos)
+        half = f.read(last.size // 2)
+        f.seek(pos + last.size)
+        f.write(half)
     store = make_store()
-    assert store.last_recovery.truncated_bytes == last.size // 2
-    assert store.damage.count == 0
+    assert store.last_recovery.truncated_bytes > 0
+    assert store.damage.count == 0 and store.damage.lost_messages == 0
     got = read_queue(store, "T", 0) + read_queue(store, "T", 1)
-    assert len(got) == 49
+    assert len(got) == 50
+
+
+def test_a_stored_record_cut_mid_record_is_reported_with_its_count(
+    make_store, put_msg, read_queue, tmp_path, caplog, crash_store
+) -> None:
+    store = make_store(**NO_CHECKPOINTS)
+    results = _fill(store, put_msg, 50)
+    crash_store(store)
+    cut = results[-3]  # it and the two after it were stored (the queues say so): lost
+    seg, pos = _segment_of(tmp_path / "store", cut.commit_log_offset)
+    with seg.open("r+b") as f:
+        f.truncate(pos + cut.size // 2)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    store = make_store()
+    assert store.last_recovery.truncated_bytes == cut.size // 2
+    [found] = store.damage.entries()
+    assert found.kind == "commit log cut" and found.offset == cut.commit_log_offset
+    assert found.size == results[-1].commit_log_offset + results[-1].size - cut.commit_log_offset
+    assert store.damage.count == 1 and store.damage.lost_messages == 3
+    [line] = [r.getMessage() for r in caplog.records if "store damage" in r.getMessage()]
+    assert "acknowledged messages are lost, 3 known from the consume queues" in line
+    assert "T/1 queue offsets 23-24" in line and "T/0 queue offsets 24-24" in line
+    got = read_queue(store, "T", 0) + read_queue(store, "T", 1)
+    assert len(got) == 47
+
+
+def test_a_deleted_newest_segment_after_a_crash_is_reported_with_its_count(
+    make_store, put_msg, tmp_path, caplog, crash_store
+) -> None:
+    store = make_store(**NO_CHECKPOINTS)
+    results = _fill(store, put_msg, 300)
+    store._checkpoint()  # what the checkpoint thread does every second
+    checkpointed = store.commit_log_max_offset
+    results += _fill(store, put_msg, 150)
+    crash_store(store)
+    newest = sorted((tmp_path / "store" / "commitlog").iterdir())[-1]
+    start = int(newest.name)
+    assert start > checkpointed  # the checkpoint knew nothing of the newest segment
+    lost = [r for r in results if r.commit_log_offset >= start]
+    newest.unlink()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+
+    store = make_store()
+    [found] = store.damage.entries()
+    assert found.kind == "commit log cut" and found.offset == start
+    assert store.damage.lost_messages == len(lost) > 0
+    assert f"{len(lost)} known from the consume queues" in caplog.text
 
 
 def test_a_missing_segment_in_the_middle_loses_only_its_records(
@@ -141,3 +190,6 @@ def test_a_deleted_newest_segment_is_a_loud_warning(
     assert found.kind == "commit log short of checkpoint"
     assert found.offset == int(newest.name) and found.size > 0
     assert "acknowledged messages are lost" in caplog.text
+    # every message of the deleted segment is counted (the queues pointed into it)
+    assert store.damage.lost_messages > 0
+    assert f"{store.damage.lost_messages} known from the consume queues" in caplog.text

@@ -354,6 +354,16 @@ class BrokerCollector:
             [],
             [([], self.src.tally.flush)],
         )
+        yield CounterMetricFamily(
+            "txmq_store_damage",
+            "Damage the store found and went on without (txmq admin broker-info lists it)",
+            value=store.damage.count,
+        )
+        yield CounterMetricFamily(
+            "txmq_store_lost_messages",
+            "Messages stored and then found gone at start-up (a segment deleted or cut)",
+            value=store.damage.lost_messages,
+        )
         yield GaugeMetricFamily(
             "txmq_store_disk_full",
             "1 while the store refuses writes for want of disk space",

@@ -553,6 +553,7 @@ class Broker(Stoppable):
             namesrv=list(self.config.namesrv_addresses),
             broker_id=self.config.broker_id,
             store_damage_count=self.store.damage.count,
+            store_lost_messages=self.store.damage.lost_messages,
             store_damage=[
                 f"{ms_time(d.found_at)} {d.describe()}" for d in self.store.damage.entries()
             ],

@@ -252,6 +252,21 @@ class ConsumeQueue:
 
     # -- truncation and retention ----------------------------------------------------------
 
+    def raw_at_or_above(self, phy: int) -> tuple[int, bytes]:
+        """The entries pointing at or above commit-log offset ``phy`` (what
+        :meth:`truncate_phy` drops), raw (:data:`CQ_ENTRY` each), and the first's queue
+        offset."""
+        first = q = self._first_at_or_above(phy)
+        parts = []
+        while q < self.max_offset:
+            f = self.files.get(q // self.per_file)
+            if f is None:
+                break
+            hi = min(self.max_offset, f.end)
+            parts.append(bytes(f.mm[(q - f.start) * ENTRY : (hi - f.start) * ENTRY]))
+            q = hi
+        return first, b"".join(parts)
+
     def truncate_phy(self, phy: int, upper: int | None = None) -> int:
         """Drop every entry pointing at or above commit-log offset ``phy``; return how many.
 

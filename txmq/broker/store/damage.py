@@ -24,7 +24,7 @@ KEEP = 100
 @dataclass(frozen=True, slots=True)
 class Damage:
     #: "corrupt record" (skipped when read), "skipped at recovery", "missing segment",
-    #: "short segment", "commit log short of checkpoint"
+    #: "short segment", "commit log short of checkpoint", "commit log cut"
     kind: str
     #: commit-log offset where it starts
     offset: int
@@ -46,9 +46,13 @@ class DamageLedger:
         self._seen: set[tuple[str, int]] = set()
         self.recent: deque[Damage] = deque(maxlen=KEEP)
         self.count = 0
+        #: messages known to be gone (consume-queue entries whose records are not in the
+        #: commit log any more); other findings cannot count theirs
+        self.lost_messages = 0
 
-    def report(self, kind: str, offset: int, size: int, detail: str) -> bool:
-        """Record a finding (once per kind and offset); whether it was new."""
+    def report(self, kind: str, offset: int, size: int, detail: str, *, lost: int = 0) -> bool:
+        """Record a finding (once per kind and offset), ``lost`` messages known to be gone
+        with it; whether it was new."""
         with self._lock:
             if (kind, offset) in self._seen:
                 return False
@@ -58,6 +62,7 @@ class DamageLedger:
             damage = Damage(kind, offset, size, detail, time.time_ns() // 1_000_000)
             self.recent.append(damage)
             self.count += 1
+            self.lost_messages += lost
         log.warning("store damage: %s", damage.describe())
         return True
 

@@ -8,7 +8,9 @@
 4. The commit log is scanned from the checkpoint, each record checked (magic, size, CRC)
    and dispatched again.  Damage with sound records after it is stepped over and kept
    (those records are dispatched); only a torn tail, with nothing sound after it, is cut.
-5. Whatever is missing — segment files, bytes the checkpoint says were written — is a
+5. Whatever is missing — segment files, bytes the checkpoint says were written, records
+   that consume-queue entries dropped in step 2 pointed at past the scanned log's end (the
+   newest segment deleted or cut: those messages had been stored and acknowledged) — is a
    WARNING and an entry in the store's damage ledger (``txmq admin broker-info``).
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from txmq.protocol.codec import HEADER, read_header, record_topic_and_props
@@ -25,7 +27,7 @@ from txmq.protocol.message import Prop, tag_hash
 
 from .checkpoint import Checkpoint, read_checkpoint
 from .commitlog import CommitLog
-from .consumequeue import ConsumeQueue
+from .consumequeue import CQ_ENTRY, ConsumeQueue
 from .damage import DamageLedger
 from .index import IndexService, key_hash, uniq_key_hash
 from .scanner import Scanner
@@ -84,6 +86,9 @@ class Recovery:
     cq_entries_per_file: int
     cqs: dict[tuple[str, int], ConsumeQueue]
     damage: DamageLedger
+    #: the entries step 2 dropped that point into the newest segment or past it, per
+    #: queue: the first's queue offset, and the entries raw
+    _dropped: dict[tuple[str, int], tuple[int, bytes]] = field(default_factory=dict, init=False)
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.cqs.get((topic, queue_id))
@@ -103,20 +108,15 @@ class Recovery:
         for start, end, why in gaps:
             kind = "missing segment" if "missing" in why else "short segment"
             self.damage.report(kind, start, end - start, f"{why}; its records are lost")
+        short = None
         if ckpt is not None and ckpt.offset > disk_end:
-            self.damage.report(
-                "commit log short of checkpoint",
-                disk_end,
-                ckpt.offset - disk_end,
-                f"the commit log ends at {disk_end} but the checkpoint says {ckpt.offset} "
-                "bytes were written and flushed: acknowledged messages are lost (a segment "
-                "file deleted or cut?); rebuilding consume queues and index from offset "
-                f"{cl_min}",
-            )
+            short = ckpt.offset  # reported with what the queues say is lost, after the scan
             ckpt = None
         scan_from = cl_min if ckpt is None else max(ckpt.offset, cl_min)
         trusted = clean and ckpt is not None
-        self._load_queues(ckpt, scan_from, trusted)
+        segments = cl.segments()
+        newest = max(scan_from, segments[-1].start if segments else 0)
+        self._load_queues(ckpt, scan_from, trusted, newest)
         self.index.load()
         self.index.truncate(scan_from, trust_slots=trusted)
         redispatched = self._rebuild_damaged(ckpt, scan_from)
@@ -126,6 +126,7 @@ class Recovery:
             self._dispatch(buf, pos, phy, size, with_index=True)
             redispatched += 1
         self._report_skipped(scanner, {g[0] for g in gaps})
+        self._report_lost_tail(scanner.end, short)
         truncated = 0
         if scanner.error is not None:
             truncated = cl.truncate(scanner.end)
@@ -145,7 +146,12 @@ class Recovery:
             took_ms=(time.perf_counter() - t0) * 1000,
         )
 
-    def _load_queues(self, ckpt: Checkpoint | None, scan_from: int, trusted: bool) -> None:
+    def _load_queues(
+        self, ckpt: Checkpoint | None, scan_from: int, trusted: bool, newest: int
+    ) -> None:
+        """Open every queue and drop its entries at or past ``scan_from``, keeping aside
+        those at or past ``newest`` (the newest segment's start) for
+        :meth:`_report_lost_tail`."""
         self.cq_root.mkdir(parents=True, exist_ok=True)
         for topic_dir in sorted(self.cq_root.iterdir()):
             if not topic_dir.is_dir():
@@ -159,6 +165,9 @@ class Recovery:
                 cq.load(expected if trusted else None)
                 # entries past the checkpoint's count point past it, whatever they say
                 upper = ckpt.queues.get(key, 0) if ckpt is not None else None
+                first, raw = cq.raw_at_or_above(newest)
+                if raw:
+                    self._dropped[key] = (first, raw)
                 cq.truncate_phy(scan_from, upper)
 
     def _rebuild_damaged(self, ckpt: Checkpoint | None, scan_from: int) -> int:
@@ -202,6 +211,43 @@ class Recovery:
                 scanner.error,
             )
         return count
+
+    def _report_lost_tail(self, end: int, short_of: int | None) -> None:
+        """One finding for the records lost at the log's tail: the consume-queue entries
+        step 2 dropped that point at or past the scanned log's ``end`` (an entry is made
+        only after its record is written, so those records were stored, and acknowledged,
+        and are gone), and ``short_of``: the checkpoint's offset when the log ends before
+        it."""
+        lost: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> first, last offset
+        count, top = 0, end
+        for key, (first, raw) in sorted(self._dropped.items()):
+            for i, (phy, size, _) in enumerate(CQ_ENTRY.iter_unpack(raw)):
+                if phy >= end and size:
+                    count += 1
+                    top = max(top, phy + size)
+                    lo, _ = lost.get(key, (first + i, 0))
+                    lost[key] = (lo, first + i)
+        self._dropped.clear()
+        if short_of is not None:
+            top = max(top, short_of)
+        elif not count:
+            return
+        queues = [f"{t}/{q} queue offsets {lo}-{hi}" for (t, q), (lo, hi) in lost.items()]
+        more = f" and {len(queues) - 5} more queues" if len(queues) > 5 else ""
+        where = f" ({'; '.join(queues[:5])}{more})" if queues else ""
+        why = (
+            f"the checkpoint says {short_of} bytes were written and flushed"
+            if short_of is not None
+            else "consume-queue entries point past it"
+        )
+        self.damage.report(
+            "commit log short of checkpoint" if short_of is not None else "commit log cut",
+            end,
+            top - end,
+            f"the commit log ends at {end} but {why}: acknowledged messages are lost, "
+            f"{count} known from the consume queues{where} (a segment file deleted or cut?)",
+            lost=count,
+        )
 
     def _report_skipped(self, scanner: Scanner, known: set[int]) -> None:
         for skip in scanner.skipped:

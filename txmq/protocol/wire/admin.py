@@ -253,6 +253,8 @@ class RuntimeInfo(Response, frozen=True, kw_only=True, omit_defaults=True):
     pending_transactions: int
     #: damage the store found and went on without, since it opened (all of it counted)
     store_damage_count: int = 0
+    #: messages known to be gone among that damage (stored, and then not found at start-up)
+    store_lost_messages: int = 0
     #: the newest findings, each a readable line (kind, commit-log offset, what was found)
     store_damage: list[str] = []
     #: messages stored by sends / handed out by pulls per second, over the last minute
