@@ -184,6 +184,15 @@ class ServerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process stops where it is (its sockets stay open)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)

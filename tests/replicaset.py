@@ -156,12 +156,15 @@ class Sender:
     namesrv: str
     topic: str
     threads: int = 4
+    send_timeout: float = 5.0
     acked: dict[int, str] = field(default_factory=dict)
     #: numbers answered but not safe (SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT), or failed
     unsafe: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     #: (when its send began, monotonic; number) of every acknowledgement
     times: list[tuple[float, int]] = field(default_factory=list)
+    #: (began, answered, number) of every acknowledgement
+    spans: list[tuple[float, float, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -175,7 +178,9 @@ class Sender:
 
     def _run(self, t: int) -> None:
         n = t
-        with Producer(namesrv=self.namesrv, retry_times=0, send_timeout=5.0) as producer:
+        with Producer(
+            namesrv=self.namesrv, retry_times=0, send_timeout=self.send_timeout
+        ) as producer:
             while not self._stop.is_set():
                 began = time.monotonic()
                 try:
@@ -189,6 +194,7 @@ class Sender:
                         if r.status == "SEND_OK":
                             self.acked[n] = r.msg_id
                             self.times.append((began, n))
+                            self.spans.append((began, time.monotonic(), n))
                         else:
                             self.unsafe.add(n)
                 n += self.threads

@@ -99,8 +99,8 @@ class Replica:
 
     # -- the gate of acknowledgements (ReplicationGate) -------------------------------------
 
-    def may_acknowledge(self, confirmed: bool = False) -> bool:
-        return self.role.may_acknowledge(confirmed)
+    def may_acknowledge(self) -> bool:
+        return self.role.may_acknowledge()
 
     def sync_replication(self) -> bool:
         return self.role.is_master and self.role.replication == "sync"

@@ -1,14 +1,17 @@
 """A broker's role in its broker set: master or slave, the epoch, and (under a controller)
 the sync state set and the lease that let a master acknowledge writes.
 
-Epoch fencing under a controller (``namesrv/controller.py`` has the whole argument): a
-SYNC_MASTER write confirmed by a slave of the sync state set is acknowledged — a fenced
-slave confirms nothing, so a deposed master gets no confirmation.  Any other answer (an
-ASYNC_MASTER's, or SYNC_MASTER's FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE) needs the
-lease: ``lease_s`` from when the broker *sent* a heartbeat the controller answered, or
-from when it sent the answer that a slave of the sync state set confirmed next.  The
-controller elects a new master only after that lease has run out.  A master whose sync
-state set has no slave (and that proposed none) needs no lease: no one else can be elected.
+Epoch fencing under a controller (``namesrv/controller.py`` has the whole argument): every
+acknowledgement needs the lease — ``lease_s`` from when the broker *sent* a heartbeat the
+controller answered, or from when it sent the answer that a slave of the sync state set
+confirmed next.  The controller elects a new master only after that lease has run out, so
+no acknowledgement leaves a master after another may have been elected: not an
+ASYNC_MASTER's, not SYNC_MASTER's FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE, and not a
+SYNC_MASTER's SEND_OK either (a fenced slave confirms nothing, but a master paused past its
+lease may, when it resumes, read confirmations its slaves sent before the pause; answering
+from those would be safe — the bytes are on the slaves — but not by design).  A master
+whose sync state set has no slave (and that proposed none) needs no lease: no one else can
+be elected.
 """
 
 from __future__ import annotations
@@ -64,12 +67,13 @@ class Role:
             return BrokerRole.SLAVE
         return BrokerRole.SYNC_MASTER if self.replication == "sync" else BrokerRole.ASYNC_MASTER
 
-    def may_acknowledge(self, confirmed: bool = False) -> bool:
-        """Whether a write may be acknowledged now (``confirmed``: a slave of the sync
-        state set has it)."""
+    def may_acknowledge(self) -> bool:
+        """Whether a write may be acknowledged now: this broker is the master and, under a
+        controller with a sync state set, its lease runs (however the write was
+        confirmed)."""
         if not self.is_master:
             return False
-        if not self.controlled or confirmed or not (self.in_sync or self.proposed):
+        if not self.controlled or not (self.in_sync or self.proposed):
             return True
         return time.monotonic() < self.lease_until
 

@@ -87,8 +87,9 @@ class BrokerConfig(ConnectionSettings):
     ha_master_address: str = ""
     #: SYNC_MASTER: how long a write waits for a slave before it is answered
     #: FLUSH_SLAVE_TIMEOUT (RocketMQ's `syncFlushTimeout` bounds this wait as well as the
-    #: disk's, 5 s there)
-    sync_replication_timeout_s: float = 3.0
+    #: disk's, 5 s there); keep it under the producers' send timeout (3 s by default), or
+    #: they time out before the answer comes and never see FLUSH_SLAVE_TIMEOUT
+    sync_replication_timeout_s: float = 2.0
     #: how often a slave copies topics, consumer offsets, delay and transaction offsets
     ha_metadata_sync_interval_s: float = 3.0
     #: a slave that had everything within this long counts as in sync

@@ -121,7 +121,7 @@ class _Alone:
 class ReplicationGate(Protocol):
     """What the acknowledgements need from replication (``broker/ha``)."""
 
-    def may_acknowledge(self, confirmed: bool = False) -> bool: ...
+    def may_acknowledge(self) -> bool: ...
     def sync_replication(self) -> bool: ...
     def when_copied(
         self, end_offset: int, done: Callable[[str], None], timeout_s: float
@@ -161,13 +161,13 @@ class FlushAcks:
         status = gate.when_copied(end_offset, ack.copied, self.replication_timeout_s)
         if status is not None:  # copied already, or no slave to copy it
             if flushed is None:
-                return self._final(answer, status, True)
+                return self._final(answer, status)
             ack.copied(status)
         return ack.result
 
-    def _final(self, answer: T, missing: str, replicated: bool = False) -> T:
+    def _final(self, answer: T, missing: str) -> T:
         gate = self.gate
-        if gate is not None and not gate.may_acknowledge(replicated and not missing):
+        if gate is not None and not gate.may_acknowledge():
             raise NotMaster(
                 "stored, but this broker is no longer sure it is the master (deposed, or its "
                 "controller lease ran out): not acknowledged; send again to the master"
@@ -189,7 +189,7 @@ class _Ack(Generic[T]):
     """One write's answer that waits: for the flush (SYNC flush, with its own time-out)
     and/or a slave's copy (SYNC_MASTER, timed by the HA service)."""
 
-    __slots__ = ("_acks", "_answer", "_copy", "_flush", "_replicated", "_timer", "result")
+    __slots__ = ("_acks", "_answer", "_copy", "_flush", "_timer", "result")
 
     def __init__(
         self, acks: FlushAcks, answer: T, flushed: asyncio.Future[None] | None, *, copying: bool
@@ -200,7 +200,6 @@ class _Ack(Generic[T]):
         self.result: asyncio.Future[T] = loop.create_future()
         #: the copy's outcome (None: waiting; "" copied; else the status to answer)
         self._copy: str | None = None if copying else ""
-        self._replicated = copying
         self._flush = flushed
         self._timer: asyncio.TimerHandle | None = None
         if flushed is not None:
@@ -228,7 +227,7 @@ class _Ack(Generic[T]):
             result.set_exception(FlushDiskTimeout(f"flush failed: {why}"))
             return
         try:
-            result.set_result(self._acks._final(self._answer, self._copy, self._replicated))
+            result.set_result(self._acks._final(self._answer, self._copy))
         except TxmqError as exc:
             result.set_exception(exc)
 
