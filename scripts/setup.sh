@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with txmq installed (editable).
-#   scripts/setup.sh            the package only (enough for the demo)
+#   scripts/setup.sh            the package and the orders example's web stack (FastAPI,
+#                               uvicorn): enough for the demo
 #   scripts/setup.sh dev        plus test, lint, benchmark and documentation tools and PySpark
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,9 +13,9 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-extras=""
+extras="[examples]"
 if [ "${1:-}" = "dev" ]; then
-    extras="[dev,bench,spark,grpc,console,docs]"
+    extras="[dev,bench,spark,grpc,console,docs,examples]"
 fi
 stamp=".venv/.txmq-installed${extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then

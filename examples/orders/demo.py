@@ -184,6 +184,9 @@ class DemoResult:
     databases: str
     layout: str = ""
     requested: int = 0
+    """Orders placed (``POST /orders``): the load's and the faults' own."""
+    by_faults: int = 0
+    """Of those, the orders the faults placed (beside the load's ``config.orders``)."""
     accepted: int = 0
     refused: int = 0
     by_broker: dict[str, int] = field(default_factory=dict)
@@ -231,7 +234,9 @@ class Demo:
         self.orders_url = self.inventory_url = self.payment_url = ""
         self.accepted: list[dict[str, Any]] = []
         self.refused = 0
+        #: orders placed so far (POST /orders), and of those the load's
         self.requested = 0
+        self.load_placed = 0
         self._lock = threading.Lock()  # the load's clients are threads
 
     @property
@@ -441,6 +446,15 @@ class Demo:
     def load(self, orders: list[tuple[str, int, str]]) -> None:
         with ThreadPoolExecutor(self.config.clients) as pool:
             list(pool.map(lambda o: self.place(*o), orders))
+        with self._lock:
+            self.load_placed += len(orders)
+
+    @property
+    def by_faults(self) -> int:
+        """The orders the faults placed so far (their own, and those flowing while a broker
+        set dies)."""
+        with self._lock:
+            return self.requested - self.load_placed
 
     def stats(self, url: str) -> dict[str, Any]:
         status, data = request(url, "GET", "/stats")
@@ -556,7 +570,11 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         results: list[tuple[Fault, FaultResult]] = []
         for i, part in enumerate(parts):
             demo.load(part)
-            progress(f"load: {demo.requested} orders requested, {len(demo.accepted)} accepted")
+            progress(
+                f"load: {demo.load_placed} of {config.orders} orders placed, and "
+                f"{demo.by_faults} more by the faults so far: {len(demo.accepted)} of the "
+                f"{demo.requested} accepted"
+            )
             if i < len(faults):
                 progress(f"fault: {faults[i].describe(demo)}")
                 results.append((faults[i], faults[i].inject(demo)))
@@ -568,6 +586,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda s: Non
         result.report = demo.report()
         result.dead_lettered = demo.dlq()
         result.requested, result.accepted = demo.requested, len(demo.accepted)
+        result.by_faults = demo.by_faults
         result.refused = demo.refused
         by_broker = Counter(str(o.get("broker") or "?") for o in demo.accepted)
         sets = () if demo.single else BROKER_SETS  # one broker alone: named as it says
@@ -654,9 +673,11 @@ def print_summary(result: DemoResult, out: Callable[[str], None] = print) -> Non
     out("== txmq orders demo ==")
     out(f"layout:    {result.layout}")
     out(f"databases: {result.databases}")
+    load = result.requested - result.by_faults
     out(
-        f"load:      {result.requested} orders requested by {result.config.clients} clients: "
-        f"{result.accepted} accepted, {result.refused} refused while a service was down"
+        f"load:      {load} orders by {result.config.clients} clients, and {result.by_faults} "
+        f"more placed by the faults: {result.accepted} of the {result.requested} accepted, "
+        f"{result.refused} refused while a service or a broker was down"
     )
     carried = ", ".join(f"{name} {n}" for name, n in result.by_broker.items())
     out(f"carried:   accepted orders by the broker set that stored their first command: {carried}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Self
 
+import anyio
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
@@ -113,12 +114,14 @@ class InventoryService:
                 ("POST", "/faults"): self.faults.route,
             },
             port=port,
-        ).start()
+        )
+        # its own thread and event loop (uvicorn's), started and stopped off this loop
+        await anyio.to_thread.run_sync(self.server.start)
         return self
 
     async def stop(self) -> None:
         if self.server is not None:
-            self.server.stop()
+            await anyio.to_thread.run_sync(self.server.stop)
         try:
             await self.consumer.stop()
         finally:

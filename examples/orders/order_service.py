@@ -214,7 +214,7 @@ class OrderService:
             {
                 ("POST", "/orders"): self._post_order,
                 ("GET", "/orders"): self._get_orders,
-                ("GET", "/orders/(?P<id>[0-9a-f]{32})"): self._get_order,
+                ("GET", "/orders/{id}"): self._get_order,
                 ("GET", "/stats"): lambda req: (200, self.stats()),
                 ("POST", "/faults"): self.faults.route,
             },
@@ -366,7 +366,7 @@ class OrderService:
             return 200, [o.as_dict() for o in s.scalars(q)]
 
     def _get_order(self, req: Request) -> tuple[int, Any]:
-        order_id = req.match.group("id")
+        order_id = req.path["id"]
         with self.sessions() as s:
             order = s.get(Order, order_id)
             if order is None:
