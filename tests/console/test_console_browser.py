@@ -1,8 +1,8 @@
 """The web console in a real headless browser (Debian's chromium and chromium-driver, driven
 by Selenium) against ``txmq console`` and a broker, each in a process of its own: every
 page renders live data, a pending and a parked transaction are committed from their
-page and consumed, a dead letter is re-sent from its page and consumed, a ``<script>``
-body is shown as text.
+page and consumed, a dead letter is re-sent from its page and consumed, a topic is
+deleted once its name is typed, a ``<script>`` body is shown as text.
 
 ``TXMQ_CONSOLE_SCREENSHOTS=docs/console`` saves a PNG of each main page there (the
 README's pictures)."""
@@ -287,6 +287,37 @@ def test_resend_a_dead_letter_from_the_page(
     )
     again = read_topic(seeded.address, "%RETRY%billing", group="billing")
     assert [(m.msg_id, m.body) for m in again] == [(seeded.dead_id, b"invoice 7")]
+
+
+def test_delete_a_topic_from_the_page_by_typing_its_name(
+    browser: WebDriver, console: ConsoleProcess, seeded: Seeded
+) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    from txmq.sync import AdminClient
+
+    browser.get(console.url + "/topics")
+    Select(browser.find_element(By.CSS_SELECTOR, "#delete-topic select")).select_by_visible_text(
+        "invoices"
+    )
+    browser.find_element(By.CSS_SELECTOR, "#delete-topic input[name=typed]").send_keys("invoice")
+    browser.find_element(By.CSS_SELECTOR, "#delete-topic button").click()
+    # a wrong name: the page that asks again, and nothing deleted
+    wrong = WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "typed-wrong")))
+    assert wrong.text == "You typed “invoice”, not “invoices”: nothing was done."
+    assert no_alert(browser, 0.5)
+    with AdminClient(seeded.address) as admin:
+        assert "invoices" in {t.topic for t in admin.topics()}
+    browser.find_element(By.ID, "typed").send_keys("invoices")
+    browser.find_element(By.CSS_SELECTOR, "#confirm-form button[type=submit]").click()
+    flash = WebDriverWait(browser, 10).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, ".flash"))
+    )
+    assert flash.text == "topic invoices deleted"
+    assert "invoices" not in text_of(browser, By.ID, "topics")
+    with AdminClient(seeded.address) as admin:
+        assert "invoices" not in {t.topic for t in admin.topics()}
+    assert "operator 127.0.0.1: deleted topic 'invoices'" in console.output()
 
 
 #: for each URL the page shows (CSS selector arguments[0]): its text, how many lines it

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.acl_support import SECRETS, policy, secured_broker
 from tests.conftest import BrokerProcess, wait_for
+from txmq.observability.fmt import iso_ms, ms_time
 from txmq.protocol.message import Message
 from txmq.sync import Producer, PullConsumer, PushConsumer, TransactionProducer
 
@@ -120,8 +122,10 @@ def test_groups_connections_progress_delete_and_narrow_tables(
         assert sorted(r["queue_id"] for r in orders) == [0, 1, 2, 3]
         assert sum(r["max_offset"] for r in orders) == 6 and all(r["lag"] == 0 for r in orders)
         text = cli("admin", "group", "progress", "audit", *at).stdout.splitlines()
-        assert text[0].split() == ["TOPIC", "QUEUE_ID", "BROKER_OFFSET", "CONSUMER_OFFSET", "LAG"]
-        assert text[2].split() == ["orders", "0", "2", "1", "1"]
+        assert text[0].split() == [
+            "TOPIC", "QUEUE_ID", "BROKER_OFFSET", "CONSUMER_OFFSET", "LAG", "LAST_CONSUMED"
+        ]  # fmt: skip
+        assert text[2].split()[:5] == ["orders", "0", "2", "1", "1"]
         assert text[-1] == "total lag: 1"
 
         # every table fits 80 characters; --wide and a pipe keep every column; JSON the same
@@ -163,6 +167,74 @@ def test_groups_connections_progress_delete_and_narrow_tables(
     assert done.stdout.strip() == "topic orders deleted (from every broker set holding it)"
     assert not any(t["topic"] == "orders" for t in as_json("admin", "topics", *at))
     assert bp.alive() and "Traceback" not in bp.output()
+
+
+def test_group_progress_shows_when_the_last_consumed_message_was_stored(
+    broker_process: Callable[..., BrokerProcess],
+) -> None:
+    """LAST_CONSUMED (mqadmin's LastTime): the store time of the message before the
+    committed offset, to the millisecond; - for offset 0 and for a message not there."""
+    bp = broker_process().start()
+    at = ("--broker", bp.address)
+    with Producer(bp.address) as p:
+        sent = [p.send(Message("orders", f"order {i}".encode()), queue_id=0) for i in range(3)]
+        p.send(Message("orders", b"other"), queue_id=1)
+        p.send(Message("orders", b"third"), queue_id=2)
+    assert [s.queue_offset for s in sent] == [0, 1, 2]
+    with PullConsumer(bp.address, group="audit") as c:
+        c.commit_offset("orders", 0, 2)  # consumed offsets 0 and 1
+        c.commit_offset("orders", 1, 0)  # nothing yet
+        c.commit_offset("orders", 2, 5)  # past the end: there is no message at offset 4
+    rows = {r["queue_id"]: r for r in as_json("admin", "group", "progress", "audit", *at)}
+    last = sent[1].store_timestamp
+    assert last > 0
+    assert rows[0] == {
+        "group": "audit",
+        "topic": "orders",
+        "queue_id": 0,
+        "offset": 2,
+        "max_offset": 3,
+        "lag": 1,
+        "last_consumed_timestamp": last,
+        "last_consumed_time": iso_ms(last),
+    }
+    for q in (1, 2):
+        assert rows[q]["last_consumed_timestamp"] is None, rows[q]
+        assert rows[q]["last_consumed_time"] is None
+    text = cli("admin", "group", "progress", "audit", *at)
+    assert text.returncode == 0 and "could not be read" not in text.stderr, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].split()[-1] == "LAST_CONSUMED"
+    by_queue = {line.split()[1]: line for line in lines[2:-1]}
+    assert by_queue["0"].endswith(ms_time(last))  # local time, to the millisecond
+    assert by_queue["1"].split()[-1] == "-" and by_queue["2"].split()[-1] == "-"
+
+
+def test_group_progress_under_access_control_without_the_right_to_read_has_no_time(
+    broker_process: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """The time is read with a pull naming no consumer group: a user the broker does not
+    let read the messages that way (no ``sub`` on group "", which a super user has) sees
+    the offsets, no time, and a warning."""
+    acl = policy({"bob": [("cluster", "admin"), ("topic:orders", "sub")]})
+    bp = secured_broker(broker_process, tmp_path, acl)
+    ops = {"access_key": "ops", "secret_key": SECRETS["ops"]}
+    with Producer(bp.address, **ops) as p:
+        p.send(Message("orders", b"x"), queue_id=0)
+    with PullConsumer(bp.address, group="audit", **ops) as c:
+        c.commit_offset("orders", 0, 1)
+    for user, shown in (("ops", True), ("bob", False)):
+        out = subprocess.run(
+            [sys.executable, "-m", "txmq.cli", "admin", "group", "progress", "audit",
+             "--broker", bp.address, "--json"],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            env={**os.environ, "TXMQ_ACCESS_KEY": user, "TXMQ_SECRET_KEY": SECRETS[user]},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        [row] = json.loads(out.stdout)
+        assert row["offset"] == 1 and (row["last_consumed_timestamp"] is not None) is shown
+        warned = "the last consumed message of 1 queue(s) could not be read" in out.stderr
+        assert warned is not shown, out.stderr
 
 
 def wide_header(at: tuple[str, str]) -> list[str]:

@@ -31,7 +31,7 @@ from txmq.admin.acl import AclAdmin
 from txmq.admin.cluster import BrokerRow, ControllerView, cluster_rows
 from txmq.admin.controller import SwitchoverResult
 from txmq.admin.fanout import BrokerAddress, is_offset_id, merged
-from txmq.admin.groups import GroupAdmin, GroupSummary
+from txmq.admin.groups import GroupAdmin, GroupSummary, QueueProgress
 from txmq.admin.transactions import BrokerDecisionRow, BrokerTransactionRow, TransactionAdmin
 from txmq.protocol.codec import decode_record, decode_records
 from txmq.protocol.message import MessageExt, Prop, is_system_topic
@@ -72,6 +72,7 @@ __all__ = [
     "ConsumeTimeout",
     "ControllerView",
     "GroupSummary",
+    "QueueProgress",
     "QueueReset",
     "SwitchoverResult",
     "epoch_ms",

@@ -18,7 +18,7 @@ import msgspec
 
 from txmq.cli.options import CommandError, SubParsers, add_command, endpoints
 from txmq.cli.tables import table
-from txmq.observability.fmt import iso_ms, ms_time
+from txmq.observability.fmt import iso_ms, ms_time, with_times
 
 if TYPE_CHECKING:
     from txmq.admin.client import AdminClient
@@ -116,9 +116,11 @@ def add_group(asub: SubParsers) -> argparse.ArgumentParser:
         help="a consumer group's offsets and lag, per queue",
         description=(
             "A consumer group's progress per queue (RocketMQ mqadmin's consumerProgress):\n"
-            "the broker's offset (the queue's end), the group's committed offset, and the\n"
-            "lag between them; then the total lag. Queues the group has committed no offset\n"
-            "of are not listed. The brokers do not record when a queue was last consumed."
+            "the broker's offset (the queue's end), the group's committed offset, the lag\n"
+            "between them and LAST_CONSUMED, the store time of the last message consumed\n"
+            "(the one before the committed offset: - when the offset is 0 or that message is\n"
+            "gone; read with one pull of one message per queue); then the total lag. Queues\n"
+            "the group has committed no offset of are not listed."
         ),
         examples="  txmq admin group progress billing\n"
         "  txmq admin group progress billing --namesrv 127.0.0.1:9876 --json",
@@ -266,6 +268,7 @@ def run_group(args: argparse.Namespace) -> int:
 #: what a narrow terminal leaves out first (the first first)
 LIST_LOW_VALUE = ["brokers", "topics", "retry_max", "fifo"]
 CONNECTIONS_LOW_VALUE = ["heartbeat_s", "model", "broker_name"]
+PROGRESS_LOW_VALUE = ["last_consumed", "broker_name"]
 
 
 def _run_view(args: argparse.Namespace) -> int:
@@ -290,7 +293,8 @@ def _run_view(args: argparse.Namespace) -> int:
     elif cmd == "progress" and not rows:
         print(f"consumer group {args.group}: no committed offset")
     else:
-        drop = LIST_LOW_VALUE if cmd == "list" else CONNECTIONS_LOW_VALUE
+        drops = {"list": LIST_LOW_VALUE, "progress": PROGRESS_LOW_VALUE}
+        drop = drops.get(cmd, CONNECTIONS_LOW_VALUE)
         print(table(rows, drop=drop, wide=args.wide))
         if cmd == "progress":
             print(f"total lag: {sum(r['lag'] for r in rows)}")
@@ -331,8 +335,8 @@ async def _view(
             }
             for c in members
         ]
-    offsets = [_row(o) for o in await admin.group_offsets(args.group, broker=name)]
-    return offsets, [
+    offsets = [_row(o) for o in await admin.group_progress(args.group, broker=name)]
+    return [with_times(o) for o in offsets], [
         {
             **({"broker_name": o["broker_name"]} if "broker_name" in o else {}),
             "topic": o["topic"],
@@ -340,6 +344,7 @@ async def _view(
             "broker_offset": o["max_offset"],
             "consumer_offset": o["offset"],
             "lag": o["lag"],
+            "last_consumed": ms_time(o["last_consumed_timestamp"]),
         }
         for o in offsets
     ]

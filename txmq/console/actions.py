@@ -1,10 +1,13 @@
-"""The console's actions (POST): create a topic, COMMIT / ROLLBACK / RECHECK a half message
-(an operator's decision, with a reason), re-send
-dead letters, reset a consumer group's offsets to a time.
+"""The console's actions (POST): create or delete a topic, COMMIT / ROLLBACK / RECHECK a
+half message (an operator's decision, with a reason), re-send dead letters, reset a
+consumer group's offsets to a time.
 
 Each one checks the CSRF token (403 otherwise), then wants ``confirm=yes``: without it
 (a browser without JavaScript, whose button could not ask) the answer is a page that asks
-and posts the same form again with it.  What was done is logged by the console
+and posts the same form again with it.  Deleting a topic wants the topic's name instead,
+typed by the operator (``typed``: a click is not enough); anything else deletes nothing
+and asks again.  What the brokers refuse (a user's missing right, with ``--login``) is an
+error page of one line, as for every page.  What was done is logged by the console
 (``txmq.console``, with the operator's address, and with ``--login`` its user) and shown
 once on the page the browser is sent back to.
 """
@@ -22,8 +25,9 @@ from starlette.responses import RedirectResponse, Response
 
 from txmq.console.security import FIELD, check_csrf
 from txmq.console.web import client_of, page, session_of, state_of
+from txmq.protocol.message import is_system_topic
 
-__all__ = ["create_topic", "decide_transaction", "dlq_resend", "reset_offsets"]
+__all__ = ["create_topic", "decide_transaction", "delete_topic", "dlq_resend", "reset_offsets"]
 
 log = logging.getLogger("txmq.console")
 
@@ -76,10 +80,15 @@ def _ask(
     reason: bool = False,
     missing: bool = False,
     label: str = "Reason (recorded by the broker with your decision)",
+    typed: str = "",
+    wrong: str = "",
+    cancel: str = "/cluster",
 ) -> Response:
     """The page that asks ``question`` and posts the form again with ``confirm=yes``
-    (``reason``: and with a reason the operator types; ``missing``: it was left empty)."""
-    skip = (FIELD, "confirm", "reason") if reason else (FIELD, "confirm")
+    (``reason``: and with a reason the operator types; ``missing``: it was left empty;
+    ``typed``: and with this text typed again by the operator, ``wrong``: what was typed
+    instead, said in one line, the answer a 400)."""
+    skip = {FIELD, "confirm"} | ({"reason"} if reason else set()) | ({"typed"} if typed else set())
     fields = [(k, v) for k, v in form.multi_items() if k not in skip]
     return page(
         request,
@@ -91,7 +100,11 @@ def _ask(
             "reason": reason,
             "reason_label": label,
             "reason_missing": missing,
+            "typed": typed,
+            "typed_wrong": wrong,
+            "cancel": cancel,
         },
+        status=400 if wrong else 200,
     )
 
 
@@ -120,6 +133,34 @@ async def create_topic(request: Request) -> Response:
     log.warning("operator %s: created topic %r (%d queues)", who(request), topic, queues)
     return done(request, "/topic", "ok", f"topic {topic} has {info.queue_nums} queue(s)",
                  name=topic)  # fmt: skip
+
+
+async def delete_topic(request: Request) -> Response:
+    """Delete a topic from every broker set holding it — what ``txmq admin topic delete``
+    does, through the same admin call — once the operator has typed its name (``typed``).
+    A system topic is refused before the brokers are asked, by the check they make
+    themselves (:func:`~txmq.protocol.message.is_system_topic`)."""
+    form = await read_form(request)
+    topic = _text(form, "topic")
+    if is_system_topic(topic):
+        raise HTTPException(
+            400, f"{topic} is a system topic: the brokers need it, it cannot be deleted"
+        )
+    typed = _text(form, "typed", required=False)
+    if typed != topic:
+        question = (
+            f"Delete topic {topic!r} from every broker set holding it? Its queues and "
+            "messages are dropped, and the consumer groups' offsets of it. This cannot be "
+            "undone."
+        )
+        return _ask(request, form, question, typed=topic, wrong=typed, cancel="/topics")
+    client = await client_of(request)
+    # where it is (a topic no broker holds: 404), for the operator; then the admin call
+    sets = sorted({q.broker_name for q in await client.topic_stats(topic)} - {""})
+    await client.delete_topic(topic)
+    where = f" from {', '.join(sets)}" if sets else ""
+    log.warning("operator %s: deleted topic %r%s", who(request), topic, where)
+    return done(request, "/topics", "ok", f"topic {topic} deleted{where}")
 
 
 async def decide_transaction(request: Request) -> Response:

@@ -127,6 +127,7 @@ def create_app(config: ConsoleConfig | None = None, *, sample: bool = True) -> S
             Route("/cluster", pages.cluster),
             Route("/topics", pages.topics),
             Route("/topics", actions.create_topic, methods=["POST"]),
+            Route("/topics/delete", actions.delete_topic, methods=["POST"]),
             Route("/topic", pages.topic),
             Route("/groups", pages.groups),
             Route("/group", pages.group),

@@ -17,7 +17,7 @@ from txmq.console.journey import journeys
 from txmq.console.render import chart, show_body
 from txmq.console.state import Point
 from txmq.console.web import client_of, page, state_of
-from txmq.protocol.message import Prop
+from txmq.protocol.message import Prop, is_system_topic
 from txmq.protocol.wire import GroupOffset
 
 __all__ = [
@@ -109,7 +109,8 @@ async def topic(request: Request) -> Response:
     client = await client_of(request)
     queues = await client.topic_stats(name)
     offsets = [o for o in await client.offsets() if o.topic == name]
-    return page(request, "topic", {"name": name, "queues": queues, "offsets": offsets})
+    context = {"name": name, "queues": queues, "offsets": offsets, "system": is_system_topic(name)}
+    return page(request, "topic", context)
 
 
 async def groups(request: Request) -> Response:
