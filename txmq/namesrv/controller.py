@@ -187,6 +187,11 @@ class Controller:
         }
         self.router = Router("the controller")
         self.route(self.router)
+        #: told of each election: (broker set, the master elected — None while it runs —,
+        #: its epoch); a name server in the same process updates its routes at once
+        self.on_elect: list[Callable[[str, str | None, int], None]] = []
+        #: told when an election ends with no new master (a switchover abandoned)
+        self.on_abandon: list[Callable[[str], None]] = []
 
     def route(self, router: Router) -> None:
         router.route(ControllerHeartbeat, self.heartbeat)
@@ -359,6 +364,8 @@ class Controller:
         for r in s.replicas.values():
             r.fenced_at = 0.0
         log.warning("broker set %s: electing a master (%s)", s.name, reason)
+        for hook in self.on_elect:
+            hook(s.name, None, s.epoch + 1)
 
     def _decide(self, s: _Set, now: float) -> None:
         e = s.election
@@ -373,6 +380,8 @@ class Controller:
                 log.warning("broker set %s: %s abandoned", s.name, e.reason)
                 s.election = None  # the master is told to go on (same epoch)
                 s.master_seen, s.confirmed = now, False
+                for done in self.on_abandon:
+                    done(s.name)
                 return
             if old is None or e.old_master not in fenced or target.offset < old.offset:
                 return self._wait(s, "the target to catch up with the stopped master")
@@ -451,6 +460,8 @@ class Controller:
         s.confirmed = False
         s.election = None
         self._save()  # saved before anyone is told
+        for hook in self.on_elect:
+            hook(s.name, best.address, s.epoch)
         log.warning(
             "broker set %s: broker %d (%s) is the master in epoch %d (%s; its log ends at %d; "
             "in sync: %s)",

@@ -76,6 +76,9 @@ class RouteTable:
         self._brokers: dict[BrokerKey, LiveBroker] = {}
         #: topic -> the brokers holding it
         self._by_topic: dict[str, set[BrokerKey]] = {}
+        #: what a controller in this process says of a broker set before its brokers
+        #: register it: (the master it elected, None while it elects; the epoch)
+        self._elected: dict[str, tuple[str | None, int]] = {}
 
     # -- what brokers tell ------------------------------------------------------------------
 
@@ -185,6 +188,18 @@ class RouteTable:
             )
         return gone
 
+    def elected(self, broker_name: str, address: str | None, epoch: int) -> None:
+        """A controller in this process elects a master for ``broker_name`` (``address``
+        None: the election runs, the old master is fenced) in ``epoch``: routes name that
+        master (none while it elects) until a broker registers as the set's master in
+        ``epoch`` or later — clients stop sending to a fenced master, and find the new one
+        before it registers."""
+        self._elected[broker_name] = (address, epoch)
+
+    def election_abandoned(self, broker_name: str) -> None:
+        """The election ended with no new master (the old one goes on)."""
+        self._elected.pop(broker_name, None)
+
     # -- what clients ask -------------------------------------------------------------------
 
     def route(self, topic: str) -> TopicRoute:
@@ -237,12 +252,25 @@ class RouteTable:
         return min(members, key=lambda b: b.broker_id, default=None)
 
     def _broker_data(self, name: str, source: LiveBroker) -> BrokerData:
-        members = [(i, b) for (n, i), b in sorted(self._brokers.items()) if n == name]
+        members = {i: b for (n, i), b in sorted(self._brokers.items()) if n == name}
+        said = self._elected.get(name)
+        if said is not None:
+            address, epoch = said
+            master = members.get(MASTER_ID)
+            if master is not None and master.epoch >= epoch:
+                del self._elected[name]  # the set's master registered: the table knows
+            else:
+                members.pop(MASTER_ID, None)  # fenced, or deposed
+                for i, b in list(members.items()):
+                    if address is not None and b.address == address:
+                        members[MASTER_ID] = members.pop(i)  # elected, not registered yet
         return BrokerData(
             cluster=source.cluster,
             broker_name=name,
-            addresses={i: b.address for i, b in members},
-            grpc_addresses={i: b.grpc_address for i, b in members if b.grpc_address},
+            addresses={i: b.address for i, b in sorted(members.items())},
+            grpc_addresses={
+                i: b.grpc_address for i, b in sorted(members.items()) if b.grpc_address
+            },
         )
 
     def _put(self, key: BrokerKey, entry: LiveBroker) -> None:

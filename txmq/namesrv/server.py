@@ -116,6 +116,9 @@ class NamesrvServer(Stoppable):
         self.controller = controller
         if controller is not None:
             controller.route(self.router)
+            if routes:  # this name server's routes follow its controller's elections
+                controller.on_elect.append(self.table.elected)
+                controller.on_abandon.append(self.table.election_abandoned)
         #: access control (--acl FILE): None when off
         who = f"{self.what} {config.host}:{config.port}"
         self.guard = self.router.guard = config.guard(who)
