@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras="[examples]"
 if [ "${1:-}" = "dev" ]; then
-    extras="[dev,bench,spark,grpc,console,docs,examples]"
+    extras="[dev,bench,spark,grpc,console,docs,examples,etcd]"
 fi
 stamp=".venv/.txmq-installed${extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then

@@ -15,6 +15,9 @@ command -v java >/dev/null || debs="$debs openjdk-17-jre-headless"
 # the web console's browser tests (tests/console/): Debian's chromium and its driver
 dpkg -s chromium >/dev/null 2>&1 || debs="$debs chromium"
 dpkg -s chromium-driver >/dev/null 2>&1 || debs="$debs chromium-driver"
+# the controllers-on-etcd tests (tests/etcd_cluster.py): Debian's etcd-server, whose etcd
+# they start themselves on free ports (its systemd unit, and port 2379, play no part)
+dpkg -s etcd-server >/dev/null 2>&1 || debs="$debs etcd-server"
 if [ -n "$debs" ]; then
     echo "== installing Debian packages:$debs"
     $SUDO apt-get update -qq

@@ -412,7 +412,8 @@ def free_port() -> int:
 
 @dataclass
 class NamesrvProcess(ServerProcess):
-    """``txmq namesrv start`` in a process of its own."""
+    """``txmq namesrv start`` (``kind`` "controller": ``txmq controller start``) in a
+    process of its own."""
 
     workdir: Path
     name: str = "namesrv"
@@ -422,24 +423,35 @@ class NamesrvProcess(ServerProcess):
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     address: str = ""
+    kind: str = "namesrv"
 
     @property
     def log_path(self) -> Path:
         return self.workdir / f"{self.name}.log"
 
     def start(self, timeout: float = 30.0) -> NamesrvProcess:
-        command = ["namesrv", "start", "--port", str(self.port), *self.args]
-        self._launch(command, self.workdir / f"{self.name}.ready", "name server", timeout)
+        command = [self.kind, "start", "--port", str(self.port), *self.args]
+        what = "name server" if self.kind == "namesrv" else self.kind
+        self._launch(command, self.workdir / f"{self.name}.ready", what, timeout)
         return self
 
 
 @pytest.fixture
 def namesrv_process(tmp_path: Path) -> Iterator[Callable[..., NamesrvProcess]]:
-    """Factory: ``namesrv_process(name="ns1", port=0, env={...})``, not started yet."""
+    """Factory: ``namesrv_process(name="ns1", port=0, env={...}, kind="namesrv")``, not
+    started yet (``kind="controller"``: ``txmq controller start``)."""
     procs: list[NamesrvProcess] = []
 
-    def make(name: str = "", *, port: int = 0, env: dict[str, str] | None = None) -> NamesrvProcess:
-        ns = NamesrvProcess(tmp_path, name or f"namesrv{len(procs)}", port, env=dict(env or {}))
+    def make(
+        name: str = "",
+        *,
+        port: int = 0,
+        env: dict[str, str] | None = None,
+        kind: str = "namesrv",
+    ) -> NamesrvProcess:
+        ns = NamesrvProcess(
+            tmp_path, name or f"namesrv{len(procs)}", port, env=dict(env or {}), kind=kind
+        )
         procs.append(ns)
         return ns
 

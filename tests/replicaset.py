@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
 from txmq import Message
 from txmq.broker.store.commitlog import segment_paths
+from txmq.protocol.peer import NoController, ask_controller
 from txmq.protocol.wire import (
     MASTER_ID,
     BrokerSetState,
@@ -36,17 +38,27 @@ SEGMENT = 1024 * 1024
 def replica_sets(
     tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
 ) -> Iterator[Callable[..., ReplicaSet]]:
-    """Factory: ``replica_sets(replication="sync", replicas=3, **broker_settings)`` starts a
-    name server with the controller inside and a replicated broker set; every broker still
-    running at the end is SIGKILLed."""
+    """Factory: ``replica_sets(replication="sync", replicas=3, controllers=None,
+    **broker_settings)`` starts a name server with the controller inside (``controllers``:
+    a plain name server, the brokers heartbeating to those controllers) and a replicated
+    broker set; every broker still running at the end is SIGKILLed."""
     made: list[ReplicaSet] = []
 
-    def make(replication: str = "sync", *, replicas: int = 3, **settings: object) -> ReplicaSet:
+    def make(
+        replication: str = "sync",
+        *,
+        replicas: int = 3,
+        controllers: list[str] | None = None,
+        **settings: object,
+    ) -> ReplicaSet:
         ns = namesrv_process("ns")
-        ns.args = ["--controller-store", str(tmp_path / "controller")]
+        if controllers is None:  # the controller inside the name server
+            ns.args = ["--controller-store", str(tmp_path / "controller")]
         ns.start()
         env = {f"TXMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()}
-        rs = ReplicaSet(tmp_path, ns, replication, n=replicas, env=env)
+        rs = ReplicaSet(
+            tmp_path, ns, replication, n=replicas, env=env, controllers=list(controllers or [])
+        )
         made.append(rs)
         return rs.start()
 
@@ -70,6 +82,12 @@ class ReplicaSet:
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
     #: the replicas the test killed (and has not started again)
     killed: set[int] = field(default_factory=set)
+    #: the controllers the brokers heartbeat to (empty: the one in the name server)
+    controllers: list[str] = field(default_factory=list)
+
+    @property
+    def controller_addresses(self) -> list[str]:
+        return self.controllers or [self.namesrv.address]
 
     def start(self) -> ReplicaSet:
         for i in range(self.n):
@@ -78,7 +96,8 @@ class ReplicaSet:
                 [
                     "--namesrv", self.namesrv.address, "--cluster", "C", "--broker-name", SET,
                     "--broker-id", str(i), "--replication", self.replication,
-                    "--controller", self.namesrv.address, "--segment-size", str(SEGMENT),
+                    "--controller", ";".join(self.controller_addresses),
+                    "--segment-size", str(SEGMENT),
                 ],
                 self.tmp / f"{SET}{i}.log",
                 env={"TXMQ_BROKER_MAX_MESSAGE_SIZE": str(64 * 1024), **self.env},
@@ -88,7 +107,16 @@ class ReplicaSet:
         return self
 
     def state(self) -> BrokerSetState | None:
-        info = ask(self.namesrv.address, GetReplicaInfo(broker_name=SET))
+        """The set as the (leading) controller sees it (None: it knows no set, or none
+        leads now)."""
+        try:
+            _, info = anyio.run(
+                lambda: ask_controller(
+                    self.controller_addresses, GetReplicaInfo(broker_name=SET), 5.0
+                )
+            )
+        except NoController:
+            return None
         return info.sets[0] if info.sets else None
 
     def master(self) -> int:

@@ -38,6 +38,8 @@ def add_parser(sub: SubParsers) -> None:
         "--broker-name broker-a\n"
         "  # with the controller inside (brokers give --controller 127.0.0.1:9876):\n"
         "  txmq namesrv start --controller-store ./controller\n"
+        "  # three such name servers, their controllers on etcd (one leads):\n"
+        "  txmq namesrv start --controller-store ./controller --etcd e1:2379,e2:2379,e3:2379\n"
         "  # TLS (brokers with --tls-cert reach it over TLS, checking it with their --tls-ca):\n"
         "  txmq namesrv start --host 0.0.0.0 --tls-cert server.pem --tls-key server.key\n"
         "  # access control (brokers sign with TXMQ_BROKER_ACCESS_KEY/_SECRET_KEY):\n"
@@ -56,6 +58,7 @@ def add_parser(sub: SubParsers) -> None:
         help="also run the controller (master elections of replicated broker sets) here, "
         "keeping its state in DIR",
     )
+    _add_etcd(start)
     start.add_argument("--ready-file", help="write the bound address here once listening")
     add_tls_server(start)
     add_acl_server(start)
@@ -70,13 +73,21 @@ def add_parser(sub: SubParsers) -> None:
         description="Start a controller in the foreground.  Brokers started with\n"
         "--controller heartbeat to it; it elects each broker set's master, and a new one\n"
         "when the master dies.  Its state (epochs, masters, in-sync replicas) is saved in\n"
-        "--store.  One controller is enough: while it is down, nothing fails over, and\n"
-        "everything else goes on.",
+        "--store, or with --etcd in etcd: then run any number of controllers (three, on\n"
+        "three machines), one leads and the others take over when it goes.  A single\n"
+        "controller is a single point: while it is down nothing fails over (everything\n"
+        "else goes on).",
         examples="  txmq controller start --store ./controller           # 127.0.0.1:9878\n"
         "  txmq broker start --store ./a1 --namesrv ns1:9876 --broker-name a --broker-id 1 \\\n"
-        "      --replication sync --controller 127.0.0.1:9878",
+        "      --replication sync --controller 127.0.0.1:9878\n"
+        "  # three controllers on etcd (brokers give --controller c1:9878;c2:9878;c3:9878):\n"
+        "  txmq controller start --host 0.0.0.0 --advertised-address c1:9878 \\\n"
+        "      --etcd e1:2379,e2:2379,e3:2379",
     )
-    cstart.add_argument("--store", type=Path, help="state folder (default ./txmq-controller)")
+    cstart.add_argument(
+        "--store", type=Path, help="state folder (default ./txmq-controller; unused with --etcd)"
+    )
+    _add_etcd(cstart)
     cstart.add_argument("--host", help="address to bind (default 127.0.0.1)")
     cstart.add_argument("--port", type=int, help="port (default 9878; 0 picks a free one)")
     cstart.add_argument(
@@ -90,6 +101,20 @@ def add_parser(sub: SubParsers) -> None:
     cstart.set_defaults(func=start_controller)
 
 
+def _add_etcd(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--etcd",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="keep the controller's state in etcd and elect a leader among the controllers "
+        "given the same endpoints (needs txmq[etcd])",
+    )
+    parser.add_argument(
+        "--advertised-address",
+        metavar="HOST:PORT",
+        help="with --etcd: where brokers reach this controller (default HOST:PORT)",
+    )
+
+
 def start_namesrv(args: argparse.Namespace) -> int:
     from txmq.namesrv import NamesrvConfig, NamesrvServer
 
@@ -98,6 +123,8 @@ def start_namesrv(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         controller_store=args.controller_store,
+        etcd=args.etcd,
+        advertised_address=args.advertised_address,
         **tls_overrides(args),
         **acl_overrides(args),
     )
@@ -112,6 +139,8 @@ def start_controller(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         store=args.store,
+        etcd=args.etcd,
+        advertised_address=args.advertised_address,
         **tls_overrides(args),
         **acl_overrides(args),
     )

@@ -12,7 +12,7 @@ from txmq.namesrv.controller import ControllerTimings
 from txmq.protocol.settings import SettingsError, load_settings
 from txmq.server.serving import ConnectionSettings
 
-__all__ = ["ControllerConfig", "NamesrvConfig"]
+__all__ = ["ControllerConfig", "NamesrvConfig", "controller_address"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,21 @@ class NamesrvConfig(ConnectionSettings):
     #: `scanNotActiveBrokerInterval`; 10 s in RocketMQ 4)
     scan_interval_s: float = 10.0
     #: run the controller in this name server too, with its state in this folder
-    #: (RocketMQ's `enableControllerInNamesrv`; "": no controller here)
+    #: (RocketMQ's `enableControllerInNamesrv`; "": no controller here, unless etcd is set)
     controller_store: str = ""
+    #: controllers on etcd: etcd's client endpoints, "h1:2379,h2:2379,h3:2379" (empty: one
+    #: controller, its state in a folder); any number of controllers may share them, one
+    #: leads (RocketMQ 5 runs its controllers on DLedger or jRaft)
+    etcd: str = ""
+    #: the etcd key prefix of this cluster's controllers (several clusters may share one
+    #: etcd)
+    etcd_prefix: str = "/txmq"
+    #: the etcd lease of the leading controller, in whole seconds: a leader that died is
+    #: replaced after this long
+    etcd_lease_s: int = 2
+    #: the address brokers are told to reach this controller at when it leads
+    #: (default: host:port; required when host is a wildcard such as 0.0.0.0)
+    advertised_address: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -42,6 +55,7 @@ class NamesrvConfig(ConnectionSettings):
             raise SettingsError("broker_expiry_s must be positive")
         if not self.scan_interval_s > 0:
             raise SettingsError("scan_interval_s must be positive")
+        _check_etcd(self.etcd, self.etcd_lease_s)
         super().__post_init__()
 
     @classmethod
@@ -81,6 +95,19 @@ class ControllerConfig(ConnectionSettings):
     lease_s: float = 2.0
     #: a master whose connection closed gets this long to come back before an election
     reconnect_grace_s: float = 0.6
+    #: controllers on etcd: etcd's client endpoints, "h1:2379,h2:2379,h3:2379" (empty: one
+    #: controller, its state in a folder); any number of controllers may share them, one
+    #: leads (RocketMQ 5 runs its controllers on DLedger or jRaft)
+    etcd: str = ""
+    #: the etcd key prefix of this cluster's controllers (several clusters may share one
+    #: etcd)
+    etcd_prefix: str = "/txmq"
+    #: the etcd lease of the leading controller, in whole seconds: a leader that died is
+    #: replaced after this long
+    etcd_lease_s: int = 2
+    #: the address brokers are told to reach this controller at when it leads
+    #: (default: host:port; required when host is a wildcard such as 0.0.0.0)
+    advertised_address: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.store, str):
@@ -91,6 +118,7 @@ class ControllerConfig(ConnectionSettings):
             raise SettingsError("lease_s must be positive and shorter than heartbeat_timeout_s")
         if not self.reconnect_grace_s >= 0:
             raise SettingsError("reconnect_grace_s must not be negative")
+        _check_etcd(self.etcd, self.etcd_lease_s)
         super().__post_init__()
 
     def timings(self) -> ControllerTimings:
@@ -116,3 +144,28 @@ class ControllerConfig(ConnectionSettings):
             env=env,
             overrides=overrides,
         )
+
+
+def _check_etcd(endpoints: str, lease_s: int) -> None:
+    from txmq.namesrv.etcd import parse_endpoints
+
+    if endpoints:
+        try:
+            parse_endpoints(endpoints)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+    if lease_s < 1:
+        raise SettingsError("etcd_lease_s must be at least 1 (etcd counts leases in seconds)")
+
+
+def controller_address(host: str, port: int, advertised: str) -> str:
+    """Where brokers reach a controller that leads."""
+    if advertised:
+        return advertised
+    if host in ("0.0.0.0", "::", ""):
+        raise SettingsError(
+            f"a controller on etcd listening on {host or 'every address'} needs "
+            "advertised_address (--advertised-address HOST:PORT): the address the others "
+            "name when brokers ask them"
+        )
+    return f"{host}:{port}"

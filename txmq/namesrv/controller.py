@@ -35,6 +35,17 @@ the master only, lets the target copy the rest, and then hands over.
 The state (epoch, master, sync state set, history) is saved in
 ``<controller store>/controller.json`` before anyone is told: a restarted controller goes on
 from it.  README "Replication" says how to run it.
+
+**On etcd** (``--etcd``, :mod:`txmq.namesrv.etcd`), any number of controllers run; the one
+that holds the etcd election leads and the state lives in etcd, written only in a
+transaction conditioned on that leader's own election key.  An answer waits until the
+state it tells is saved; a write refused (this controller was deposed) tells no one, and
+the controller follows.  A follower answers heartbeats with the leader's address
+(``follower``, ``leader``) and other requests with :class:`ControllerNotLeader`.  A new
+leader reads the sets from etcd and gives each master a fresh ``heartbeat_timeout_s``
+before judging it, as a restarted controller does; a master's lease, granted by the old
+leader, has run out by then (the old leader stopped granting when its own etcd lease could
+have expired, before another could take over).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -58,8 +70,11 @@ from txmq.protocol.wire import (
     ReplicaInfo,
     ReplicaState,
 )
-from txmq.protocol.wire.errors import BadRequest, TxmqError
+from txmq.protocol.wire.errors import BadRequest, ControllerNotLeader, TxmqError
 from txmq.server.jsonfile import load_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from txmq.namesrv.etcd import EtcdLeadership
 
 __all__ = ["Controller", "ControllerTimings", "NoCandidate"]
 
@@ -162,29 +177,29 @@ class _Set:
 class Controller:
     def __init__(
         self,
-        store: Path,
+        store: Path | None,
         timings: ControllerTimings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        leadership: EtcdLeadership | None = None,
     ) -> None:
+        """``store``: the folder of ``controller.json`` (None with ``leadership``: the
+        state lives in etcd)."""
         self.timings = timings or ControllerTimings()
         self.timings.check()
         self._clock = clock
-        self.path = store / "controller.json"
-        store.mkdir(parents=True, exist_ok=True)
-        now = self._clock()
-        self.sets: dict[str, _Set] = {
-            name: _Set(
-                s.cluster,
-                name,
-                s.epoch,
-                s.master_id,
-                list(s.in_sync),
-                list(s.history),
-                master_seen=now,
-            )
-            for name, s in load_json(self.path, _Saved).sets.items()
-        }
+        self.leadership = leadership
+        self.path = store / "controller.json" if store is not None else None
+        self.sets: dict[str, _Set] = {}
+        if leadership is None:
+            if store is None:
+                raise ValueError("a controller needs a store folder or etcd")
+            store.mkdir(parents=True, exist_ok=True)
+            self.sets = self._sets_from(load_json(store / "controller.json", _Saved).sets)
+        #: on etcd: the state's version in memory, and the newest one saved in etcd
+        self._version = self._saved = 0
+        self._save_wanted = anyio.Event()
+        self._save_done = anyio.Event()
         self.router = Router("the controller")
         self.route(self.router)
         #: told of each election: (broker set, the master elected — None while it runs —,
@@ -193,10 +208,116 @@ class Controller:
         #: told when an election ends with no new master (a switchover abandoned)
         self.on_abandon: list[Callable[[str], None]] = []
 
+    def _sets_from(self, saved: dict[str, _SavedSet]) -> dict[str, _Set]:
+        now = self._clock()
+        return {
+            name: _Set(
+                s.cluster, name, s.epoch, s.master_id, list(s.in_sync), list(s.history),
+                master_seen=now,
+            )
+            for name, s in saved.items()
+        }  # fmt: skip
+
+    @property
+    def where(self) -> str:
+        """Where the state is kept, for the logs."""
+        if self.leadership is not None:
+            return "etcd " + ",".join(self.leadership.endpoints)
+        assert self.path is not None
+        return str(self.path.parent)
+
+    @property
+    def leading(self) -> bool:
+        return self.leadership is None or self.leadership.leading
+
     def route(self, router: Router) -> None:
-        router.route(ControllerHeartbeat, self.heartbeat)
+        if self.leadership is None:
+            router.route(ControllerHeartbeat, self.heartbeat)
+            router.route(GetReplicaInfo, self.replica_info)
+        else:
+            router.route(ControllerHeartbeat, self._heartbeat_led)
+            router.route(GetReplicaInfo, self._replica_info_led)
         router.route(ElectMaster, self.elect_master)
-        router.route(GetReplicaInfo, self.replica_info)
+
+    # -- on etcd: only the leader answers, once what it tells is saved ----------------------
+
+    async def _heartbeat_led(self, req: ControllerHeartbeat, call: Call | None) -> ControllerAnswer:
+        if not self.leading:
+            return self._follower_answer()
+        answer = self.heartbeat(req, call)
+        if not await self._saved_through(self._version):
+            return self._follower_answer()
+        return answer
+
+    def _replica_info_led(self, req: GetReplicaInfo, call: Call | None) -> ReplicaInfo:
+        self._check_leading()
+        return self.replica_info(req, call)
+
+    def _follower_answer(self) -> ControllerAnswer:
+        leader = self.leadership.leader_address if self.leadership is not None else ""
+        return ControllerAnswer(epoch=0, follower=True, leader=leader)
+
+    def _check_leading(self) -> None:
+        if not self.leading:
+            leader = self.leadership.leader_address if self.leadership is not None else ""
+            said = f"the leader is at {leader}" if leader else "none leads now"
+            raise ControllerNotLeader(f"this controller does not lead ({said})")
+
+    async def _saved_through(self, version: int) -> bool:
+        """Until the state of ``version`` is in etcd; False if this controller stopped
+        leading first (nothing of it may be told)."""
+        while self._saved < version:
+            if not self.leading:
+                return False
+            done = self._save_done
+            self._save_wanted.set()
+            await done.wait()
+        return self.leading
+
+    async def _writer(self) -> None:
+        """Save the state in etcd whenever it changed (one write for all changes since)."""
+        from txmq.namesrv.etcd import Deposed
+
+        assert self.leadership is not None
+        while True:
+            await self._save_wanted.wait()
+            self._save_wanted = anyio.Event()
+            version = self._version
+            if version > self._saved and self.leading:
+                entries = {
+                    n: msgspec.json.encode(_SavedSet(s.cluster, s.epoch, s.master_id, s.in_sync,
+                                                     s.history))
+                    for n, s in self.sets.items()
+                }  # fmt: skip
+                try:
+                    await self.leadership.save(entries)
+                except Deposed as exc:
+                    log.warning("controller: %s; following", exc)
+                    self._follow("")
+                else:
+                    self._saved = max(self._saved, version)
+            done, self._save_done = self._save_done, anyio.Event()
+            done.set()
+
+    def _lead(self, saved: dict[str, bytes]) -> None:
+        sets = {name: msgspec.json.decode(raw, type=_SavedSet) for name, raw in saved.items()}
+        self.sets = self._sets_from(sets)
+        self._version = self._saved = 0
+        for s in self.sets.values():
+            log.info(
+                "broker set %s: epoch %d, master %d, in sync %s (from etcd)",
+                s.name, s.epoch, s.master_id, s.in_sync or "none",
+            )  # fmt: skip
+
+    def _follow(self, leader: str) -> None:
+        if self.sets:
+            log.warning(
+                "controller follows%s; its broker sets are the leader's now",
+                f" {leader}" if leader else "",
+            )
+        self.sets = {}
+        done, self._save_done = self._save_done, anyio.Event()
+        done.set()  # answers waiting for a save: this controller tells nothing now
 
     # -- requests -------------------------------------------------------------------------
 
@@ -261,6 +382,7 @@ class Controller:
     async def elect_master(self, req: ElectMaster, call: Call | None) -> ControllerAnswer:
         """A planned switchover: fence the master only, let ``req.broker_id`` (or the best
         in-sync slave) copy the rest, then make it the master."""
+        self._check_leading()
         s = self.sets.get(req.broker_name)
         if s is None:
             raise BadRequest(f"the controller knows no broker set {req.broker_name!r}")
@@ -282,6 +404,8 @@ class Controller:
             self.scan(self._clock())
         if s.master_id != target:
             raise NoCandidate(f"broker {target} of set {s.name} did not catch up in time")
+        if self.leadership is not None and not await self._saved_through(self._version):
+            self._check_leading()
         return self._answer(s, target)
 
     def _successor(self, s: _Set) -> int | None:
@@ -325,10 +449,22 @@ class Controller:
     # -- watching the masters -------------------------------------------------------------
 
     async def run(self) -> None:
-        """Watch the masters and run elections until cancelled."""
+        """Watch the masters and run elections until cancelled (on etcd: campaign, and
+        while leading watch and save)."""
+        if self.leadership is None:
+            return await self._scan_forever()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.leadership.run, self._lead, self._follow)
+            tg.start_soon(self._writer)
+            await self._scan_forever()
+
+    async def _scan_forever(self) -> None:
         while True:
             await anyio.sleep(self.timings.scan_interval_s)
-            self.scan(self._clock())
+            if self.leading:
+                self.scan(self._clock())
+                if self._version > self._saved:
+                    self._save_wanted.set()
 
     def scan(self, now: float) -> None:
         t = self.timings
@@ -484,6 +620,11 @@ class Controller:
             self._save()
 
     def _save(self) -> None:
+        if self.leadership is not None:
+            self._version += 1  # saved by the writer before any answer tells of it
+            self._save_wanted.set()
+            return
+        assert self.path is not None
         write_json_atomic(
             self.path,
             _Saved(

@@ -17,11 +17,13 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from txmq.namesrv.config import ControllerConfig, NamesrvConfig
+from txmq.namesrv.config import ControllerConfig, NamesrvConfig, controller_address
 from txmq.namesrv.controller import Controller
+from txmq.namesrv.etcd import EtcdLeadership, parse_endpoints
 from txmq.namesrv.routes import RouteTable
 from txmq.protocol.connection import Connection
 from txmq.protocol.rpc import Call, Router
+from txmq.protocol.settings import SettingsError
 from txmq.protocol.wire import (
     ClusterInfo,
     Empty,
@@ -111,8 +113,9 @@ class NamesrvServer(Stoppable):
         self.service = NamesrvService(self.table)
         self.routes = routes
         self.router = request_router(self.service) if routes else Router(f"a {self.what}")
-        if controller is None and config.controller_store:
-            controller = Controller(Path(config.controller_store))
+        if controller is None and (config.controller_store or config.etcd):
+            store = Path(config.controller_store) if config.controller_store else None
+            controller = Controller(store, leadership=_leadership(config))
         self.controller = controller
         if controller is not None:
             controller.route(self.router)
@@ -159,8 +162,13 @@ class NamesrvServer(Stoppable):
                     self.config.broker_expiry_s,
                 )
             if self.controller is not None:
+                leadership = self.controller.leadership
+                if leadership is not None and not leadership.address:
+                    leadership.address = controller_address(
+                        self.config.host, self.port, self.config.advertised_address
+                    )
                 tg.start_soon(self.controller.run)
-                log.info("controller on %s, state in %s", self.address, self.controller.path.parent)
+                log.info("controller on %s, state in %s", self.address, self.controller.where)
             task_status.started(self)
             await self._stop.wait()
             self.service.stopping = True
@@ -195,9 +203,14 @@ class ControllerServer(NamesrvServer):
             if f.name in {g.name for g in dataclasses.fields(ControllerConfig)}
             and f.name != "store"
         }
+        leadership = _leadership(config)
         super().__init__(
             NamesrvConfig(**shared),
-            controller=Controller(config.store, config.timings()),
+            controller=Controller(
+                None if leadership is not None else config.store,
+                config.timings(),
+                leadership=leadership,
+            ),
             routes=False,
         )
 
@@ -210,3 +223,22 @@ class EmbeddedController(EmbeddedServer[ControllerServer]):
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         super().__init__(lambda: ControllerServer(self.config))
+
+
+def _leadership(config: NamesrvConfig | ControllerConfig) -> EtcdLeadership | None:
+    """A controller's candidacy on etcd, when ``config.etcd`` names endpoints."""
+    if not config.etcd:
+        return None
+    try:
+        import aetcd  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        raise SettingsError(
+            "controllers on etcd need the aetcd package: pip install 'txmq[etcd]'"
+        ) from None
+    address = config.advertised_address  # else host:port, once the port is bound
+    return EtcdLeadership(
+        parse_endpoints(config.etcd),
+        address,
+        prefix=config.etcd_prefix,
+        ttl_s=config.etcd_lease_s,
+    )

@@ -9,6 +9,7 @@ connection is given (:class:`txmq.security.ClientSecurity`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Protocol
@@ -18,7 +19,7 @@ import anyio.abc
 
 from txmq.protocol.connection import Connection, FrameSigner, Handler
 from txmq.protocol.wire.base import R, Request, WithBody
-from txmq.protocol.wire.errors import BrokerUnavailable, UnsupportedRequest
+from txmq.protocol.wire.errors import BrokerUnavailable, ControllerNotLeader, UnsupportedRequest
 from txmq.protocol.wire.frame import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = [
@@ -174,6 +175,10 @@ class RemotingClient:
 CONNECT_TIMEOUT_S = 2.0
 
 
+#: how a controller that does not lead names the leader (namesrv/controller.py)
+_LEADER_IS = re.compile(r"the leader is at (\S+?)\)?$")
+
+
 class NoController(BrokerUnavailable):
     """None of the addresses given hosts a controller that answers."""
 
@@ -186,9 +191,16 @@ async def ask_controller(
     security: Secures | None = None,
 ) -> tuple[str, R]:
     """``request``'s answer from the first of ``addresses`` that hosts a controller, and
-    that address (``security``: TLS and signing; None: plaintext, unsigned)."""
+    that address (``security``: TLS and signing; None: plaintext, unsigned).  Controllers
+    on etcd: one that does not lead names the leader, which is asked next."""
     said: list[str] = []
-    for address in dict.fromkeys(addresses):
+    order = list(dict.fromkeys(addresses))
+    tried: set[str] = set()
+    while order:
+        address = order.pop(0)
+        if address in tried:
+            continue
+        tried.add(address)
         try:
             async with RemotingClient(
                 address, connect_timeout=CONNECT_TIMEOUT_S, security=security
@@ -196,6 +208,11 @@ async def ask_controller(
                 return address, (await client.call(request, timeout=timeout)).header
         except UnsupportedRequest:
             said.append(f"{address} hosts no controller")
+        except ControllerNotLeader as exc:
+            said.append(f"{address}: {exc}")
+            leader = _LEADER_IS.search(str(exc))
+            if leader is not None:
+                order.insert(0, leader.group(1))
         except BrokerUnavailable as exc:
             said.append(str(exc))
     raise NoController(

@@ -7,6 +7,10 @@ master of a new epoch, the broker promotes itself; told another is, it follows t
 (cutting back a tail first, if it was the master).  A master's lease is renewed from the
 moment the heartbeat was *sent* (see :mod:`txmq.broker.ha.role`).  A controller that does
 not answer renews nothing: the master stops acknowledging writes when its lease ends.
+
+Controllers on etcd: only the leader decides; a follower's answer names the leader, which
+the broker asks at once (also when it was not among the addresses it was given) and keeps
+asking while it answers.
 """
 
 from __future__ import annotations
@@ -57,12 +61,8 @@ class ControllerLink:
 
     async def run(self) -> None:
         async with AsyncExitStack() as stack:
-            clients = [
-                await stack.enter_async_context(
-                    RemotingClient(a, connect_timeout=1.0, security=self.security)
-                )
-                for a in self.addresses
-            ]
+            self._stack = stack
+            clients = [await self._client(a) for a in self.addresses]
             while True:
                 began = time.monotonic()
                 self._poked = anyio.Event()
@@ -74,9 +74,20 @@ class ControllerLink:
                 with anyio.move_on_after(max(interval - (time.monotonic() - began), 0.01)):
                     await self._poked.wait()
 
+    async def _client(self, address: str) -> RemotingClient:
+        return await self._stack.enter_async_context(
+            RemotingClient(address, connect_timeout=1.0, security=self.security)
+        )
+
     async def _once(self, clients: list[RemotingClient]) -> None:
-        for attempt in range(len(clients)):
-            client = clients[(self._which + attempt) % len(clients)]
+        order = [(self._which + i) % len(clients) for i in range(len(clients))]
+        tried: set[int] = set()
+        while order:
+            index = order.pop(0)
+            if index in tried:
+                continue
+            tried.add(index)
+            client = clients[index]
             sent_at = time.monotonic()
             try:
                 answer = (await client.call(self._heartbeat(), timeout=self.interval_s * 2)).header
@@ -84,7 +95,16 @@ class ControllerLink:
                 if not self._failing:
                     log.warning("controller %s does not answer (%s)", client.address, exc)
                 continue
-            self._which = (self._which + attempt) % len(clients)
+            if answer.follower:  # controllers on etcd: ask the leader next
+                leader = answer.leader
+                if leader:
+                    known = [i for i, c in enumerate(clients) if c.address == leader]
+                    if not known:
+                        clients.append(await self._client(leader))
+                        known = [len(clients) - 1]
+                    order.insert(0, known[0])
+                continue
+            self._which = index
             if self._failing:
                 log.info("controller %s answers again", client.address)
             self._failing = False

@@ -46,6 +46,10 @@ class ControllerAnswer(Response, frozen=True, kw_only=True, omit_defaults=True):
     lease_ms: int = 0
     in_sync: list[int] = []
     electing: bool = False
+    #: controllers on etcd: this controller does not lead (nothing else in the answer
+    #: counts); ``leader``: the address of the one that does ("" : none known now)
+    follower: bool = False
+    leader: str = ""
 
 
 class ControllerHeartbeat(Request[ControllerAnswer], frozen=True, kw_only=True, omit_defaults=True):

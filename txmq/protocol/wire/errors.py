@@ -14,6 +14,7 @@ __all__ = [
     "BadRequest",
     "BrokerBusy",
     "BrokerUnavailable",
+    "ControllerNotLeader",
     "DiskFull",
     "FlushDiskTimeout",
     "FlushSlaveTimeout",
@@ -65,6 +66,8 @@ class ResponseCode(enum.IntEnum):
     SUBSCRIPTION_GROUP_NOT_EXIST = 26
     #: the request is not signed, or not by a known user with a valid signature and time
     AUTHENTICATION_FAILED = 27
+    #: a controller on etcd that does not lead (RocketMQ's CONTROLLER_NOT_LEADER)
+    CONTROLLER_NOT_LEADER = 2003
 
 
 class TxmqError(Exception):
@@ -148,6 +151,14 @@ class FlushSlaveTimeout(TxmqError):
     ``sync_replication_timeout_s``."""
 
     code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+    retriable = True
+
+
+class ControllerNotLeader(TxmqError):
+    """This controller does not lead (controllers on etcd): ask the leader, which the
+    message names when it is known."""
+
+    code = ResponseCode.CONTROLLER_NOT_LEADER
     retriable = True
 
 
@@ -256,6 +267,7 @@ _REGISTRY: dict[int, type[TxmqError]] = {
         SlaveNotAvailable,
         FlushSlaveTimeout,
         NotMaster,
+        ControllerNotLeader,
         DiskFull,
         MessageTooLarge,
         NoPermission,
