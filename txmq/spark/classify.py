@@ -118,14 +118,14 @@ def classify(
     of a class put together (its count stays exact).  The big passes run here,
     each once; what is left is small and put together on the driver."""
     spark = run.spark
-    with run.step("transactions"):
+    with run.step("transactions", "classifying the transactions"):
         txc = transactions.candidates(run, store, log, sorted(set(producer_groups)))
 
     key_groups = set(consumer_groups)
     names = sorted(key_groups)
     if expect is None:
         keys = messages.consumed_hashes(consumed, _groups(names, {}), broadcast)
-        with run.step("expected consumers"):
+        with run.step("expected consumers", "finding what each group consumes"):
             seen = messages.pairs(store, keys).collect()
         pairs = {(names[r["gi"]], r["topic"]) for r in seen}
         # the groups that consumed a topic by their committed offsets, unless a group with
@@ -149,9 +149,9 @@ def classify(
     db_index = mapped(F.col("db"), {d.name: i for i, d in enumerate(dbs)}, 0)
     marks = offsets.marks(spark, committed, bit)
     evidence = offsets.evidence(pairs, key_groups, committed)
-    with run.step("messages"):
+    with run.step("messages", "classifying the messages"):
         flagged = messages.flags(run, store, outbox, keys, need, db_index, bit, names, marks)
-    with run.step("details"):
+    with run.step("details", "putting the anomalies' rows together"):
         found = anomalies(
             run,
             store,

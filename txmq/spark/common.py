@@ -14,6 +14,8 @@ from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from txmq.spark.progress import Phase, Progress
+
 __all__ = ["Run", "local_frame", "mapped", "ms"]
 
 
@@ -76,15 +78,22 @@ class Run:
     )
     #: wall-clock seconds of each step (see step())
     seconds: dict[str, float] = field(default_factory=dict)
+    #: told of each step as a phase (see step())
+    progress: Progress = field(default_factory=Progress.off)
 
     @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        """Time a step, and name the Spark jobs it starts after it (the Spark UI shows it)."""
+    def step(
+        self, name: str, doing: str | None = None, total: int | None = None, unit: str = ""
+    ) -> Iterator[Phase]:
+        """Time a step, name the Spark jobs it starts after it (the Spark UI shows it), and
+        tell :attr:`progress` of it: a phase ``doing`` (default: ``name``) of ``total``
+        ``unit`` (the caller advances it)."""
         sc = self.spark.sparkContext
         sc.setJobDescription(f"txmq reconcile: {name}")
         started = time.perf_counter()
         try:
-            yield
+            with self.progress.phase(doing or name, total, unit) as phase:
+                yield phase
         finally:
             took = time.perf_counter() - started
             self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 3)

@@ -14,7 +14,9 @@ and, for sagas, :mod:`txmq.spark.sagas`), writes one Parquet table per anomaly c
 ``--out``, prints a summary (also in ``summary.json``: the counts, the first rows of each
 class, and facts such as each expected consumer group's evidence of consumption, consumed
 keys or committed offsets) and exits 0 when nothing needs attention, 1 when something
-does, 2 on bad input (unreadable store or database, bad option).
+does, 2 on bad input (unreadable store or database, bad option).  While it works, standard
+error shows each phase and its duration (:mod:`txmq.spark.progress`), and nothing of
+Spark's own start-up chatter unless ``--spark-log`` (:mod:`txmq.spark.launch`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from txmq.spark.launch import JDBC_JAR, default_driver_memory, session
 from txmq.spark.options import MAX_ROWS, BadOption
+from txmq.spark.progress import Progress, spark_tasks
+from txmq.spark.result import Result, example_rows
 
 __all__ = [
     "BROKER_FILE",
     "JDBC_JAR",
     "BadOption",
     "Options",
+    "Progress",
+    "Result",
     "add_arguments",
     "broker_stores",
     "default_driver_memory",
@@ -51,9 +58,6 @@ __all__ = [
     "session",
 ]
 
-JDBC_JAR = "/usr/share/java/postgresql.jar"
-"""Where Debian's ``libpostgresql-jdbc-java`` puts the driver (``--jdbc-jar`` or
-``TXMQ_JDBC_JAR`` say otherwise)."""
 EXAMPLES = 5
 #: the driver's heap a broadcast consumed key takes at its peak (10M keys need 2-3 GiB)
 BROADCAST_BYTES = 320
@@ -129,6 +133,9 @@ class Options:
     max_rows: int = MAX_ROWS
     #: Spark settings for the session the job makes (e.g. spark.driver.memory)
     conf: tuple[tuple[str, str], ...] = ()
+    #: the session the job makes shows Spark's own output (its log at WARN, the JVM's
+    #: notices) instead of keeping it quiet (see :mod:`txmq.spark.launch`)
+    spark_log: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.store, str):  # Options(store="/var/lib/txmq"): one store
@@ -238,6 +245,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a Spark setting, as spark-submit's --conf (e.g. spark.driver.memory=8g)",
     )
+    p.add_argument(
+        "--spark-log",
+        action="store_true",
+        help="show Spark's own output as Spark prints it: the JVM's start-up notices and "
+        "Spark's log at WARN (default: quiet; Spark's errors show either way, and the job "
+        "prints each phase with its duration)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -274,6 +288,7 @@ def options_from(args: argparse.Namespace) -> Options:
         broadcast_keys=args.broadcast_keys,
         max_rows=args.max_rows,
         conf=tuple(_setting(c) for c in args.conf),
+        spark_log=args.spark_log,
     )
 
 
@@ -295,132 +310,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         raise  # unreachable
 
 
-def session(master: str | None = None, jdbc_jar: str = JDBC_JAR, **conf: str) -> Any:
-    """A Spark session set up for the job (UTC, the JDBC driver, no UI).  ``master`` None:
-    the one spark-submit was given, or ``local[*]`` when not run by spark-submit."""
-    from pyspark.sql import SparkSession
-
-    # Python workers run this interpreter (its packages: txmq, msgpack, pyarrow)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM already
-    if master is not None or not submitted:
-        builder = builder.master(master or "local[*]")
-    if not submitted and (master or "local").startswith("local"):
-        # local mode is one JVM doing everything: Spark's default of 1 GiB does not hold the
-        # broadcast consumed keys of a big run
-        builder = builder.config("spark.driver.memory", default_driver_memory())
-    builder = (
-        builder.appName("txmq-reconcile")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "8")
-        # a run compiles some 150 classes of generated code, most of them again in the next
-        # run of a session (tests, a notebook) unless they stay cached (Spark keeps 100)
-        .config("spark.sql.codegen.cache.maxEntries", "1000")
-        # hash joins: sorting millions of string keys is what a sort-merge join costs most
-        .config("spark.sql.join.preferSortMergeJoin", "false")
-    )
-    if Path(jdbc_jar).is_file():
-        builder = builder.config("spark.jars", jdbc_jar)
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")  # the summary is the output; errors still show
-    return spark
-
-
-def default_driver_memory() -> str:
-    """Half of this machine's memory (at least 1 GiB): the heap of a local-mode session
-    unless ``--conf spark.driver.memory=...`` says otherwise."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return "1g"
-    return f"{max(total // 2 // 2**20, 1024)}m"
-
-
-@dataclass
-class Result:
-    counts: dict[str, int]
-    examples: dict[str, list[dict[str, Any]]]
-    facts: dict[str, Any]
-    out: str
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return not any(self.counts.values())
-
-    def summary(self) -> str:
-        from txmq.observability.fmt import format_table
-        from txmq.spark.classify import CLASSES, columns
-
-        f = self.facts
-        lines = [
-            f"reconciled {f['transactions']} transactional sends, {f['outbox_rows']} outbox "
-            f"rows and {f['messages']} committed messages in {self.seconds:.1f} s",
-            f"window: {f['window']}; SLA {f['sla']}; as of {f['now']}",
-            "expected consumers: "
-            + (", ".join(f"{g} <- {t}" for g, t in f["expected"]) or "(none)"),
-            f"messages waiting in retry topics: {f['retrying']}",
-        ]
-        evidence = f.get("evidence") or {}
-        if evidence:
-            lines.append(
-                "evidence of consumption: "
-                + "; ".join(f"{g}: {e}" for g, e in sorted(evidence.items()))
-            )
-        if f.get("sagas") or f.get("saga_participants"):
-            served = f.get("saga_participants") or {}
-            lines.append(
-                f"sagas judged: {f.get('sagas', 0)}; participant databases: "
-                + ("; ".join(f"{s}: {', '.join(d)}" for s, d in served.items()) or "(none)")
-            )
-        stores = f.get("stores", {})
-        if len(stores) > 1:
-            lines += [
-                "broker stores: " + ", ".join(f"{n} ({p})" for n, p in stores.items()),
-                "messages stored on more than one broker set (a send retried on another: one "
-                f"message, and no anomaly of itself): {f.get('multi_stored', 0)}",
-            ]
-        lines.append("")
-        lines.append(format_table([{"class": c, "count": self.counts[c]} for c in CLASSES]))
-        for c, n in f.get("truncated", {}).items():
-            lines.append(f"{c}: the table holds the first {n:,} of {self.counts[c]:,} (--max-rows)")
-        for c in CLASSES:
-            if self.examples[c]:
-                lines += ["", f"{c} (first {len(self.examples[c])}):"]
-                cols = [x for x in columns(c) if x not in ("anomaly", "db", "participant_db")]
-                lines.append(format_table(self.examples[c], cols))
-        lines += [
-            "",
-            "nothing needs attention"
-            if self.ok
-            else f"needs attention: {sum(self.counts.values())} anomalies; Parquet tables in "
-            f"{self.out}/<class>",
-        ]
-        return "\n".join(lines)
-
-
-def _examples(rows: Any, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` anomaly rows (by time, then ids), as dicts of plain values."""
-    ids = [c for c in ("msg_id", "transaction_id", "saga_id") if c in rows.columns]
-    first = rows.sort_values(["at", *ids], na_position="first").head(n)
-    out = []
-    for r in first.drop(columns="anomaly").to_dict("records"):
-        at = r["at"]
-        r["at"] = None if at is None or at != at else at.tz_convert(None).to_pydatetime()
-        out.append({k: None if _missing(v) else v for k, v in r.items()})
-    return out
-
-
-def _missing(value: Any) -> bool:
-    """A null as pandas has it (None, NaN, pd.NA)."""
-    import pandas as pd  # type: ignore[import-untyped]
-
-    return value is None or (not isinstance(value, list | dict | str) and bool(pd.isna(value)))
+def _many(n: int, thing: str) -> str:
+    """``1 store``, ``2 stores``."""
+    return f"{n:,} {thing}" if n == 1 else f"{n:,} {thing}s"
 
 
 def _write(rows: Any, folder: Path, schema: Any) -> None:
@@ -486,8 +378,9 @@ def _settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
                 spark.conf.set(k, v)
 
 
-def run(opts: Options, spark: Any | None = None) -> Result:
-    """Reconcile once (with ``spark``, or a session made from ``opts``)."""
+def run(opts: Options, spark: Any | None = None, progress: Progress | None = None) -> Result:
+    """Reconcile once (with ``spark``, or a session made from ``opts``), telling
+    ``progress`` each phase (default: nothing said)."""
     from txmq.spark.classify import CLASSES, classify
     from txmq.spark.common import Run, ms
     from txmq.spark.details import SCHEMA
@@ -496,41 +389,56 @@ def run(opts: Options, spark: Any | None = None) -> Result:
     from txmq.spark.sources import LOCAL_BYTES, Database, read_stores, read_tables
     from txmq.spark.store_source import segments
 
+    progress = progress or Progress.off()
     started = time.perf_counter()
-    stores = broker_stores(opts.stores)
-    for _, path in stores:
-        segments(path)  # clear errors before any Spark work
-    committed = read_offsets(stores)
-    dbs = [Database(url) for url in opts.dbs]
-    pg = [db for db in dbs if db.pg]
-    if pg and spark is None and not Path(opts.jdbc_jar).is_file():
-        raise BadOption(
-            f"no PostgreSQL JDBC driver at {opts.jdbc_jar} (for {pg[0].name}): install Debian's "
-            "libpostgresql-jdbc-java, or name the jar with --jdbc-jar / TXMQ_JDBC_JAR"
-        )
     # one cut: every view is read up to the same "as of" time, so a row that came after
     # it (a transaction still committing while the job reads) is left for the next run
     now = opts.now or datetime.now(UTC)
     margin = opts.sla
     since_read = opts.since - margin if opts.since else None
     until_read = min(opts.until + margin, now) if opts.until else now
+    dbs: list[Database] = []
+    checking = f"checking {_many(len(opts.stores), 'store')} and {_many(len(opts.dbs), 'database')}"
     try:
-        # the small queries first: an unreachable database is named before Spark starts
-        producer_groups = set(opts.producer_groups).union(
-            *(db.producer_groups(since_read, until_read) for db in dbs)
-        )
-        consumer_groups = set().union(*(db.consumer_groups() for db in dbs))
-        keys = sum(db.estimate("consumed") for db in dbs)
-        with_sagas = any(db.holds(k) for db in dbs for k in ("sagas", "barrier"))
+        with progress.phase(checking):
+            stores = broker_stores(opts.stores)
+            # clear errors before any Spark work
+            parts = sum(len(segments(path)) for _, path in stores)
+            committed = read_offsets(stores)
+            dbs += [Database(url) for url in opts.dbs]
+            pg = [db for db in dbs if db.pg]
+            if pg and spark is None and not Path(opts.jdbc_jar).is_file():
+                raise BadOption(
+                    f"no PostgreSQL JDBC driver at {opts.jdbc_jar} (for {pg[0].name}): install "
+                    "Debian's libpostgresql-jdbc-java, or name the jar with --jdbc-jar / "
+                    "TXMQ_JDBC_JAR"
+                )
+            # the small queries first: an unreachable database is named before Spark starts
+            producer_groups = set(opts.producer_groups).union(
+                *(db.producer_groups(since_read, until_read) for db in dbs)
+            )
+            consumer_groups = set().union(*(db.consumer_groups() for db in dbs))
+            keys = sum(db.estimate("consumed") for db in dbs)
+            with_sagas = any(db.holds(k) for db in dbs for k in ("sagas", "barrier"))
         if spark is None:
-            spark = session(opts.master, opts.jdbc_jar, **dict(opts.conf))
-        run = Run(spark, now, opts.sla, opts.since, opts.until)
+            with progress.phase("starting Spark") as phase:
+                spark = session(
+                    opts.master, opts.jdbc_jar, spark_log=opts.spark_log, **dict(opts.conf)
+                )
+                phase.note = spark.sparkContext.master
+        run = Run(spark, now, opts.sla, opts.since, opts.until, progress=progress)
+        sc = spark.sparkContext
+        progress.tasks(spark_tasks(sc))
+        if sc.getConf().get("spark.ui.showConsoleProgress", "false").lower() == "true":
+            progress.live = False  # Spark draws its own bar on the line: no second one
         limit = opts.broadcast_keys
         if limit is None:
             heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory()
             limit = int(heap) // BROADCAST_BYTES
         since_ms = ms(since_read) if since_read else 0
-        with run.step("store"):  # the segments without an export are decoded (and cached)
+        # the segments without an export are decoded (and cached)
+        with run.step("store", f"reading {_many(len(stores), 'store')}") as phase:
+            phase.note = _many(parts, "segment")
             store = read_stores(
                 spark, stores, since_ms, ms(now), cached=run.cached, local_bytes=LOCAL_BYTES
             )
@@ -542,18 +450,20 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         kinds = ["log", "outbox", "consumed"]
         if with_sagas:
             kinds += ["sagas", "steps", "barrier"]
-        tables = {
-            kind: read_tables(
-                spark,
-                dbs,
-                kind,
-                since=since_read,
-                until=until.get(kind, until_read),
-                partitions=opts.partitions,
-                local_bytes=LOCAL_BYTES,
-            )
-            for kind in kinds
-        }
+        tables = {}
+        reading = f"reading {_many(len(dbs), 'database')}"
+        with run.step("tables", reading, total=len(kinds) * len(dbs), unit="tables") as phase:
+            for kind in kinds:
+                tables[kind] = read_tables(
+                    spark,
+                    dbs,
+                    kind,
+                    since=since_read,
+                    until=until.get(kind, until_read),
+                    partitions=opts.partitions,
+                    local_bytes=LOCAL_BYTES,
+                )
+                phase.advance(len(dbs))
         with _settings(spark, _plan_settings(spark, [store, *tables.values()])):
             anomalies, facts = classify(
                 run,
@@ -582,11 +492,13 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         rows = {**anomalies.rows, **sagas.rows}
         totals = {**anomalies.totals, **sagas.totals}
         out = Path(opts.out)
-        with run.step("write"):
+        writing = "writing the Parquet tables"
+        with run.step("write", writing, total=len(CLASSES), unit="tables") as phase:
             counts = {c: totals.get(c, len(rows[c])) for c in CLASSES}
-            examples = {c: _examples(rows[c], opts.examples) for c in CLASSES}
+            examples = {c: example_rows(rows[c], opts.examples) for c in CLASSES}
             for c in CLASSES:
                 _write(rows[c], out / c, SAGA_SCHEMA if c in SAGA_CLASSES else SCHEMA)
+                phase.advance()
         fact_values: dict[str, Any] = {
             **facts.counts,
             "expected": facts.expected,
@@ -608,9 +520,20 @@ def run(opts: Options, spark: Any | None = None) -> Result:
         }
         run.unpersist()
     finally:
+        progress.tasks(None)
         for db in dbs:
             db.close()
-    result = Result(counts, examples, fact_values, str(out), time.perf_counter() - started)
+    result = Result(
+        counts,
+        examples,
+        fact_values,
+        str(out),
+        time.perf_counter() - started,
+        now=now,
+        since=opts.since,
+        until=opts.until,
+        sla=opts.sla,
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(
         json.dumps(
@@ -632,11 +555,14 @@ def execute(opts: Options, spark: Any | None = None) -> int:
     from txmq.spark.sources import DatabaseUnreachable
     from txmq.spark.store_source import StoreUnreadable
 
-    try:
-        result = run(opts, spark)
-    except (StoreUnreadable, DatabaseUnreachable, BadOption) as exc:
-        print(f"txmq reconcile: {exc}", file=sys.stderr)
-        return 2
+    # each phase on stderr as it ends (on a terminal, a live line while it runs); with
+    # Spark's log shown, lines only: they would break through a live line
+    with Progress(live=False if opts.spark_log else None) as progress:
+        try:
+            result = run(opts, spark, progress)
+        except (StoreUnreadable, DatabaseUnreachable, BadOption) as exc:
+            print(f"txmq reconcile: {exc}", file=sys.stderr)
+            return 2
     print(result.summary())
     return 0 if result.ok else 1
 

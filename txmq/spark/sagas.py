@@ -248,7 +248,7 @@ def reconcile_sagas(
     if len(dbs) > MAX_DATABASES:
         raise BadOption(f"sagas are reconciled across at most {MAX_DATABASES} databases")
     names = [d.name for d in dbs]
-    with run.step("sagas"):
+    with run.step("sagas", "classifying the sagas"):
         # the definitions are few (one per saga and version): their services and branches
         definitions = [
             definition_steps(r[0]) for r in sagas.select("definition").distinct().collect()
@@ -361,7 +361,7 @@ def reconcile_sagas(
             *(_has(bit).alias(op) for op, bit in _BARRIER_OPS.items()),
         )
         orphans_found = orphans.toArrow().to_pandas() if known else pd.DataFrame()
-    with run.step("saga details"):
+    with run.step("saga details", "putting the sagas' rows together"):
         now = run.now
         named = Participants(out.participants)
         ids = {*stuck_found["saga_id"], *partly_found["saga_id"], *unbarred_found["saga_id"]}
