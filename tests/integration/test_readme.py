@@ -654,6 +654,7 @@ PLAN: dict[str, Runner | str] = {
     'txmq_broker.wait_consumed("billing", "orders")': run_pytest_example,
     "def test_a_declined_card_releases_the_stock": run_pytest_example,
     "books:     BALANCED": "the demo's output, not a command",
+    "txmq reconcile: checking 1 store": "a reconcile run's output, not a command",
     "port (the seam": "the package's tree, not a command",
     "python -m examples.orders seed": "services started by hand that run until stopped; "
     "tests/acceptance/test_orders.py::test_a_person_places_and_looks_at_orders_through_the_front "
@@ -661,6 +662,10 @@ PLAN: dict[str, Runner | str] = {
     "check) and the three services' fronts",
     "txmq namesrv start --port 9876": run_cluster_by_hand,
     "txmq namesrv start --controller-store ./controller": run_replicated_set_by_hand,
+    "--advertised-address c1:9878": "a deployment over several machines (host names c1, e1, "
+    "...); tests/integration/test_controllers_etcd.py::"
+    "test_three_controllers_on_etcd_fail_over_through_controller_and_etcd_faults runs "
+    "three such controllers, an etcd of three and a broker set on one machine",
     "pip install rocketmq-python-client": run_official_client,
     "# acl.toml": run_acl_file,
     "# app.py": run_fastapi_service,
