@@ -14,6 +14,9 @@ folder): a name server with the controller inside (``txmq namesrv start
   --controller NS``: the controller elects an ASYNC_MASTER, which acknowledges at once;
 - ``(c) sync``: the same with ``--replication sync``: the SYNC_MASTER acknowledges a send
   once a slave of the sync state set has its bytes;
+- ``(f) allack``: as (c) with ``all_ack_in_sync = true`` (RocketMQ 5's
+  allAckInSyncStateSet: the ack waits for every slave of the sync state set, not one; the
+  controller may then elect any in-sync slave that reports, without waiting for the rest);
 - ``(d) nats``: NATS JetStream, three ``nats-server`` processes in a cluster on loopback
   (bench/peer_nats_cluster.py), a file stream with three replicas (R3: the PubAck comes
   once 2 of 3 have it), the publisher connected to the stream leader.
@@ -76,12 +79,14 @@ SCENARIOS = {
     "c": "(c) SYNC_MASTER + 2 slaves",
     "d": "(d) NATS JetStream R3",
     "e": "(e) SYNC_MASTER + 1 slave",
+    "f": "(f) SYNC_MASTER + 2 slaves, all ack",
 }
 SETS = {
     "a": ("solo", 1, None),
     "b": ("async", 3, "async"),
     "c": ("sync", 3, "sync"),
     "e": ("sync2", 2, "sync"),
+    "f": ("allack", 3, "sync"),
 }
 QUEUES = 4
 
@@ -303,12 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--scenarios",
         default="abcde",
-        help="any of a, b, c, d, e (e: SYNC_MASTER with one slave, RocketMQ's usual pair)",
+        help="any of a, b, c, d, e, f (e: SYNC_MASTER with one slave, RocketMQ's usual pair; "
+        "f: SYNC_MASTER + 2 slaves with all_ack_in_sync, to compare with c)",
     )
     ap.add_argument("--flush", choices=("async", "sync"), default="async")
     ap.add_argument("--json", help="write every round's numbers here")
     args = ap.parse_args(argv)
-    keys = "".join(k for k in "abcde" if k in args.scenarios)
+    keys = "".join(k for k in "abcdef" if k in args.scenarios)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on SIGTERM too
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
@@ -323,7 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         for k in keys:
             if k in SETS:
                 name, replicas, replication = SETS[k]
-                sets[k] = BrokerSet(tmp, namesrv, name, replicas, replication, flush=args.flush)
+                extra = []
+                if k == "f":
+                    toml = tmp / "allack.toml"
+                    toml.write_text("[broker]\nall_ack_in_sync = true\n")
+                    extra = ["--config", str(toml)]
+                sets[k] = BrokerSet(
+                    tmp, namesrv, name, replicas, replication, flush=args.flush, extra=extra
+                )
                 sets[k].start()
         for k, bs in sets.items():
             master = bs.wait_healthy()

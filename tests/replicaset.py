@@ -1,10 +1,19 @@
 """A replicated broker set on real processes, for the failover tests: a name server with
 the controller inside, and a master and slaves (``txmq broker start --controller``) that
 the tests SIGKILL and start again; producers that send numbered messages and remember
-which were acknowledged; the checks made afterwards."""
+which were acknowledged; the checks made afterwards.
+
+Partitions (``replica_sets(..., proxied=True)``): every broker reaches the controller(s)
+through TCP proxies of its own (:attr:`ReplicaSet.to_controller`), and every broker's HA
+port is reached only through a proxy in front of it (:attr:`ReplicaSet.ha_in`: the broker
+binds a free ``--ha-port`` and advertises the proxy with ``--ha-advertised-address``, so a
+slave copies from master *i* through ``ha_in[i]``).  Clients and the name server reach the
+brokers directly.  So ``rs.to_controller[i].cut()`` cuts broker *i* from the controller,
+``rs.ha_in[i].cut()`` cuts every slave from master *i*, while producers still reach it."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -13,21 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
-from tests.conftest import BrokerProcess, NamesrvProcess, ask, wait_for
+from bench.tcp_proxy import TcpProxy
+from tests.conftest import BrokerProcess, NamesrvProcess, ask, free_port, wait_for
 from txmq import Message
+from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store.commitlog import segment_paths
-from txmq.protocol.peer import NoController, ask_controller
 from txmq.protocol.wire import (
     MASTER_ID,
     BrokerSetState,
+    EpochEntry,
     GetBrokerRuntimeInfo,
     GetClusterInfo,
     GetReplicaInfo,
 )
-from txmq.protocol.wire.errors import TxmqError
+from txmq.protocol.wire.errors import BrokerUnavailable, ControllerNotLeader, TxmqError
 from txmq.sync import Producer, PullConsumer
 
 SET = "a"
@@ -39,9 +49,11 @@ def replica_sets(
     tmp_path: Path, namesrv_process: Callable[..., NamesrvProcess]
 ) -> Iterator[Callable[..., ReplicaSet]]:
     """Factory: ``replica_sets(replication="sync", replicas=3, controllers=None,
-    **broker_settings)`` starts a name server with the controller inside (``controllers``:
-    a plain name server, the brokers heartbeating to those controllers) and a replicated
-    broker set; every broker still running at the end is SIGKILLed."""
+    proxied=False, **broker_settings)`` starts a name server with the controller inside
+    (``controllers``: a plain name server, the brokers heartbeating to those controllers)
+    and a replicated broker set (``proxied``: behind TCP proxies, see the module's
+    docstring); every broker still running at the end is SIGKILLed, then every proxy
+    stopped."""
     made: list[ReplicaSet] = []
 
     def make(
@@ -49,6 +61,7 @@ def replica_sets(
         *,
         replicas: int = 3,
         controllers: list[str] | None = None,
+        proxied: bool = False,
         **settings: object,
     ) -> ReplicaSet:
         ns = namesrv_process("ns")
@@ -57,7 +70,13 @@ def replica_sets(
         ns.start()
         env = {f"TXMQ_BROKER_{k.upper()}": str(v) for k, v in settings.items()}
         rs = ReplicaSet(
-            tmp_path, ns, replication, n=replicas, env=env, controllers=list(controllers or [])
+            tmp_path,
+            ns,
+            replication,
+            n=replicas,
+            env=env,
+            controllers=list(controllers or []),
+            proxied=proxied,
         )
         made.append(rs)
         return rs.start()
@@ -65,8 +84,37 @@ def replica_sets(
     yield make
     for rs in made:
         for b in rs.brokers.values():
-            if b.alive():
+            if b.alive():  # a paused one too (SIGKILL needs no SIGCONT)
                 b.kill()
+        rs.stop_proxies()
+
+
+class Proxies:
+    """Several proxies cut, black-holed and healed together (one broker's paths to each
+    controller)."""
+
+    def __init__(self, proxies: list[TcpProxy]) -> None:
+        self.proxies = proxies
+
+    @property
+    def addresses(self) -> list[str]:
+        return [p.address for p in self.proxies]
+
+    def cut(self) -> None:
+        for p in self.proxies:
+            p.cut()
+
+    def blackhole(self) -> None:
+        for p in self.proxies:
+            p.blackhole()
+
+    def heal(self) -> None:
+        for p in self.proxies:
+            p.heal()
+
+    def stop(self) -> None:
+        for p in self.proxies:
+            p.stop()
 
 
 @dataclass
@@ -84,6 +132,15 @@ class ReplicaSet:
     killed: set[int] = field(default_factory=set)
     #: the controllers the brokers heartbeat to (empty: the one in the name server)
     controllers: list[str] = field(default_factory=list)
+    #: every broker behind TCP proxies (see the module's docstring)
+    proxied: bool = False
+    #: (proxied) broker i's paths to the controllers: one proxy per controller address.
+    #: (Controllers on etcd: a follower's answer names the leader's own address, which a
+    #: broker then asks directly — past these proxies; with the controller in the name
+    #: server, the default, there is one address and one path.)
+    to_controller: dict[int, Proxies] = field(default_factory=dict)
+    #: (proxied) the proxy in front of broker i's HA port: the only way slaves reach it
+    ha_in: dict[int, TcpProxy] = field(default_factory=dict)
 
     @property
     def controller_addresses(self) -> list[str]:
@@ -91,13 +148,24 @@ class ReplicaSet:
 
     def start(self) -> ReplicaSet:
         for i in range(self.n):
+            controllers = self.controller_addresses
+            extra: list[str] = []
+            if self.proxied:
+                self.to_controller[i] = Proxies(
+                    [TcpProxy(a).start() for a in self.controller_addresses]
+                )
+                controllers = self.to_controller[i].addresses
+                ha_port = free_port()  # (the same port on every restart)
+                self.ha_in[i] = TcpProxy(f"127.0.0.1:{ha_port}").start()
+                extra = ["--ha-port", str(ha_port), "--ha-advertised-address",
+                         self.ha_in[i].address]  # fmt: skip
             self.brokers[i] = BrokerProcess(
                 self.tmp / f"store-{SET}{i}",
                 [
                     "--namesrv", self.namesrv.address, "--cluster", "C", "--broker-name", SET,
                     "--broker-id", str(i), "--replication", self.replication,
-                    "--controller", ";".join(self.controller_addresses),
-                    "--segment-size", str(SEGMENT),
+                    "--controller", ";".join(controllers),
+                    "--segment-size", str(SEGMENT), *extra,
                 ],
                 self.tmp / f"{SET}{i}.log",
                 env={"TXMQ_BROKER_MAX_MESSAGE_SIZE": str(64 * 1024), **self.env},
@@ -106,18 +174,24 @@ class ReplicaSet:
         self.wait_healthy()
         return self
 
+    def stop_proxies(self) -> None:
+        for group in self.to_controller.values():
+            group.stop()
+        for proxy in self.ha_in.values():
+            proxy.stop()
+
     def state(self) -> BrokerSetState | None:
         """The set as the (leading) controller sees it (None: it knows no set, or none
-        leads now)."""
-        try:
-            _, info = anyio.run(
-                lambda: ask_controller(
-                    self.controller_addresses, GetReplicaInfo(broker_name=SET), 5.0
-                )
-            )
-        except NoController:
-            return None
-        return info.sets[0] if info.sets else None
+        leads now).  Asked with :func:`ask`, which a test may replace (TLS)."""
+        for address in self.controller_addresses:
+            try:
+                info = ask(address, GetReplicaInfo(broker_name=SET))
+            except (ControllerNotLeader, BrokerUnavailable):
+                if len(self.controller_addresses) == 1:
+                    raise
+                continue
+            return info.sets[0] if info.sets else None
+        return None
 
     def master(self) -> int:
         """The master now (-1: none, an election runs)."""
@@ -165,6 +239,11 @@ class ReplicaSet:
         info = ask(self.brokers[i].address, GetBrokerRuntimeInfo())
         return info.commit_log_min_offset, info.commit_log_max_offset
 
+    def epochs(self, i: int) -> list[EpochEntry]:
+        """Replica ``i``'s epoch history: from which commit-log offset each epoch's master
+        wrote (``<store>/config/epochs.json``, read with the broker's own reader)."""
+        return EpochLog(self.brokers[i].store / "config" / "epochs.json").entries
+
     def log_bytes(self, i: int, end: int) -> bytes:
         """Replica ``i``'s commit log from offset 0 up to ``end``."""
         out = bytearray()
@@ -173,6 +252,60 @@ class ReplicaSet:
             if len(out) >= end:
                 break
         return bytes(out[:end])
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The controller's view of the set at one moment (monotonic)."""
+
+    at: float
+    epoch: int
+    master_id: int
+    electing: str
+
+
+class StateWatch:
+    """Samples the controller's view of the set (:meth:`ReplicaSet.state`) every
+    ``interval`` seconds in a thread of its own until :meth:`stop`, to say afterwards when
+    each epoch's master was first seen elected and when an election was seen running
+    (moments seen, so at most ``interval`` plus one request after they happened)."""
+
+    def __init__(self, rs: ReplicaSet, interval: float = 0.05) -> None:
+        self.rs = rs
+        self.interval = interval
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="state-watch")
+
+    def start(self) -> StateWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def __enter__(self) -> StateWatch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(TxmqError, OSError):  # (no leader for a moment)
+                s = self.rs.state()
+                if s is not None:
+                    sample = Sample(time.monotonic(), s.epoch, s.master_id, s.electing)
+                    self.samples.append(sample)
+
+    def elected_after(self, epoch: int) -> float | None:
+        """When a master of an epoch above ``epoch`` was first seen (None: never)."""
+        return next((s.at for s in list(self.samples) if s.epoch > epoch), None)
+
+    def electing_seen(self, since: float) -> list[Sample]:
+        """The samples since ``since`` that showed an election running."""
+        return [s for s in list(self.samples) if s.at >= since and s.electing]
 
 
 @dataclass
@@ -193,6 +326,8 @@ class Sender:
     times: list[tuple[float, int]] = field(default_factory=list)
     #: (began, answered, number) of every acknowledgement
     spans: list[tuple[float, float, int]] = field(default_factory=list)
+    #: number -> the commit-log offset its acknowledgement named (``offset_msg_id``)
+    offsets: dict[int, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -223,6 +358,7 @@ class Sender:
                             self.acked[n] = r.msg_id
                             self.times.append((began, n))
                             self.spans.append((began, time.monotonic(), n))
+                            self.offsets[n] = int(r.offset_msg_id, 16)
                         else:
                             self.unsafe.add(n)
                 n += self.threads

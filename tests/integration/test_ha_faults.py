@@ -86,3 +86,37 @@ def test_a_master_paused_past_its_lease_acknowledges_nothing_when_it_resumes(
     assert not late, f"acknowledged by the deposed master after its lease: {late[:20]}"
     count = check_everything_acknowledged_is_there_once(rs, sender)
     print(f"{count} messages; {len(sender.failed)} sends failed over the pause")
+
+
+@pytest.mark.timeout(240)
+def test_under_all_ack_a_reachable_in_sync_slave_is_elected_while_another_is_silent(
+    replica_sets: Callable[..., ReplicaSet],
+) -> None:
+    """all_ack_in_sync (RocketMQ 5's allAckInSyncStateSet, issue 32 item 2): an in-sync
+    slave SIGSTOPped (silent to the controller and to the master) and at once the master
+    SIGKILLed: the other in-sync slave is elected while the paused one is still silent —
+    every SEND_OK write was on both.  (Under the default rule the election waits for the
+    silent one: tests/unit/test_controller.py.)  Then every acknowledged message is there
+    once and the logs are identical."""
+    rs = replica_sets("sync", all_ack_in_sync="true")
+    master = rs.wait_healthy()
+    quiet, other = [i for i in rs.brokers if i != master]
+    sender = Sender(rs.namesrv.address, TOPIC, threads=4).start()
+    try:
+        wait_for(lambda: sender.acked_count() >= 300, timeout=60)
+        state = rs.state()
+        assert state is not None and set(state.in_sync) == {quiet, other}, state
+        rs.brokers[quiet].pause()
+        rs.kill(master)
+        try:
+            wait_for(lambda: rs.master() == other, timeout=30)
+        finally:
+            rs.brokers[quiet].resume()  # (SEND_OK needs a slave again: the new master has one)
+        moment = time.monotonic()
+        wait_for(lambda: sender.acked_since(moment), timeout=30)
+        rs.restart(master)
+        rs.wait_healthy()
+    finally:
+        sender.stop()
+    count = check_everything_acknowledged_is_there_once(rs, sender)
+    print(f"{count} messages; {len(sender.failed)} sends failed")

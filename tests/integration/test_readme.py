@@ -655,6 +655,7 @@ PLAN: dict[str, Runner | str] = {
     "def test_a_declined_card_releases_the_stock": run_pytest_example,
     "books:     BALANCED": "the demo's output, not a command",
     "txmq reconcile: checking 1 store": "a reconcile run's output, not a command",
+    "have not reported that they stopped": "a controller's log line, not a command",
     "port (the seam": "the package's tree, not a command",
     "python -m examples.orders seed": "services started by hand that run until stopped; "
     "tests/acceptance/test_orders.py::test_a_person_places_and_looks_at_orders_through_the_front "

@@ -63,6 +63,7 @@ def beat(
     silent_ms: int = -1,
     in_sync: list[int] | None = None,
     conn: FakeConn | None = None,
+    all_ack: bool = False,
 ) -> ControllerAnswer:
     req = ControllerHeartbeat(
         cluster="C",
@@ -76,6 +77,7 @@ def beat(
         following=following,
         master_silent_ms=silent_ms,
         in_sync=in_sync or [],
+        all_ack=all_ack,
     )
     call: Any = FakeCall(conn) if conn is not None else None
     return c.heartbeat(req, call)
@@ -174,6 +176,59 @@ def test_the_decision_waits_for_the_lease_a_slaves_confirmation_gave(
     beat(c, 1, 100, 1, silent_ms=2200)
     c.scan(clock.now)
     assert (c.sets["a"].master_id, c.sets["a"].epoch) == (1, 2)
+
+
+def _silent_master_one_slave_reports(c: Controller, clock: Clock, *, all_ack: bool) -> None:
+    """Master 0 with in-sync slaves 1 and 2 (all_ack as its heartbeats say) falls silent;
+    slave 1 reports that it stopped, slave 2 never does (cut from the controller)."""
+    elect_first(c, clock, {0: 0, 1: 0, 2: 0})
+    beat(c, 0, 500, 1, master=True, in_sync=[1, 2], all_ack=all_ack)
+    beat(c, 1, 500, 1, following=True, silent_ms=100)
+    beat(c, 2, 500, 1, following=True, silent_ms=100)
+    for _ in range(10):  # silent over 3 s: fencing; slave 1 stops and says so
+        clock.now += 0.5
+        beat(c, 1, 500, 1, silent_ms=int((clock.now - 1000.8) * 1000))
+        c.scan(clock.now)
+
+
+def test_under_all_ack_any_in_sync_slave_that_reported_is_elected(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Issue 32, item 2: every SEND_OK write is on every in-sync slave, so one that stopped
+    and reported will do once the old master's lease ran out; slave 2's silence is not
+    waited for."""
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    _silent_master_one_slave_reports(c, clock, all_ack=True)
+    s = c.sets["a"]
+    assert (s.master_id, s.epoch) == (1, 2), s.election
+    assert s.history[-1] == (2, 1) and not s.all_ack  # the new epoch's master says anew
+
+
+def test_under_one_ack_a_silent_in_sync_slave_is_waited_for_until_an_operator_forces(
+    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The slave that did not report may hold writes acknowledged on its confirmation
+    alone: the election waits; after WAIT_WARNING_S one ERROR says what to do, and
+    ``switchover --force`` (ElectMaster force) elects among those that reported."""
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    _silent_master_one_slave_reports(c, clock, all_ack=False)
+    assert c.sets["a"].master_id == 0 and c.sets["a"].election is not None
+    for _ in range(25):
+        clock.now += 0.5
+        beat(c, 1, 500, 1, silent_ms=int((clock.now - 1000.8) * 1000))
+        c.scan(clock.now)
+    assert c.sets["a"].master_id == 0  # still waiting
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "in-sync slave(s) [2] have not reported" in errors[0]
+    assert "txmq admin switchover --broker-name a --force" in errors[0]
+
+    async def force() -> ControllerAnswer:
+        return await c.elect_master(ElectMaster(broker_name="a", force=True), None)
+
+    answer = anyio.run(force)
+    assert (answer.master_id, answer.epoch) == (1, 2)
+    with pytest.raises(NoCandidate, match="no failover waiting"):
+        anyio.run(force)
 
 
 def test_without_an_in_sync_slave_the_set_waits_for_its_master(

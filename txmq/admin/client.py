@@ -432,13 +432,15 @@ class AdminClient(TransactionAdmin, AclAdmin, GroupAdmin):
         *,
         controller: str | Sequence[str] | None = None,
         timeout_s: float = 10.0,
+        force: bool = False,
     ) -> SwitchoverResult:
         """A planned change of broker set ``broker``'s master to the broker whose own id
-        is ``to`` (-1: the best in-sync slave), once it has everything the master wrote
-        (see :func:`txmq.admin.controller.switchover`)."""
+        is ``to`` (-1: the best in-sync slave), once it has everything the master wrote;
+        ``force``: end a failover that waits for silent in-sync slaves (see
+        :func:`txmq.admin.controller.switchover`)."""
         addresses = _addresses(controller) or await self.controllers(broker=broker)
         return await controller_client.switchover(
-            addresses, broker, to, timeout_s=timeout_s, security=self.security
+            addresses, broker, to, timeout_s=timeout_s, security=self.security, force=force
         )
 
     # -- the dead-letter queue ----------------------------------------------------------------

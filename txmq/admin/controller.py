@@ -74,10 +74,13 @@ async def switchover(
     *,
     timeout_s: float = 10.0,
     security: ClientSecurity | None = None,
+    force: bool = False,
 ) -> SwitchoverResult:
     """Make broker ``to`` (its own id; -1: the best in-sync slave) the master of broker set
     ``broker_name``, once it has everything the current master wrote (the master stops
-    acknowledging meanwhile; ``timeout_s`` bounds the wait).  Raises
+    acknowledging meanwhile; ``timeout_s`` bounds the wait).  ``force``: a failover waits
+    for in-sync slaves that do not report — elect among those that did, accepting the
+    loss of acknowledged writes only the silent ones may hold.  Raises
     :class:`NoController`, :class:`SwitchoverFailed` (with the reason: no such set or
     broker, not alive, an election runs, did not catch up in time), or ValueError."""
     if to < -1 or to > 1024:
@@ -93,10 +96,19 @@ async def switchover(
         raise SwitchoverFailed(
             f"the controller at {controller} knows no broker set {broker_name!r} (known: {known})"
         )
-    _check(state, to)
-    if to >= 0 and to == state.master_id:  # nothing to do
+    if force:
+        if not state.electing:
+            raise SwitchoverFailed(
+                f"broker set {broker_name} has no failover under way: --force only ends one "
+                "that waits for in-sync slaves that do not report"
+            )
+    else:
+        _check(state, to)
+    if to >= 0 and to == state.master_id and not force:  # nothing to do
         return _result(controller, state, state.master_id, state.epoch, state)
-    request = ElectMaster(broker_name=broker_name, broker_id=to, timeout_ms=int(timeout_s * 1000))
+    request = ElectMaster(
+        broker_name=broker_name, broker_id=to, timeout_ms=int(timeout_s * 1000), force=force
+    )
     try:
         async with RemotingClient(
             controller, connect_timeout=CONNECT_TIMEOUT_S, security=security

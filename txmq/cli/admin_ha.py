@@ -44,12 +44,16 @@ def add_switchover(asub: SubParsers) -> argparse.ArgumentParser:
             "master stops acknowledging, the target copies what it lacks, and then takes\n"
             "over with a new epoch; sends move to it (the old master becomes its slave).\n"
             "The controller is --controller, else the --namesrv name servers (when one hosts\n"
-            "it: txmq namesrv start --controller-store DIR), else the brokers' controller."
+            "it: txmq namesrv start --controller-store DIR), else the brokers' controller.\n"
+            "--force ends a failover that waits for in-sync slaves that do not report (the\n"
+            "controller's ERROR line says so): the best slave that reported becomes master,\n"
+            "and acknowledged messages only the silent ones hold are lost."
         ),
         examples="  txmq admin switchover --broker-name broker-a --to 1 --namesrv 127.0.0.1:9876\n"
         "  txmq admin --namesrv 127.0.0.1:9876 switchover --broker-name broker-a\n"
         "  txmq admin switchover --broker-name broker-a --to 2 --controller 127.0.0.1:9878 "
-        "--timeout 30",
+        "--timeout 30\n"
+        "  txmq admin switchover --broker-name broker-a --force   # end a stuck failover",
     )
     sw.add_argument("--broker-name", required=True, help="the broker set")
     sw.add_argument(
@@ -61,6 +65,11 @@ def add_switchover(asub: SubParsers) -> argparse.ArgumentParser:
         default=10.0,
         metavar="S",
         help="how long the target may take to catch up (seconds, default 10)",
+    )
+    sw.add_argument(
+        "--force",
+        action="store_true",
+        help="end a failover that waits for silent in-sync slaves, losing what only they hold",
     )
     return sw
 
@@ -97,13 +106,15 @@ def run_switchover(args: argparse.Namespace) -> int:
 
     controller = _controllers(args)
     where = endpoints(args)
-    name, to, timeout = args.broker_name, args.to, args.timeout
+    name, to, timeout, force = args.broker_name, args.to, args.timeout, args.force
 
     async def run() -> SwitchoverResult:
         if controller:
-            return await controller_client.switchover(controller, name, to, timeout_s=timeout)
+            return await controller_client.switchover(
+                controller, name, to, timeout_s=timeout, force=force
+            )
         async with AdminClient(where["address"], namesrv=where["namesrv"]) as admin:
-            return await admin.switchover(name, to, timeout_s=timeout)
+            return await admin.switchover(name, to, timeout_s=timeout, force=force)
 
     try:
         result = anyio.run(run)

@@ -105,6 +105,12 @@ def add_parser(sub: SubParsers) -> None:
     )
     ha.add_argument("--ha-port", type=int, help="the port slaves copy from (default: --port + 1)")
     ha.add_argument(
+        "--ha-advertised-address",
+        metavar="HOST:PORT",
+        help="the HA address slaves are told (default: the advertised host and the bound "
+        "--ha-port)",
+    )
+    ha.add_argument(
         "--ha-master",
         metavar="HOST:PORT",
         help="a slave's master's HA address (default: what the name servers say)",
@@ -141,6 +147,7 @@ def start_broker(args: argparse.Namespace) -> int:
         "advertised_address": args.advertised_address,
         "replication": args.replication,
         "ha_port": args.ha_port,
+        "ha_advertised_address": args.ha_advertised_address,
         "ha_master_address": args.ha_master,
         "controller": args.controller,
         "grpc_port": args.grpc_port,

@@ -27,6 +27,14 @@ stops copying, and each reports so.  Then:
   acknowledged as SEND_OK was confirmed by one of these slaves, and their logs are prefixes
   of its log, so the furthest one holds them all.  A set whose sync state set has no slave
   waits for its master to come back (losing one machine loses no acknowledged message).
+  The wait for a slave that does not report has no end of its own: after
+  ``WAIT_WARNING_S`` the controller says so in an ERROR line, and an operator may end it
+  (``txmq admin switchover --force``: elect among the slaves that reported, accepting the
+  loss of what only the silent one may hold);
+* the master acknowledged only writes every in-sync slave had (``all_ack``, RocketMQ 5's
+  allAckInSyncStateSet, as its heartbeats in this epoch said): any in-sync slave that
+  reported will do — they all hold every SEND_OK write (and once one stopped copying the
+  old master can acknowledge nothing as SEND_OK) —, once the lease ran out.
 
 The winner's epoch is one more than the set's; the new sync state set is the slaves whose
 logs end where the winner's does.  A planned switchover (``txmq admin switchover``) fences
@@ -88,6 +96,9 @@ REPORT_AFTER_S = 0.7
 HANDOVER_S = 5.0
 #: marks a connection whose closing the controller is told about
 _HOOKED = "controller.hooked"
+#: how long a failover may wait for in-sync slaves that do not report before an ERROR says
+#: what an operator can do
+WAIT_WARNING_S = 10.0
 
 
 class NoCandidate(TxmqError):
@@ -154,6 +165,9 @@ class _Election:
     target: int = -1
     deadline: float = 0.0
     waiting: str = ""
+    #: an operator ended the wait for silent in-sync slaves (ElectMaster force)
+    forced: bool = False
+    warned: bool = False
 
 
 @dataclass(slots=True)
@@ -172,6 +186,9 @@ class _Set:
     #: when the master's connection closed (0: it did not)
     conn_lost_at: float = 0.0
     election: _Election | None = None
+    #: this epoch's master acknowledges only writes every in-sync slave has (its heartbeats
+    #: say so; False until it did, and after a restart of the controller)
+    all_ack: bool = False
 
 
 class Controller:
@@ -362,6 +379,7 @@ class Controller:
         if req.broker_id == s.master_id:
             if req.master and req.epoch == s.epoch:
                 s.master_seen, s.confirmed, s.conn_lost_at = now, True, 0.0
+                s.all_ack = req.all_ack
                 self._take_in_sync(s, req.in_sync)
             elif req.handing_over and r.stopped and (target := self._successor(s)) is not None:
                 # a clean stop: a switchover to the best slave, the master stopped already
@@ -386,6 +404,8 @@ class Controller:
         s = self.sets.get(req.broker_name)
         if s is None:
             raise BadRequest(f"the controller knows no broker set {req.broker_name!r}")
+        if req.force:
+            return await self._force(s, req)
         if s.election is not None:
             raise NoCandidate(f"broker set {s.name}: an election runs ({s.election.reason})")
         target = req.broker_id if req.broker_id >= 0 else self._successor(s)
@@ -407,6 +427,29 @@ class Controller:
         if self.leadership is not None and not await self._saved_through(self._version):
             self._check_leading()
         return self._answer(s, target)
+
+    async def _force(self, s: _Set, req: ElectMaster) -> ControllerAnswer:
+        """End a failover's wait for in-sync slaves that do not report."""
+        e = s.election
+        if e is None or e.target >= 0:
+            raise NoCandidate(
+                f"broker set {s.name} has no failover waiting (--force ends one that waits "
+                "for silent in-sync slaves)"
+            )
+        e.forced = True
+        log.warning("broker set %s: an operator forces the election (%s)", s.name, e.reason)
+        deadline = self._clock() + req.timeout_ms / 1000
+        while s.election is e and self._clock() < deadline:
+            await anyio.sleep(0.05)
+            self.scan(self._clock())
+        if s.election is e:
+            raise NoCandidate(
+                f"broker set {s.name}: still no candidate ({e.waiting or 'waiting'}): no "
+                "in-sync slave reported that it stopped"
+            )
+        if self.leadership is not None and not await self._saved_through(self._version):
+            self._check_leading()
+        return self._answer(s, s.master_id)
 
     def _successor(self, s: _Set) -> int | None:
         """The slave a switchover goes to by default: alive, in sync, furthest."""
@@ -536,7 +579,11 @@ class Controller:
                 return self._wait(s, f"no in-sync slave: master {e.old_master} must come back")
             missing = [i for i in need if i not in fenced]
             if missing:
-                return self._wait(s, f"in-sync slave(s) {missing} to report that they stopped")
+                partial = (s.all_ack or e.forced) and len(missing) < len(need)
+                if not partial or now - e.since < REPORT_AFTER_S:
+                    self._warn_if_long(s, now, missing)
+                    return self._wait(s, f"in-sync slave(s) {missing} to report that they stopped")
+                need = [i for i in need if i in fenced]
             bounds = [fenced[i].lease_bound for i in need]
             bound = max(s.master_seen + self.timings.lease_s, *bounds)
             if now < bound:
@@ -580,6 +627,20 @@ class Controller:
             s.epoch,
         )
 
+    def _warn_if_long(self, s: _Set, now: float, missing: list[int]) -> None:
+        e = s.election
+        assert e is not None
+        if e.warned or now - e.since < WAIT_WARNING_S:
+            return
+        e.warned = True
+        log.error(
+            "broker set %s: no master for %.0f s: in-sync slave(s) %s have not reported that "
+            "they stopped; they may hold acknowledged messages the others lack. Bring them "
+            "back (or their link to the controller), or elect among the others now, losing "
+            "what only they hold: txmq admin switchover --broker-name %s --force",
+            s.name, now - e.since, missing, s.name,
+        )  # fmt: skip
+
     def _wait(self, s: _Set, what: str) -> None:
         e = s.election
         assert e is not None
@@ -594,6 +655,7 @@ class Controller:
         s.history.append((s.epoch, best.broker_id))
         s.master_seen = self._clock()
         s.confirmed = False
+        s.all_ack = False
         s.election = None
         self._save()  # saved before anyone is told
         for hook in self.on_elect:

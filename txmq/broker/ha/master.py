@@ -3,8 +3,9 @@ waits of SYNC_MASTER (group transfer).
 
 Each slave asks for records from its log's end (:class:`HaTransfer`); that offset is also
 its acknowledgement.  A write that must reach a slave (SYNC_MASTER) waits in a heap until
-some slave acknowledges past its end: one acknowledgement serves every write below it, as
-one fsync serves every write of a group commit.
+some slave acknowledges past its end — with ``all_ack`` (allAckInSyncStateSet) until every
+slave of the sync state set has: one acknowledgement serves every write below it, as one
+fsync serves every write of a group commit.
 """
 
 from __future__ import annotations
@@ -252,11 +253,21 @@ class HaService:
                 self.on_caught_up()  # propose it now, not at the next heartbeat
             link.caught_up_at = now
         link.master_offset_then = self.store.commit_log_max_offset
-        if not self.role.counts(link.broker_id):
-            return
-        if self.role.controlled and link.answered_at:
+        counts = self.role.counts(link.broker_id)
+        if counts and self.role.controlled and link.answered_at:
             self.role.renew(link.answered_at)
-        self._release(link.acked)
+        if self.role.all_ack:
+            if not self.role.controlled or link.broker_id in self.role.members():
+                self._release(self._all_acked())
+        elif counts:
+            self._release(link.acked)
+
+    def _all_acked(self) -> int:
+        """all_ack: the offset below which every slave that must confirm has everything (0
+        while one of them is not connected)."""
+        ids = self.role.members() if self.role.controlled else frozenset(self.slaves)
+        ends = [self.slaves[i].acked if i in self.slaves else 0 for i in ids]
+        return min(ends) if ends else 0
 
     def _release(self, acked: int) -> None:
         """Acknowledge the writes waiting for a confirmation below ``acked``."""
@@ -270,7 +281,11 @@ class HaService:
         return self.role.controlled and time.monotonic() - self.promoted_at <= RECONNECT_GRACE_S
 
     def recheck(self) -> None:
-        """The sync state set changed: a slave that counts now may have confirmed already."""
+        """The sync state set changed: a slave that counts now may have confirmed already
+        (all_ack: the one left out may have been all the writes waited for)."""
+        if self.role.all_ack:
+            self._release(self._all_acked())
+            return
         counting = [s.acked for s in self.slaves.values() if self.role.counts(s.broker_id)]
         if counting:
             self._release(max(counting))
@@ -302,16 +317,23 @@ class HaService:
         after ``timeout_s``.  One timer serves every write waiting (not one each)."""
         if self.role.controlled:
             ids = self.role.in_sync & self.role.proposed  # connected or not (yet)
+            if self.role.all_ack:
+                ids = self.role.members()
         else:
             ids = frozenset(self.slaves)
         # a slave catching up may join the set soon, and a new master's slaves come
         if not ids and not self.slaves and not self._just_promoted():
             return "SLAVE_NOT_AVAILABLE"
-        for i in ids:
-            s = self.slaves.get(i)
-            if s is not None and s.acked >= end_offset:
+        if self.role.all_ack:
+            if ids and self._all_acked() >= end_offset:
                 self.confirmed_end = max(self.confirmed_end, end_offset)
                 return ""
+        else:
+            for i in ids:
+                s = self.slaves.get(i)
+                if s is not None and s.acked >= end_offset:
+                    self.confirmed_end = max(self.confirmed_end, end_offset)
+                    return ""
         deadline = time.monotonic() + timeout_s
         heapq.heappush(self._waiters, (end_offset, next(self._seq), done, deadline))
         if self._timer is None:
@@ -354,6 +376,8 @@ class HaService:
         the slave of the set that reaches furthest), unless the set is left with no slave
         (then only the master can be elected)."""
         now_in_sync = frozenset(self.in_sync())
+        if self.role.all_ack:
+            return now_in_sync  # every member has every acknowledged write: drop freely
         approved = self.role.in_sync
         dropped = approved - now_in_sync
         if dropped and now_in_sync:

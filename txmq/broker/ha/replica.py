@@ -56,13 +56,18 @@ class Replica:
             is_master=not controlled and config.broker_id == 0,
             epoch=self.epochs.last.epoch,
             controlled=controlled,
+            all_ack=config.all_ack_in_sync,
         )
         self.service = HaService(
             store,
             self.role,
             self.epochs,
             metadata,
-            in_sync_lag_s=config.ha_in_sync_lag_s,
+            in_sync_lag_s=(
+                min(config.ha_in_sync_lag_s, config.sync_replication_timeout_s / 2)
+                if config.all_ack_in_sync
+                else config.ha_in_sync_lag_s
+            ),
             take_offsets=self.take_offsets,
             on_caught_up=on_caught_up,
             guard=guard,

@@ -129,6 +129,10 @@ class Replication:
 
     @property
     def ha_address(self) -> str:
+        """Where slaves reach this broker's HA port: ha_advertised_address, else the
+        advertised host (or ``host``) and the bound HA port."""
+        if self.config.ha_advertised_address:
+            return self.config.ha_advertised_address
         host = (self.config.advertised_address or self.config.host).rpartition(":")[0]
         host = host or self.config.host
         return f"{host}:{self.ha_port}"
@@ -224,6 +228,7 @@ class Replication:
             master_silent_ms=self.client.silent_ms(),
             in_sync=sorted(role.proposed) if role.is_master else [],
             handing_over=role.handing_over,
+            all_ack=role.is_master and role.all_ack and role.replication == "sync",
         )
 
     async def _apply(self, answer: ControllerAnswer, sent_at: float) -> None:

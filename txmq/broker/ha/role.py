@@ -55,6 +55,9 @@ class Role:
     stepped_down: bool = False
     #: a master stopping cleanly, handing its role to a slave
     handing_over: bool = False
+    #: SYNC_MASTER acknowledges once every slave of the sync state set has a write
+    #: (RocketMQ 5's allAckInSyncStateSet), not one
+    all_ack: bool = False
 
     @property
     def serves(self) -> bool:
@@ -83,6 +86,14 @@ class Role:
         if not self.controlled:
             return True
         return broker_id in self.in_sync and broker_id in self.proposed
+
+    def members(self) -> frozenset[int]:
+        """Under all_ack and a controller: the slaves that must all have a write before it
+        is acknowledged — those approved and those proposed alike (while the set grows, the
+        newcomer counts at once; while it shrinks, the one leaving counts until the
+        controller saved the smaller set: whichever set the controller holds, each of its
+        members has every acknowledged write)."""
+        return self.in_sync | self.proposed
 
     def renew(self, sent_at: float, lease_s: float | None = None) -> None:
         length = self.lease_s if lease_s is None else lease_s

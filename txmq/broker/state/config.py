@@ -85,6 +85,11 @@ class BrokerConfig(ConnectionSettings):
     #: a slave's master's HA address, HOST:PORT (default: what the name servers say)
     #: (RocketMQ's `haMasterAddress`)
     ha_master_address: str = ""
+    #: the HA address, HOST:PORT, this broker tells its controller and name servers, which
+    #: pass it on to the slaves that copy from it (default: the advertised host, else
+    #: ``host``, and the bound HA port) — e.g. a proxy or a NAT in front of the HA port
+    #: (RocketMQ's `brokerIP2`, with the port)
+    ha_advertised_address: str = ""
     #: SYNC_MASTER: how long a write waits for a slave before it is answered
     #: FLUSH_SLAVE_TIMEOUT (RocketMQ's `syncFlushTimeout` bounds this wait as well as the
     #: disk's, 5 s there); keep it under the producers' send timeout (3 s by default), or
@@ -95,6 +100,12 @@ class BrokerConfig(ConnectionSettings):
     #: a slave that had everything within this long counts as in sync
     #: (RocketMQ's `haMaxTimeSlaveNotCatchup`)
     ha_in_sync_lag_s: float = 15.0
+    #: SYNC_MASTER: acknowledge a write once *every* slave of the sync state set has it, not
+    #: one (RocketMQ 5's `allAckInSyncStateSet`).  Then, under a controller, any reachable
+    #: in-sync slave may be elected once the old master's lease ran out, without waiting for
+    #: the others; a slave that lags is dropped from the set after about a second
+    #: (sync_replication_timeout_s / 2), stalling sends meanwhile
+    all_ack_in_sync: bool = False
     #: a consumer reading this share of the machine's memory (or more) behind the commit
     #: log's end is sent to a slave (RocketMQ's `accessMessageInMemoryMaxRatio`, 40 %)
     access_message_in_memory_max_ratio: float = 0.40
@@ -264,6 +275,11 @@ class BrokerConfig(ConnectionSettings):
                 parse_address(self.ha_master_address)
             except ValueError as exc:
                 raise SettingsError(f"ha_master_address: {exc}") from None
+        if self.ha_advertised_address:
+            try:
+                parse_address(self.ha_advertised_address)
+            except ValueError as exc:
+                raise SettingsError(f"ha_advertised_address: {exc}") from None
         for name in (
             "sync_replication_timeout_s",
             "ha_metadata_sync_interval_s",

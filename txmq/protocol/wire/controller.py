@@ -74,16 +74,23 @@ class ControllerHeartbeat(Request[ControllerAnswer], frozen=True, kw_only=True, 
     leaving: bool = False
     #: the master stopped acknowledging to hand its role to a slave (it is stopping)
     handing_over: bool = False
+    #: the master acknowledges a write only once every in-sync slave has it
+    #: (allAckInSyncStateSet)
+    all_ack: bool = False
 
 
 class ElectMaster(Request[ControllerAnswer], frozen=True, kw_only=True, omit_defaults=True):
     """A planned switchover: make ``broker_id`` (-1: the best in-sync slave) the master of
-    ``broker_name`` once it has everything the current master wrote."""
+    ``broker_name`` once it has everything the current master wrote.  ``force``, while a
+    failover waits for in-sync slaves that do not report: end it now with those that did."""
 
     CODE = RequestCode.CONTROLLER_ELECT_MASTER
     broker_name: Name
     broker_id: Annotated[int, msgspec.Meta(ge=-1, le=1024)] = -1
     timeout_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)] = 10_000
+    #: a failover waiting for in-sync slaves that do not report: elect among those that
+    #: did, accepting the loss of acknowledged writes only the others may hold
+    force: bool = False
 
 
 class ReplicaState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
