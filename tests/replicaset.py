@@ -29,6 +29,7 @@ from tests.conftest import BrokerProcess, NamesrvProcess, ask, free_port, wait_f
 from txmq import Message
 from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store.commitlog import segment_paths
+from txmq.protocol.peer import _LEADER_IS
 from txmq.protocol.wire import (
     MASTER_ID,
     BrokerSetState,
@@ -182,11 +183,24 @@ class ReplicaSet:
 
     def state(self) -> BrokerSetState | None:
         """The set as the (leading) controller sees it (None: it knows no set, or none
-        leads now).  Asked with :func:`ask`, which a test may replace (TLS)."""
-        for address in self.controller_addresses:
+        leads now).  Asked with :func:`ask`, which a test may replace (TLS); a controller
+        that does not lead names the leader, which is asked next (it may listen on an
+        address the test did not give: a controller restarted on another port)."""
+        order = list(self.controller_addresses)
+        tried: set[str] = set()
+        while order:
+            address = order.pop(0)
+            if address in tried:
+                continue
+            tried.add(address)
             try:
                 info = ask(address, GetReplicaInfo(broker_name=SET))
-            except (ControllerNotLeader, BrokerUnavailable):
+            except ControllerNotLeader as exc:
+                leader = _LEADER_IS.search(str(exc))
+                if leader is not None:
+                    order.insert(0, leader.group(1))
+                continue
+            except BrokerUnavailable:
                 if len(self.controller_addresses) == 1:
                     raise
                 continue

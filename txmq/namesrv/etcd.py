@@ -26,10 +26,11 @@ aetcd (asyncio, etcd's v3 gRPC API) is imported only here, when a controller is 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 import anyio
 
@@ -38,6 +39,8 @@ from txmq.protocol.wire.errors import TxmqError
 __all__ = ["Deposed", "EtcdLeadership", "EtcdUnavailable", "parse_endpoints"]
 
 log = logging.getLogger("txmq.controller")
+
+T = TypeVar("T")
 
 #: how long one etcd request may take before the next member is tried
 REQUEST_TIMEOUT_S = 1
@@ -123,12 +126,14 @@ class EtcdLeadership:
         client = self._client
         tx = client.transactions
         try:
-            with anyio.fail_after(REQUEST_TIMEOUT_S * 2):
-                ok, _ = await client.transaction(
+            ok, _ = await _bounded(
+                client.transaction(
                     compare=[tx.create(self.key) == self._revision],
                     success=[tx.put(self.sets_prefix + n.encode(), v) for n, v in entries.items()],
                     failure=[],
-                )
+                ),
+                REQUEST_TIMEOUT_S * 2,
+            )
         except Exception as exc:  # the etcd member went, or the write timed out
             self._step_down(f"etcd did not take its write ({_one_line(exc)})")
             raise Deposed(f"the state could not be saved in etcd ({_one_line(exc)})") from None
@@ -193,8 +198,7 @@ class EtcdLeadership:
             host, _, port = self.endpoints[i].rpartition(":")
             client = aetcd.Client(host, int(port), timeout=REQUEST_TIMEOUT_S)
             try:
-                with anyio.fail_after(REQUEST_TIMEOUT_S * 2):
-                    await client.status()
+                await _bounded(client.status(), REQUEST_TIMEOUT_S * 2)
             except Exception as exc:
                 said.append(f"{self.endpoints[i]}: {_one_line(exc)}")
                 await _quietly_close(client)
@@ -217,24 +221,29 @@ class EtcdLeadership:
         """Create the leader key on a new lease if it is absent; whether we lead."""
         client = self._client
         tx = client.transactions
+        sent_at = self._clock()
+
+        async def campaign() -> tuple[bool, Any, Any]:
+            lease = await client.lease(self.ttl_s)
+            ok, answers = await client.transaction(
+                compare=[tx.create(self.key) == 0],
+                success=[tx.put(self.key, self.address.encode(), lease=lease.id)],
+                failure=[tx.get(self.key)],
+            )
+            if not ok:
+                await client.revoke_lease(lease.id)
+                return False, lease, answers
+            return True, lease, await client.get(self.key)
+
         try:
-            with anyio.fail_after(REQUEST_TIMEOUT_S * 2):
-                sent_at = self._clock()
-                lease = await client.lease(self.ttl_s)
-                ok, answers = await client.transaction(
-                    compare=[tx.create(self.key) == 0],
-                    success=[tx.put(self.key, self.address.encode(), lease=lease.id)],
-                    failure=[tx.get(self.key)],
-                )
-                if not ok:
-                    await client.revoke_lease(lease.id)
-                    [[(value, _)]] = answers or [[(b"", None)]]
-                    self.leader_address = value.decode()
-                    return False
-                got = await client.get(self.key)
+            won, lease, got = await _bounded(campaign(), REQUEST_TIMEOUT_S * 2)
         except Exception as exc:
             await self._reconnect(_one_line(exc))
             raise EtcdUnavailable(f"campaign failed: {_one_line(exc)}") from None
+        if not won:
+            [[(value, _)]] = got or [[(b"", None)]]
+            self.leader_address = value.decode()
+            return False
         if got is None or got.value != self.address.encode():
             return False  # (expired already)
         # not leading yet: the state is read first (see run)
@@ -244,8 +253,7 @@ class EtcdLeadership:
     async def _load(self) -> dict[str, bytes]:
         client = self._client
         try:
-            with anyio.fail_after(REQUEST_TIMEOUT_S * 2):
-                got = await client.get_prefix(self.sets_prefix)
+            got = await _bounded(client.get_prefix(self.sets_prefix), REQUEST_TIMEOUT_S * 2)
         except Exception as exc:
             await self._reconnect(_one_line(exc))  # (the lease expires on its own)
             raise EtcdUnavailable(f"reading the state failed: {_one_line(exc)}") from None
@@ -260,8 +268,8 @@ class EtcdLeadership:
             await anyio.sleep(self.ttl_s / 3)
             sent_at = self._clock()
             try:
-                with anyio.fail_after(max(self._valid_until - sent_at, 0.05)):
-                    reply = await client.refresh_lease(self._lease.id)
+                left = max(self._valid_until - sent_at, 0.05)
+                reply = await _bounded(client.refresh_lease(self._lease.id), left)
             except Exception as exc:
                 if self.leading:
                     await self._reconnect(_one_line(exc))
@@ -283,8 +291,7 @@ class EtcdLeadership:
         client = self._client
         while True:
             try:
-                with anyio.fail_after(REQUEST_TIMEOUT_S * 2):
-                    got = await client.get(self.key)
+                got = await _bounded(client.get(self.key), REQUEST_TIMEOUT_S * 2)
             except Exception as exc:
                 await self._reconnect(_one_line(exc))
                 raise EtcdUnavailable(f"watching the leader failed: {_one_line(exc)}") from None
@@ -309,7 +316,29 @@ def _one_line(exc: BaseException) -> str:
 
 async def _quietly_close(client: Any) -> None:
     try:
-        with anyio.move_on_after(1):
-            await client.close()
+        await _bounded(client.close(), 1)
     except Exception:  # a client that cannot even close is dropped
         pass
+
+
+async def _bounded(call: Coroutine[Any, Any, T], seconds: float) -> T:
+    """``call``'s result, or TimeoutError after ``seconds`` even when it does not end on
+    cancellation: a gRPC call to an etcd member that lost its leader was seen to ignore
+    both its deadline and the cancellation (it is cancelled, and left to end on its own)."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        task.cancel()
+        task.add_done_callback(_forget)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_forget)
+        raise TimeoutError(f"no answer from etcd within {seconds:g} s")
+    return task.result()
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # (retrieved: no "exception was never retrieved" warning)
