@@ -1,40 +1,65 @@
-"""Failover time of a replicated broker set: SIGKILL the master, time until sends succeed.
+"""Failover time of a replicated broker set under faults: time until sends succeed again.
 
-    python bench/failover_bench.py [--kills 10] [--replication sync|async] [--threads 4]
-                                   [--send-timeout 3] [--seed 18] [--json out.json]
+    python bench/failover_bench.py [--faults kill,pause,isolate,slave-cut] [--kills 10]
+                                   [--replication sync|async] [--threads 4]
+                                   [--send-timeout 3] [--partition blackhole|cut]
+                                   [--heal-after 8] [--broker-setting NAME=VALUE ...]
+                                   [--seed 18] [--json out.json]
                                    [--keep]   # keep the logs and stores (printed path)
 
-One run starts, as a user would (real processes, free ports, stores in a temporary
-folder, every setting at its default): a name server with the controller inside (``txmq
-namesrv start --controller-store``) and one broker set of three brokers (``txmq broker
-start --namesrv NS --cluster bench --broker-name failover --broker-id 0|1|2 --replication
-sync|async --controller NS``), topic ``failover`` with 4 queues.
+For each fault kind of ``--faults`` (all four by default), one run starts, as a user would
+(real processes, free ports, stores in a temporary folder, every setting at its default
+unless ``--broker-setting`` says otherwise): a name server with the controller inside
+(``txmq namesrv start --controller-store``) and one broker set of three brokers (``txmq
+broker start --namesrv NS --cluster bench --broker-name failover --broker-id 0|1|2
+--replication sync|async --controller NS``), topic ``failover`` with 4 queues.  For the
+partitions (``isolate``, ``slave-cut``) every broker reaches the controller through a TCP
+proxy of its own and its HA port only through a proxy in front of it (``--ha-port``, and
+``--ha-advertised-address`` naming the proxy); producers and the name server reach the
+brokers directly.  The proxy is ``bench/tcp_proxy.py`` (the tests use the same one).
 
 ``--threads`` producers (``txmq.sync.Producer(namesrv=NS, retry_times=0)``, one per
 thread) send numbered messages through the name server without a pause: each number is
 sent once (a failed send is not retried, so nothing acknowledged can be stored twice by a
-retry); the bench remembers when each send began and when it was acknowledged (status
+retry); the bench remembers when each send began, when it was acknowledged (status
 SEND_OK; a SYNC_MASTER's SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT counts as not
-acknowledged, "unsafe").
+acknowledged, "unsafe") and the commit-log offset the acknowledgement names.
 
-Then ``--kills`` times: wait until the set is whole (the controller names a master and
-every other replica is alive and in its sync state set) and a send was acknowledged since,
-wait a random 0-1 s (``--seed``), SIGKILL the master (by PID), and measure
+Then ``--kills`` times per kind: wait until the set is whole (the controller names a master
+and every other replica is alive and in its sync state set) and a send was acknowledged
+since, wait a random 0-1 s (``--seed``), make the fault, and measure
 
-- **elected**: kill -> the controller names another master (``GetReplicaInfo`` polled every
-  20 ms);
-- **failover**: kill -> the first acknowledgement of a send that *began* after the kill
-  (the issue's failover time; goal under 5 s);
+- **elected**: fault -> the controller names another master (``GetReplicaInfo`` polled
+  every 20 ms);
+- **failover**: fault -> the first acknowledgement, *by the new master*, of a send that
+  *began* after the fault (the issue's failover time; goal p50 under 3 s, max under 5 s).
+  "By the new master": its commit-log offset is at or past where the new master's epoch
+  begins (its ``config/epochs.json``) — an old master still reachable (paused, isolated)
+  must not be counted;
 
-then start the killed broker again on its store (it rejoins as a slave, cutting any tail
-the new master never had) and time until the set is whole again.
+then undo the fault and time until the set is whole again.  The kinds:
 
-At the end the producers stop, the replicas' commit logs converge, and every message of
-the topic is read from the final master (pull through the name server): **lost** =
-acknowledged numbers that are not there, each charged to the first kill after its
-acknowledgement; **duplicates** = numbers stored more than once.  A SYNC_MASTER must lose
-nothing; an ASYNC_MASTER loses what its slaves had not copied when it died.  Every process
-is stopped by PID and the temporary folder removed.
+- ``kill``: SIGKILL the master (by PID); afterwards start it again on its store (it rejoins
+  as a slave, cutting any tail the new master never had).
+- ``pause``: SIGSTOP the master past its lease (until the failover is measured); then
+  SIGCONT (it learns it was deposed and rejoins as a slave).
+- ``isolate``: the master's path to the controller and the slaves' paths to its HA port
+  black-holed (``--partition blackhole``: nothing delivered, nothing closed) or cut
+  (``cut``: connections closed, new ones reset), producers still reaching it; healed once
+  the failover is measured (it rejoins as a slave).
+- ``slave-cut``: one in-sync slave's path to the controller black-holed or cut until the
+  controller counts it dead (its heartbeat time-out; it still copies, so it stays in the
+  sync state set), then SIGKILL the master; the slave's path heals ``--heal-after`` s
+  after the kill, or as soon as the failover is measured if that is earlier (an election
+  that waits for every in-sync slave to report waits that long); the master is started
+  again.
+
+At the end of each kind the producers stop, the replicas' commit logs converge, and every
+message of the topic is read from the final master (pull through the name server):
+**lost** = acknowledged numbers that are not there, each charged to the first fault after
+its acknowledgement; **duplicates** = numbers stored more than once.  A SYNC_MASTER must
+lose nothing; an ASYNC_MASTER loses what its slaves had not copied when it died.  Every
+process is stopped by PID, every proxy stopped, and the temporary folder removed.
 """
 
 from __future__ import annotations
@@ -44,6 +69,7 @@ import asyncio
 import bisect
 import functools
 import json
+import math
 import os
 import random
 import shutil
@@ -61,7 +87,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import machine_info  # noqa: E402
+from bench.common import free_port, machine_info  # noqa: E402
 from bench.replicas import (  # noqa: E402
     BrokerSet,
     commit_log_end,
@@ -70,9 +96,27 @@ from bench.replicas import (  # noqa: E402
     git_head,
     namesrv_node,
 )
+from bench.tcp_proxy import TcpProxy  # noqa: E402
 
 SET = "failover"
 TOPIC = "failover"
+KINDS = ("kill", "pause", "isolate", "slave-cut")
+#: the kinds that need the proxies
+PARTITIONS = ("isolate", "slave-cut")
+#: the goal (issue 32): failover p50 and max, seconds
+GOAL_P50_S, GOAL_MAX_S = 3.0, 5.0
+#: how long one fault may take to fail over before the bench gives up
+FAULT_TIMEOUT_S = 60.0
+
+EXAMPLES = """\
+examples:
+  python bench/failover_bench.py                          # every kind, 10 faults each
+  python bench/failover_bench.py --faults kill,pause      # only these kinds
+  python bench/failover_bench.py --faults isolate --partition cut --kills 20
+  python bench/failover_bench.py --faults slave-cut --heal-after 12 --json out.json
+  python bench/failover_bench.py --broker-setting all_ack_in_sync=true   # another rule
+  python bench/failover_bench.py --replication async --kills 3 --keep
+"""
 
 
 @dataclass
@@ -84,8 +128,8 @@ class Sender:
     send_timeout: float = 3.0
     #: number -> (when its send began, when it was acknowledged), monotonic
     acked: dict[int, tuple[float, float]] = field(default_factory=dict)
-    #: acknowledgement times in the order they were recorded, and their numbers
-    ack_log: list[tuple[float, float, int]] = field(default_factory=list)
+    #: (began, acknowledged, number, commit-log offset) in the order they were recorded
+    ack_log: list[tuple[float, float, int, int]] = field(default_factory=list)
     unsafe: set[int] = field(default_factory=set)  # SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT
     failed: set[int] = field(default_factory=set)  # an exception (not stored, or unknown)
     errors: dict[str, int] = field(default_factory=dict)
@@ -124,7 +168,7 @@ class Sender:
                     with self._lock:
                         if r.status == "SEND_OK":
                             self.acked[n] = (began, done)
-                            self.ack_log.append((began, done, n))
+                            self.ack_log.append((began, done, n, int(r.offset_msg_id, 16)))
                         else:
                             self.unsafe.add(n)
                             self.errors[r.status] = self.errors.get(r.status, 0) + 1
@@ -137,11 +181,18 @@ class Sender:
     def more_than(self, count: int) -> bool:
         return self.count() > count
 
-    def first_ack_after(self, moment: float, since: int) -> float | None:
-        """The earliest acknowledgement of a send that began after ``moment`` among those
-        recorded from index ``since`` on (None: none yet)."""
+    def first_ack_after(
+        self, moment: float, since: int, *, min_offset: int = 0, not_before: float = 0.0
+    ) -> float | None:
+        """The earliest acknowledgement, at ``not_before`` or later, of a send that began
+        after ``moment`` and was stored at ``min_offset`` or later, among those recorded
+        from index ``since`` on (None: none yet)."""
         with self._lock:
-            times = [done for began, done, _ in self.ack_log[since:] if began > moment]
+            times = [
+                done
+                for began, done, _, offset in self.ack_log[since:]
+                if began > moment and offset >= min_offset and done >= not_before
+            ]
         return min(times) if times else None
 
     def stop(self) -> None:
@@ -150,67 +201,234 @@ class Sender:
             worker.join(30)
 
 
+class Paths:
+    """The TCP proxies of one broker: to each controller, and in front of its HA port."""
+
+    def __init__(self, controller: str, ha_port: int) -> None:
+        self.to_controller = TcpProxy(controller).start()
+        self.ha_in = TcpProxy(f"127.0.0.1:{ha_port}").start()
+
+    def stop(self) -> None:
+        self.to_controller.stop()
+        self.ha_in.stop()
+
+
+class ProxiedBrokerSet(BrokerSet):
+    """A :class:`BrokerSet` whose brokers reach the controller through a proxy each
+    (``--controller`` names it) and whose HA ports are reached only through a proxy each
+    (a free ``--ha-port``, kept across restarts, and ``--ha-advertised-address``)."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        namesrv: str,
+        name: str,
+        replicas: int = 3,
+        replication: str = "sync",
+        *,
+        log_level: str = "WARNING",
+    ) -> None:
+        super().__init__(tmp, namesrv, name, replicas, replication, log_level=log_level)
+        self.paths: dict[int, Paths] = {}
+        for i, node in self.nodes.items():
+            port = free_port()
+            paths = self.paths[i] = Paths(self.namesrv, port)
+            at = node.argv.index("--controller")
+            node.argv[at + 1] = paths.to_controller.address
+            node.argv += ["--ha-port", str(port)]
+            node.argv += ["--ha-advertised-address", paths.ha_in.address]
+
+    def stop(self) -> None:
+        super().stop()
+        for paths in self.paths.values():
+            paths.stop()
+
+
 @dataclass
-class Kill:
+class Fault:
+    kind: str
     number: int
-    killed: int  # broker id of the master killed
+    master: int  # broker id of the master at the fault
     at: float  # monotonic
     acked_before: int
+    #: slave-cut: the slave cut from the controller
+    slave: int = -1
     new_master: int = -1
+    new_epoch: int = -1
     elected_s: float = float("nan")
     failover_s: float = float("nan")
-    whole_again_s: float = float("nan")  # restart -> the set is whole again
+    whole_again_s: float = float("nan")  # undone -> the set is whole again
+    #: slave-cut: fault -> the slave's path healed
+    healed_s: float = float("nan")
     lost: int = 0
-    #: how long before the kill the oldest lost message was acknowledged (the slaves' lag)
+    #: how long before the fault the oldest lost message was acknowledged
     lost_span_s: float = 0.0
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    rng = random.Random(args.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="txmq-failoverbench-"))
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout}s")
+        time.sleep(0.02)
+
+
+def _signal(bs: BrokerSet, i: int, sig: signal.Signals) -> None:
+    proc = bs.nodes[i].proc
+    assert proc is not None and proc.poll() is None, f"broker {i} is not running"
+    proc.send_signal(sig)
+
+
+def _epoch_start(tmp: Path, broker: int, epoch: int) -> int | None:
+    """Where ``epoch`` begins in broker ``broker``'s commit log, once it wrote so in its
+    epoch history (None: not yet)."""
+    from txmq.broker.ha.epochs import EpochLog
+
+    path = tmp / f"store-{SET}{broker}" / "config" / "epochs.json"
+    if not path.exists():
+        return None
+    entries = EpochLog(path).entries
+    return next((e.start for e in entries if e.epoch == epoch), None)
+
+
+def _in_sync_slave_silent(bs: BrokerSet, slave: int) -> bool:
+    s = bs.state()
+    if s is None:
+        return False
+    dead = any(r.broker_id == slave and not r.alive for r in s.replicas)
+    return dead and slave in s.in_sync
+
+
+def _partition(proxy: TcpProxy, how: str) -> None:
+    if how == "cut":
+        proxy.cut()
+    else:
+        proxy.blackhole()
+
+
+def _inflict(fault: Fault, bs: BrokerSet, args: argparse.Namespace, rng: random.Random) -> None:
+    """Make the fault (``fault.at``: when it happened)."""
+    old = fault.master
+    if fault.kind == "kill":
+        bs.nodes[old].kill()
+    elif fault.kind == "pause":
+        _signal(bs, old, signal.SIGSTOP)
+    elif fault.kind == "isolate":
+        assert isinstance(bs, ProxiedBrokerSet)
+        _partition(bs.paths[old].to_controller, args.partition)
+        _partition(bs.paths[old].ha_in, args.partition)
+    else:  # slave-cut
+        assert isinstance(bs, ProxiedBrokerSet)
+        fault.slave = rng.choice(sorted(i for i in bs.nodes if i != old))
+        _partition(bs.paths[fault.slave].to_controller, args.partition)
+        _wait(
+            functools.partial(_in_sync_slave_silent, bs, fault.slave),
+            30,
+            f"the controller to count slave {fault.slave} dead while in sync",
+        )
+        bs.nodes[old].kill()
+    fault.at = time.monotonic()
+
+
+def _heal_slave(fault: Fault, bs: BrokerSet) -> None:
+    if fault.kind == "slave-cut" and math.isnan(fault.healed_s):  # (not healed yet)
+        assert isinstance(bs, ProxiedBrokerSet)
+        bs.paths[fault.slave].to_controller.heal()
+        fault.healed_s = time.monotonic() - fault.at
+
+
+def _measure(
+    fault: Fault, bs: BrokerSet, sender: Sender, args: argparse.Namespace, tmp: Path
+) -> None:
+    """Until a new master is elected and acknowledged a send that began after the fault:
+    an acknowledgement read after the new master was seen elected, of a record at or past
+    the start of its epoch (an old master still running — an ASYNC_MASTER isolated but
+    inside its lease — may acknowledge sends that began after the fault, before the
+    election; those are not the new master's)."""
+    deadline = fault.at + FAULT_TIMEOUT_S
+    start: int | None = None
+    elected_at = 0.0
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if fault.kind == "slave-cut" and now - fault.at >= args.heal_after:
+            _heal_slave(fault, bs)
+        if fault.new_master < 0:
+            s = bs.state()
+            if s is not None and not s.electing and s.master_id not in (-1, fault.master):
+                fault.new_master, fault.new_epoch = s.master_id, s.epoch
+                elected_at = time.monotonic()
+                fault.elected_s = elected_at - fault.at
+        if fault.new_master >= 0 and start is None:
+            start = _epoch_start(tmp, fault.new_master, fault.new_epoch)
+        if start is not None:
+            first = sender.first_ack_after(
+                fault.at, fault.acked_before, min_offset=start, not_before=elected_at
+            )
+            if first is not None:
+                fault.failover_s = first - fault.at
+                return
+        time.sleep(0.02)
+    raise TimeoutError(
+        f"{fault.kind} {fault.number}: no acknowledged send on a new master within "
+        f"{FAULT_TIMEOUT_S:.0f} s"
+    )
+
+
+def _undo(fault: Fault, bs: BrokerSet) -> None:
+    old = fault.master
+    if fault.kind in ("kill", "slave-cut"):
+        _heal_slave(fault, bs)
+        bs.nodes[old].start().wait_ready()
+    elif fault.kind == "pause":
+        _signal(bs, old, signal.SIGCONT)
+    else:  # isolate
+        assert isinstance(bs, ProxiedBrokerSet)
+        bs.paths[old].to_controller.heal()
+        bs.paths[old].ha_in.heal()
+
+
+def run_kind(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, object]:
+    """``args.kills`` faults of one kind on a broker set of its own."""
+    rng = random.Random(f"{args.seed}-{kind}")
+    tmp.mkdir()
     ns = namesrv_node(tmp, log_level="INFO")
     bs: BrokerSet | None = None
     sender: Sender | None = None
-    kills: list[Kill] = []
+    faults: list[Fault] = []
     try:
         namesrv = ns.start().wait_ready()
-        bs = BrokerSet(tmp, namesrv, SET, 3, args.replication, log_level="INFO").start()
+        make = ProxiedBrokerSet if kind in PARTITIONS else BrokerSet
+        bs = make(tmp, namesrv, SET, 3, args.replication, log_level="INFO")
+        bs.start()
         master = bs.wait_healthy()
         asyncio.run(create_topic(namesrv, TOPIC, SET))
         pids = ", ".join(f"{n.name}={n.pid}" for n in bs.nodes.values())
-        print(f"{args.replication} set whole, master {master}; pids {pids}", flush=True)
+        proxied = " behind proxies" if kind in PARTITIONS else ""
+        print(f"{kind}: {args.replication} set whole{proxied}, master {master}; {pids}", flush=True)
         sender = Sender(namesrv, args.threads, args.send_timeout).start()
         t_start = time.monotonic()
         for k in range(args.kills):
             master = bs.wait_healthy(timeout=120)
             _wait(functools.partial(sender.more_than, sender.count()), 60, "an acknowledgement")
             time.sleep(rng.uniform(0.0, 1.0))  # a random moment while messages flow
-            kill = Kill(k + 1, master, time.monotonic(), sender.count())
-            bs.nodes[master].kill()
-            kill.at = time.monotonic()  # (SIGKILL sent and the process reaped)
-            deadline = kill.at + 60
-            while time.monotonic() < deadline:
-                if kill.new_master < 0:
-                    new = bs.master()
-                    if new >= 0 and new != master:
-                        kill.new_master = new
-                        kill.elected_s = time.monotonic() - kill.at
-                first = sender.first_ack_after(kill.at, kill.acked_before)
-                if first is not None and kill.new_master >= 0:
-                    kill.failover_s = first - kill.at
-                    break
-                time.sleep(0.02)
-            else:
-                raise TimeoutError(f"kill {k + 1}: no acknowledged send within 60 s")
-            restarted = time.monotonic()
-            bs.nodes[master].start().wait_ready()
+            fault = Fault(kind, k + 1, master, time.monotonic(), sender.count())
+            _inflict(fault, bs, args, rng)
+            try:
+                _measure(fault, bs, sender, args, tmp)
+            finally:
+                undone = time.monotonic()
+                _undo(fault, bs)
             bs.wait_healthy(timeout=120)
-            kill.whole_again_s = time.monotonic() - restarted
-            kills.append(kill)
+            fault.whole_again_s = time.monotonic() - undone
+            faults.append(fault)
+            extra = ""
+            if kind == "slave-cut":
+                extra = f" (slave {fault.slave} cut, healed after {fault.healed_s:.2f} s)"
             print(
-                f"kill {kill.number}: master {kill.killed} -> {kill.new_master}: elected after "
-                f"{kill.elected_s:.2f} s, first acknowledged send after {kill.failover_s:.2f} s;"
-                f" whole again {kill.whole_again_s:.2f} s after the restart",
+                f"{kind} {fault.number}: master {fault.master} -> {fault.new_master}{extra}: "
+                f"elected after {fault.elected_s:.2f} s, first acknowledged send on it after "
+                f"{fault.failover_s:.2f} s; whole again {fault.whole_again_s:.2f} s after "
+                "the fault was undone",
                 flush=True,
             )
         time.sleep(1.0)  # some acknowledgements on the last master too
@@ -224,23 +442,37 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "the replicas' commit logs to converge",
         )
         seen = consume_all(namesrv, TOPIC)
-        return _result(args, sender, kills, seen, master, elapsed)
+        return _result(kind, sender, faults, seen, master, elapsed)
     finally:
         if sender is not None:
             sender.stop()
         if bs is not None:
+            for i, node in bs.nodes.items():  # a paused broker cannot stop: go on first
+                if node.alive():
+                    _signal(bs, i, signal.SIGCONT)
             bs.stop()
         ns.stop()
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    tmp = Path(tempfile.mkdtemp(prefix="txmq-failoverbench-"))
+    for setting in args.broker_setting:
+        name, _, value = setting.partition("=")
+        os.environ[f"TXMQ_BROKER_{name.upper()}"] = value  # the brokers started here
+    try:
+        kinds = {kind: run_kind(kind, args, tmp / kind) for kind in args.faults}
+    finally:
         if args.keep:
             print(f"logs and stores kept in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+    return {"replication": args.replication, "kinds": kinds}
 
 
 def _result(
-    args: argparse.Namespace,
+    kind: str,
     sender: Sender,
-    kills: list[Kill],
+    faults: list[Fault],
     seen: dict[bytes, int],
     master: int,
     elapsed: float,
@@ -248,20 +480,20 @@ def _result(
     numbers = {int(body): c for body, c in seen.items()}
     lost = sorted(n for n in sender.acked if n not in numbers)
     dups = sorted(n for n, c in numbers.items() if c > 1)
-    moments = [k.at for k in kills]
+    moments = [f.at for f in faults]
     after_last = 0
-    for n in lost:  # charged to the first kill after the acknowledgement
+    for n in lost:  # charged to the first fault after the acknowledgement
         acked_at = sender.acked[n][1]
         i = bisect.bisect_left(moments, acked_at)
-        if i < len(kills):
-            kills[i].lost += 1
-            kills[i].lost_span_s = max(kills[i].lost_span_s, kills[i].at - acked_at)
+        if i < len(faults):
+            faults[i].lost += 1
+            faults[i].lost_span_s = max(faults[i].lost_span_s, faults[i].at - acked_at)
         else:
             after_last += 1
     stored_unacked = sum(1 for n in numbers if n in sender.failed or n in sender.unsafe)
     return {
-        "replication": args.replication,
-        "kills": [asdict(k) for k in kills],
+        "kind": kind,
+        "faults": [asdict(f) for f in faults],
         "acknowledged": len(sender.acked),
         "unsafe": len(sender.unsafe),
         "failed": len(sender.failed),
@@ -269,7 +501,7 @@ def _result(
         "stored": sum(numbers.values()),
         "stored_not_acknowledged": stored_unacked,
         "lost": len(lost),
-        "lost_after_last_kill": after_last,
+        "lost_after_last_fault": after_last,
         "lost_sample": lost[:20],
         "duplicates": len(dups),
         "duplicate_sample": dups[:20],
@@ -278,66 +510,125 @@ def _result(
     }
 
 
-def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout}s")
-        time.sleep(0.02)
+def _goal(fo: list[float]) -> str:
+    p50, top = statistics.median(fo), fo[-1]
+    met = p50 < GOAL_P50_S and top < GOAL_MAX_S
+    return "met" if met else "NOT met"
 
 
 def report(res: dict[str, object]) -> str:
-    kills = res["kills"]
-    assert isinstance(kills, list)
-    fo = sorted(k["failover_s"] for k in kills)
-    el = sorted(k["elected_s"] for k in kills)
-    wh = sorted(k["whole_again_s"] for k in kills)
-    lost = [k["lost"] for k in kills]
+    kinds = res["kinds"]
+    assert isinstance(kinds, dict)
     mode = "SYNC_MASTER" if res["replication"] == "sync" else "ASYNC_MASTER"
     out = [
-        "| set | kills | failover p50 s | failover max s | elected p50 / max s "
-        "| whole again p50 / max s | acknowledged | lost | lost per kill | duplicates "
-        "| unsafe / failed sends |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| {mode} + 2 slaves | {len(kills)} | {statistics.median(fo):.2f} | {fo[-1]:.2f} "
-        f"| {statistics.median(el):.2f} / {el[-1]:.2f} "
-        f"| {statistics.median(wh):.2f} / {wh[-1]:.2f} | {res['acknowledged']:,} "
-        f"| {res['lost']} | {' · '.join(str(x) for x in lost)} | {res['duplicates']} "
-        f"| {res['unsafe']} / {res['failed']} |",
+        f"{mode} + 2 slaves; goal: failover p50 < {GOAL_P50_S:g} s and max < "
+        f"{GOAL_MAX_S:g} s for every kind",
         "",
-        "failover per kill (s): " + " · ".join(f"{k['failover_s']:.2f}" for k in kills),
-        "lost per kill, acknowledged within how long before the kill (s): "
-        + " · ".join(f"{k['lost']} ({k['lost_span_s']:.2f})" for k in kills),
-        f"goal: failover under 5 s: {'met' if fo[-1] < 5 else 'NOT met'} (max {fo[-1]:.2f} s)",
-        f"send errors and unsafe answers: {res['errors']}; stored but not acknowledged: "
-        f"{res['stored_not_acknowledged']}; lost after the last kill: "
-        f"{res['lost_after_last_kill']}",
+        "| fault | faults | failover p50 s | failover max s | goal | elected p50 / max s "
+        "| whole again p50 / max s | acknowledged | lost | duplicates | unsafe / failed sends |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(out)
+    lines = []
+    for kind, r in kinds.items():
+        faults = r["faults"]
+        fo = sorted(f["failover_s"] for f in faults)
+        el = sorted(f["elected_s"] for f in faults)
+        wh = sorted(f["whole_again_s"] for f in faults)
+        out.append(
+            f"| {kind} | {len(faults)} | {statistics.median(fo):.2f} | {fo[-1]:.2f} "
+            f"| {_goal(fo)} | {statistics.median(el):.2f} / {el[-1]:.2f} "
+            f"| {statistics.median(wh):.2f} / {wh[-1]:.2f} | {r['acknowledged']:,} "
+            f"| {r['lost']} | {r['duplicates']} | {r['unsafe']} / {r['failed']} |"
+        )
+        lines += [
+            f"{kind}: failover per fault (s): "
+            + " · ".join(f"{f['failover_s']:.2f}" for f in faults),
+            f"{kind}: lost per fault, acknowledged within how long before it (s): "
+            + " · ".join(f"{f['lost']} ({f['lost_span_s']:.2f})" for f in faults),
+            f"{kind}: send errors and unsafe answers: {r['errors']}; stored but not "
+            f"acknowledged: {r['stored_not_acknowledged']}; lost after the last fault: "
+            f"{r['lost_after_last_fault']}",
+        ]
+    return "\n".join([*out, "", *lines])
+
+
+def _faults(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    wrong = [k for k in kinds if k not in KINDS]
+    if wrong or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(wrong) or 'nothing'}: the fault kinds are {', '.join(KINDS)}"
+        )
+    return list(dict.fromkeys(kinds))
+
+
+def _setting(text: str) -> str:
+    name, eq, _ = text.partition("=")
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--kills", type=int, default=10)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--faults",
+        type=_faults,
+        default=list(KINDS),
+        help=f"fault kinds, comma-separated (default: all, {','.join(KINDS)})",
+    )
+    ap.add_argument("--kills", type=int, default=10, help="faults of each kind (default 10)")
     ap.add_argument("--replication", choices=("sync", "async"), default="sync")
     ap.add_argument("--threads", type=int, default=4, help="producer threads")
     ap.add_argument("--send-timeout", type=float, default=3.0, help="the producer's default")
+    ap.add_argument(
+        "--partition",
+        choices=("blackhole", "cut"),
+        default="blackhole",
+        help="isolate, slave-cut: drop everything, closing nothing (default), or close the "
+        "connections and reset new ones",
+    )
+    ap.add_argument(
+        "--heal-after",
+        type=float,
+        default=8.0,
+        help="slave-cut: heal the slave's path this many seconds after the master's kill "
+        "(at the latest; default 8)",
+    )
+    ap.add_argument(
+        "--broker-setting",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a broker setting for every broker (TXMQ_BROKER_NAME=VALUE), e.g. "
+        "all_ack_in_sync=true; repeatable",
+    )
     ap.add_argument("--seed", type=int, default=18)
     ap.add_argument("--keep", action="store_true", help="keep the logs and stores")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args(argv)
+    if args.kills < 1:
+        ap.error("--kills must be at least 1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on SIGTERM too
     load0 = os.getloadavg()
+    began = time.monotonic()
     res = run(args)
     load1 = os.getloadavg()
     info = machine_info()
     print()
+    settings = f", broker settings {' '.join(args.broker_setting)}" if args.broker_setting else ""
     print(
-        f"{args.kills} kills, {args.threads} producer threads, send timeout "
-        f"{args.send_timeout} s, seed {args.seed}, {res['seconds']:.0f} s; {info['nproc']} "
-        f"cores {info['cpu']}, Python {info['python']}; load average before "
-        f"{load0[0]:.2f} / {load0[1]:.2f}, after {load1[0]:.2f} / {load1[1]:.2f} (1 / 5 min); "
-        f"{git_head()}"
+        f"{args.kills} faults of each kind ({', '.join(args.faults)}), {args.threads} producer "
+        f"threads, send timeout {args.send_timeout} s, partitions by {args.partition}, "
+        f"slave-cut healed after {args.heal_after:g} s at the latest{settings}, seed "
+        f"{args.seed}, {time.monotonic() - began:.0f} s; {info['nproc']} cores {info['cpu']}, "
+        f"Python {info['python']}; load average before {load0[0]:.2f} / {load0[1]:.2f}, "
+        f"after {load1[0]:.2f} / {load1[1]:.2f} (1 / 5 min); {git_head()}"
     )
     print(report(res))
     if args.json:
