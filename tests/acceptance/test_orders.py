@@ -388,6 +388,18 @@ def test_the_readme_demo_command_exits_0_with_the_summary(layout: str) -> None:
     assert "== txmq orders demo ==" in out
     assert "books:     BALANCED" in out and "result:    OK" in out
     assert out.count("  [ok] ") == len(default_faults(layout == "single")), out
+    # it says what it does: 300 orders of load, announced so, and the faults' own orders
+    # counted apart (issue 31, item 11: it announced 300 and counted some 470)
+    assert "300 orders of load and" in out, out[:2000]
+    said = re.search(
+        r"^load:\s+(\d+) orders by \d+ clients, and (\d+) more placed by the faults: "
+        r"(\d+) of the (\d+) accepted",
+        out,
+        re.M,
+    )
+    assert said is not None, out
+    load, by_faults, _, requested = (int(g) for g in said.groups())
+    assert load == 300 and requested == load + by_faults > load, said.group(0)
     assert "[FAILED]" not in out
     if layout == "secure":
         assert "ACL on every port" in out
