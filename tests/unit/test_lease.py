@@ -75,3 +75,19 @@ def test_a_write_confirmed_after_the_lease_ran_out_is_not_acknowledged(status: s
             await later
 
     asyncio.run(run())
+
+
+def test_a_master_whose_lease_ran_out_stores_nothing() -> None:
+    """Issue 32, the isolate fault: a master cut off from its controller and slaves refused
+    each send only after storing it and waiting sync_replication_timeout_s for a slave;
+    once its lease ran out it refuses before storing (NOT_MASTER at once)."""
+    role = _master(in_sync=frozenset({1}), proposed=frozenset({1}))
+    role.renew(time.monotonic())
+    store = cast(MessageStore, type("Store", (), {"writable": True})())
+    acks = FlushAcks(store, BrokerConfig(), _Gate(role))
+    acks.check_may_store()  # the lease runs
+    role.lease_until = time.monotonic() - 0.001
+    with pytest.raises(NotMaster, match="not stored"):
+        acks.check_may_store()
+    slave = cast(MessageStore, type("Store", (), {"writable": False})())
+    FlushAcks(slave, BrokerConfig(), _Gate(role)).check_may_store()  # (a slave's store refuses)

@@ -86,6 +86,7 @@ class SendService:
         producers are asked about it, and only that user ends it)."""
         self._check_body(len(body))
         self._check_queue(req.topic, req.queue_id)
+        self.ctx.acks.check_may_store()
         props = req.properties
         half = props.get(Prop.TRAN_MSG, "").lower() == "true"
         if half and (user is not None or Prop.ACL_USER in props):
@@ -132,6 +133,7 @@ class SendService:
         self._check_queue(topic, queue_id)
         if not req.messages:
             raise BadRequest("a batch needs at least one message")
+        self.ctx.acks.check_may_store()
         items: list[dict[str, Any]] = []
         delays: list[tuple[int, int]] = []
         pos = 0

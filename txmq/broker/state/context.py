@@ -165,6 +165,18 @@ class FlushAcks:
             ack.copied(status)
         return ack.result
 
+    def check_may_store(self) -> None:
+        """A write that could not be acknowledged is refused before it is stored: a master
+        whose controller lease ran out (paused, or cut off from its controller and slaves)
+        answers NOT_MASTER at once rather than store, wait for a slave and then refuse
+        (the client would wait sync_replication_timeout_s for nothing)."""
+        gate = self.gate
+        if gate is not None and self.store.writable and not gate.may_acknowledge():
+            raise NotMaster(
+                "this broker is no longer sure it is the master (deposed, or its controller "
+                "lease ran out): not stored; send again to the master"
+            )
+
     def _final(self, answer: T, missing: str) -> T:
         gate = self.gate
         if gate is not None and not gate.may_acknowledge():
