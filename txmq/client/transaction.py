@@ -39,6 +39,7 @@ import itertools
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, Unpack
@@ -66,7 +67,7 @@ from txmq.protocol.wire import (
     UnregisterClient,
 )
 from txmq.protocol.wire.base import Response
-from txmq.protocol.wire.errors import BrokerUnavailable, TxmqError
+from txmq.protocol.wire.errors import BrokerBusy, BrokerUnavailable, TxmqError
 from txmq.transports.port import Calls
 
 __all__ = [
@@ -76,6 +77,10 @@ __all__ = [
     "TransactionSendResult",
     "to_state",
 ]
+
+#: how long a half message refused as BrokerBusy (a new master recovering its transactions)
+#: waits before it is sent again
+BUSY_RETRY_S = 0.1
 
 log = logging.getLogger("txmq.transaction")
 
@@ -222,15 +227,27 @@ class TransactionProducer(Producer):
         with observe.sending(msg.topic, self.group, [props], len(body), "transaction") as obs:
             request = self._send_request(msg.topic, mq.queue_id, props)
             # not retried (a second half), but a broker set that failed is left out of the next
-            try:
-                sent = await self._send_to(mq, request, body, options.get("timeout"))
-            except BrokerUnavailable as exc:
-                if exc.sent:
-                    raise
-                # it never left (the master was gone: a failover?): once more, on a fresh route
-                mq, _ = await self._pick(msg, options)
-                request = self._send_request(msg.topic, mq.queue_id, props)
-                sent = await self._send_to(mq, request, body, options.get("timeout"))
+            wait = options.get("timeout") or self.request_timeout
+            deadline = time.monotonic() + wait
+            repicked = False
+            while True:
+                try:
+                    sent = await self._send_to(mq, request, body, options.get("timeout"))
+                    break
+                except BrokerBusy:
+                    # refused before anything was stored (a new master still recovering its
+                    # transactions after a failover): again, for up to the send's time-out
+                    if time.monotonic() >= deadline:
+                        raise
+                    await anyio.sleep(BUSY_RETRY_S)
+                except BrokerUnavailable as exc:
+                    if exc.sent or repicked:
+                        raise
+                    # it never left (the master was gone: a failover?): once more, on a
+                    # fresh route
+                    repicked = True
+                    mq, _ = await self._pick(msg, options)
+                    request = self._send_request(msg.topic, mq.queue_id, props)
             obs.sent(sent.queue_id, mq.broker_name)
         return send_result(msg.topic, sent, mq.broker_name)
 
