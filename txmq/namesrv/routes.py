@@ -189,11 +189,11 @@ class RouteTable:
         return gone
 
     def elected(self, broker_name: str, address: str | None, epoch: int) -> None:
-        """A controller in this process elects a master for ``broker_name`` (``address``
-        None: the election runs, the old master is fenced) in ``epoch``: routes name that
-        master (none while it elects) until a broker registers as the set's master in
-        ``epoch`` or later — clients stop sending to a fenced master, and find the new one
-        before it registers."""
+        """A controller in this process elects a master for ``broker_name`` in ``epoch``
+        (``address``: the winner, None while it elects): routes name no master for the set
+        until a broker registers as its master in ``epoch`` or later — clients stop sending
+        to a fenced master and wait for the new one, which registers as soon as it is told
+        (a winner named before it knows would answer NOT_MASTER)."""
         self._elected[broker_name] = (address, epoch)
 
     def election_abandoned(self, broker_name: str) -> None:
@@ -255,15 +255,12 @@ class RouteTable:
         members = {i: b for (n, i), b in sorted(self._brokers.items()) if n == name}
         said = self._elected.get(name)
         if said is not None:
-            address, epoch = said
+            _, epoch = said
             master = members.get(MASTER_ID)
             if master is not None and master.epoch >= epoch:
                 del self._elected[name]  # the set's master registered: the table knows
             else:
                 members.pop(MASTER_ID, None)  # fenced, or deposed
-                for i, b in list(members.items()):
-                    if address is not None and b.address == address:
-                        members[MASTER_ID] = members.pop(i)  # elected, not registered yet
         return BrokerData(
             cluster=source.cluster,
             broker_name=name,
