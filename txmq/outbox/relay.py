@@ -532,12 +532,18 @@ class OutboxRelay:
                     aconn = await psycopg.AsyncConnection.connect(
                         *cargs, **cparams, autocommit=True
                     )
-                async with aconn:
+                try:
                     await aconn.execute(f"LISTEN {CHANNEL}")
                     self.listening, delay = True, 0.5
                     self.wake()  # rows may have arrived while nobody listened
                     async for _ in aconn.notifies():
                         self.wake()
+                finally:
+                    # shielded: the relay's stop cancels this task, and anyio re-raises the
+                    # cancellation at every await inside it — an unshielded close was cut
+                    # short and left the connection open (a ResourceWarning at collection)
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                        await aconn.close()
             except Exception as exc:
                 log.warning("outbox LISTEN connection lost (%s); polling meanwhile", exc)
             finally:
