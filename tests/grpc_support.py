@@ -106,22 +106,31 @@ def grpc_broker(tmp_path: Path) -> Iterator[Callable[..., GrpcBroker]]:
     procs: list[BrokerProcess] = []
 
     def make(*args: str, env: dict[str, str] | None = None) -> GrpcBroker:
-        port = free_port()
         settings = {
             "TXMQ_BROKER_TRANSACTION_CHECK_INTERVAL_S": "1",
             "TXMQ_BROKER_TRANSACTION_TIMEOUT_S": "2",
             "TXMQ_BROKER_MESSAGE_DELAY_LEVELS": FAST_LEVELS,
             **(env or {}),
         }
-        bp = BrokerProcess(
-            tmp_path / f"store{len(procs)}",
-            ["--grpc-port", str(port), *args],
-            tmp_path / f"broker{len(procs)}.log",
-            env=settings,
-        )
-        procs.append(bp)
-        bp.start()
-        return GrpcBroker(bp, port)
+        for attempt in range(3):
+            port = free_port()
+            bp = BrokerProcess(
+                tmp_path / f"store{len(procs)}-{attempt}",
+                ["--grpc-port", str(port), *args],
+                tmp_path / f"broker{len(procs)}-{attempt}.log",
+                env=settings,
+            )
+            try:
+                bp.start()
+            except AssertionError as exc:
+                # the port, free when picked, was taken before the broker bound it (other
+                # tests pick ports too): once more with another
+                if "is in use or cannot be bound" in str(exc) and attempt < 2:
+                    continue
+                raise
+            procs.append(bp)
+            return GrpcBroker(bp, port)
+        raise AssertionError("unreachable")
 
     yield make
     for bp in procs:
