@@ -29,7 +29,7 @@ from tests.conftest import BrokerProcess, NamesrvProcess, ask, free_port, wait_f
 from txmq import Message
 from txmq.broker.ha.epochs import EpochLog
 from txmq.broker.store.commitlog import segment_paths
-from txmq.protocol.peer import _LEADER_IS
+from txmq.protocol.peer import named_leader
 from txmq.protocol.wire import (
     MASTER_ID,
     BrokerSetState,
@@ -196,9 +196,9 @@ class ReplicaSet:
             try:
                 info = ask(address, GetReplicaInfo(broker_name=SET))
             except ControllerNotLeader as exc:
-                leader = _LEADER_IS.search(str(exc))
+                leader = named_leader(exc)
                 if leader is not None:
-                    order.insert(0, leader.group(1))
+                    order.insert(0, leader)
                 continue
             except BrokerUnavailable:
                 if len(self.controller_addresses) == 1:

@@ -27,6 +27,7 @@ __all__ = [
     "RemotingClient",
     "Secures",
     "ask_controller",
+    "named_leader",
     "parse_address",
     "parse_namesrv",
 ]
@@ -179,6 +180,12 @@ CONNECT_TIMEOUT_S = 2.0
 _LEADER_IS = re.compile(r"the leader is at (\S+?)\)?$")
 
 
+def named_leader(exc: ControllerNotLeader) -> str | None:
+    """The leader's address a controller that does not lead named in its refusal, if any."""
+    found = _LEADER_IS.search(str(exc))
+    return found.group(1) if found is not None else None
+
+
 class NoController(BrokerUnavailable):
     """None of the addresses given hosts a controller that answers."""
 
@@ -210,9 +217,9 @@ async def ask_controller(
             said.append(f"{address} hosts no controller")
         except ControllerNotLeader as exc:
             said.append(f"{address}: {exc}")
-            leader = _LEADER_IS.search(str(exc))
+            leader = named_leader(exc)
             if leader is not None:
-                order.insert(0, leader.group(1))
+                order.insert(0, leader)
         except BrokerUnavailable as exc:
             said.append(str(exc))
     raise NoController(
