@@ -65,6 +65,7 @@ def test_disk_max_used_ratio_is_a_share_read_from_toml_and_env(tmp_path: Path) -
         ("ha_port", -2, "ha_port -2"),
         ("ha_port", 70000, "ha_port 70000"),
         ("ha_master_address", "nohost", "ha_master_address"),
+        ("ha_advertised_address", "nohost", "ha_advertised_address"),
         ("sync_replication_timeout_s", 0, "sync_replication_timeout_s must be positive"),
         ("ha_metadata_sync_interval_s", -1, "ha_metadata_sync_interval_s must be positive"),
         ("ha_in_sync_lag_s", 0, "ha_in_sync_lag_s must be positive"),
@@ -88,6 +89,10 @@ def test_bad_replication_settings_are_clear_errors(setting: str, bad: object, sa
         ("lease_s", 0, "lease_s must be positive and shorter than heartbeat_timeout_s"),
         ("lease_s", 5, "lease_s must be positive and shorter than heartbeat_timeout_s"),
         ("reconnect_grace_s", -1, "reconnect_grace_s must not be negative"),
+        ("etcd", "e1", "etcd endpoint 'e1' is not HOST:PORT"),
+        ("etcd", "e1:99999", "etcd endpoint 'e1:99999' is not HOST:PORT"),
+        ("etcd", " , ", "--etcd needs at least one endpoint"),
+        ("etcd_lease_s", 0, "etcd_lease_s must be at least 1"),
     ],
 )
 def test_bad_controller_settings_are_clear_errors(setting: str, bad: object, says: str) -> None:
@@ -98,6 +103,10 @@ def test_bad_controller_settings_are_clear_errors(setting: str, bad: object, say
     assert (loaded.lease_s, loaded.store) == (1.5, Path("/tmp/ctl"))
     with pytest.raises(SettingsError, match="lease_s"):
         ControllerConfig.load(env={"TXMQ_CONTROLLER_LEASE_S": "soon"})
+    with pytest.raises(SettingsError, match="all_ack_in_sync"):
+        BrokerConfig.load(env={"TXMQ_BROKER_ALL_ACK_IN_SYNC": "maybe"})
+    etcd = ControllerConfig(etcd="http://e1:2379, e2:2379")
+    assert etcd.etcd_lease_s == 2
 
 
 def test_dedupe_settings_are_read_and_checked() -> None:
@@ -124,3 +133,12 @@ def test_the_acl_time_window_is_between_a_second_and_an_hour(bad: str) -> None:
         BrokerConfig.load(env={"TXMQ_BROKER_ACL_TIME_WINDOW_S": bad})
     ok = BrokerConfig.load(env={"TXMQ_BROKER_ACL_TIME_WINDOW_S": "5"})
     assert ok.acl_time_window_s == 5.0
+
+
+def test_a_controller_on_etcd_behind_a_wildcard_needs_an_advertised_address() -> None:
+    from txmq.namesrv.config import controller_address
+
+    with pytest.raises(SettingsError, match="needs advertised_address"):
+        controller_address("0.0.0.0", 9878, "")
+    assert controller_address("0.0.0.0", 9878, "c1:9878") == "c1:9878"
+    assert controller_address("127.0.0.1", 9878, "") == "127.0.0.1:9878"
