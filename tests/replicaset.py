@@ -332,6 +332,8 @@ class Sender:
     topic: str
     threads: int = 4
     send_timeout: float = 5.0
+    #: the producers' stall_check_s (None: a send waits for its answer or its timeout)
+    stall_check_s: float | None = 0.5
     acked: dict[int, str] = field(default_factory=dict)
     #: numbers answered but not safe (SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT), or failed
     unsafe: set[int] = field(default_factory=set)
@@ -356,7 +358,10 @@ class Sender:
     def _run(self, t: int) -> None:
         n = t
         with Producer(
-            namesrv=self.namesrv, retry_times=0, send_timeout=self.send_timeout
+            namesrv=self.namesrv,
+            retry_times=0,
+            send_timeout=self.send_timeout,
+            stall_check_s=self.stall_check_s,
         ) as producer:
             while not self._stop.is_set():
                 began = time.monotonic()

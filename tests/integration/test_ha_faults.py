@@ -44,6 +44,33 @@ def test_a_producer_with_default_settings_sees_flush_slave_timeout(
         wait_for(lambda: producer.send(Message(TOPIC, b"after")).status == "SEND_OK", 30)
 
 
+@pytest.mark.timeout(180)
+def test_a_send_held_by_a_paused_master_is_sent_to_the_new_one(
+    replica_sets: Callable[..., ReplicaSet],
+) -> None:
+    """A send waits on a master that was just SIGSTOPped.  The producer's stall check
+    (``stall_check_s``, 0.5 s) fetches the route while it waits; once the route names no
+    master (the election) or another one, the send stops waiting and goes to the new
+    master: it is answered long before its 20 s timeout (without the check it waits the
+    whole 20 s for the paused node, and only then tries the new master)."""
+    rs = replica_sets("sync")
+    old = rs.wait_healthy()
+    with Producer(namesrv=rs.namesrv.address, send_timeout=20.0) as producer:
+        assert producer.send(Message(TOPIC, b"before")).status == "SEND_OK"
+        rs.brokers[old].pause()
+        try:
+            began = time.monotonic()
+            result = producer.send(Message(TOPIC, b"held, then moved"))
+            took = time.monotonic() - began
+            new = rs.master()
+        finally:
+            rs.brokers[old].resume()
+    assert result.status == "SEND_OK", result
+    assert new not in (old, -1)
+    assert took < 12.0, f"the send waited {took:.1f} s for the paused master"
+    print(f"master {old} paused: the send was answered by broker {new} after {took:.2f} s")
+
+
 @pytest.mark.timeout(240)
 def test_a_master_paused_past_its_lease_acknowledges_nothing_when_it_resumes(
     replica_sets: Callable[..., ReplicaSet],
@@ -61,7 +88,9 @@ def test_a_master_paused_past_its_lease_acknowledges_nothing_when_it_resumes(
     rs = replica_sets("sync")
     old = rs.wait_healthy()
     slaves = [rs.brokers[i] for i in rs.brokers if i != old]
-    sender = Sender(rs.namesrv.address, TOPIC, threads=8, send_timeout=15.0).start()
+    sender = Sender(
+        rs.namesrv.address, TOPIC, threads=8, send_timeout=15.0, stall_check_s=None
+    ).start()  # (no stall check: the held sends wait for the old master's answers)
     try:
         wait_for(lambda: sender.acked_count() >= 300, timeout=60)
         for slave in slaves:

@@ -13,6 +13,7 @@ from txmq.consumer.offsets import LocalFileOffsetStore
 from txmq.protocol.message import MessageQueue
 from txmq.protocol.peer import RemotingClient, parse_namesrv
 from txmq.protocol.wire import PERM_READ, PERM_WRITE, BrokerData, QueueData, TopicRoute
+from txmq.protocol.wire.errors import BrokerUnavailable
 
 
 def _route(*brokers: tuple[str, int, int], perm: int = PERM_READ | PERM_WRITE) -> TopicRoute:
@@ -196,3 +197,47 @@ async def test_a_failover_drops_the_dead_master_then_forgives_the_new_one() -> N
     route = await table.route("t", refresh=True)
     assert table.address_of("a") == "new:1" and route.write_queues
     assert table.faults.available("a")  # the new master is tried at once
+
+
+@pytest.mark.anyio
+async def test_a_stalled_request_stops_once_the_route_names_another_master(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """watch_stalls leaves a request alone while the route still names the master it went
+    to (a slow master is not a failover), and stops it once the route names another one
+    (or none); a request that answers first is not stopped."""
+    import anyio
+
+    from txmq.client import route as route_module
+
+    table = RouteTable(broker=None, namesrv=["ns:1"], connect=lambda a: None)  # type: ignore[arg-type,return-value]
+    table.stall_after_s = 0.05
+    masters = [{0: "old:1", 1: "s1:1"}]
+    fetches = 0
+
+    async def fetch(topic: str, create: bool) -> TopicRoute:
+        nonlocal fetches
+        fetches += 1
+        return _set_a(masters[0])
+
+    table._fetch = fetch  # type: ignore[method-assign]
+    await table.route("t")
+    mq = MessageQueue("t", "a", 0)
+    monkeypatch.setattr(route_module, "STALL_POLL_S", 0.02)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(table.watch_stalls)
+        with table.watching(mq, "old:1") as quick:
+            await anyio.sleep(0.01)  # answered before any check
+        assert not quick.moved
+        with table.watching(mq, "old:1") as slow:
+            await anyio.sleep(0.3)  # the master is slow, but still the master
+        assert not slow.moved and fetches > 1
+        moved_at = anyio.current_time()
+        with table.watching(mq, "old:1") as held:
+            masters[0] = {1: "s1:1"}  # an election: no master
+            await anyio.sleep(10)  # a paused master: no answer
+            pytest.fail("the held request was not stopped")
+        assert held.moved and anyio.current_time() - moved_at < 1.0
+        tg.cancel_scope.cancel()
+    with pytest.raises(BrokerUnavailable, match="no master now"):
+        table.address_of("a")  # the set has no master in the route fetched

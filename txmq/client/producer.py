@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from txmq.client.core import BrokerClient
+from txmq.client.route import STALL_AFTER_S
 from txmq.observability import hooks as observe
 from txmq.protocol.message import (
     Message,
@@ -183,6 +184,12 @@ class Producer(BrokerClient):
     the topics it publishes, declared to the endpoint at start (over gRPC the endpoint sends
     the check-backs of a topic's half messages to the producers that declared it; topics
     sent to are declared at their first send).
+
+    ``stall_check_s`` (0.5 s): a send whose master has not answered for this long has its
+    route fetched again (every 0.25 s while it waits); once the route names another master
+    of the set, or none (a failover), the send stops waiting and is retried like a failed
+    one.  A paused or cut-off master answers nothing, and a new one is elected sooner than
+    the send would time out.  ``None``: a send waits for its answer or its timeout.
     """
 
     needs_full_protocol = False
@@ -197,9 +204,13 @@ class Producer(BrokerClient):
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         sharding: str = "route",
         topics: Sequence[str] = (),
+        stall_check_s: float | None = STALL_AFTER_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(address, request_timeout=send_timeout, **kwargs)
+        if stall_check_s is not None and stall_check_s <= 0:
+            raise ValueError(f"stall_check_s must be positive or None, not {stall_check_s!r}")
+        self.routes.stall_after_s = stall_check_s
         self.group = group
         self.topics = tuple(topics)
         self.retry_times = retry_times
@@ -211,6 +222,11 @@ class Producer(BrokerClient):
 
     def _declared_topics(self) -> Sequence[str]:
         return self.topics
+
+    async def _on_start(self) -> None:
+        await super()._on_start()
+        if self.routes.direct is None and self.routes.stall_after_s is not None:
+            self._task_group().start_soon(self.routes.watch_stalls)
 
     # -- validation ------------------------------------------------------------------------
 
@@ -324,7 +340,17 @@ class Producer(BrokerClient):
         that it failed) for fault avoidance."""
         began = time.monotonic()
         try:
-            sent = await self.call(request, body, timeout=timeout, broker=mq.broker_name)
+            if self.routes.direct is not None or self.routes.stall_after_s is None:
+                sent = await self.call(request, body, timeout=timeout, broker=mq.broker_name)
+            else:
+                address = self.routes.address_of(mq.broker_name)
+                with self.routes.watching(mq, address) as waiting:
+                    sent = await self.call(request, body, timeout=timeout, broker=mq.broker_name)
+                if waiting.moved:
+                    raise BrokerUnavailable(
+                        f"while the send to {address} waited, the route came to name another "
+                        f"master of {mq.broker_name} (or none: a failover); send again"
+                    )
         except TxmqError as exc:
             if exc.retriable:
                 took = (time.monotonic() - began) * 1000

@@ -9,6 +9,12 @@ id) — and requests go to the master of the queue's broker set.
 Routes are cached for ``ttl`` seconds (RocketMQ refreshes every 30 s) and fetched again
 after a failure.  When every name server is down, the routes already known are kept.
 
+A send that waits on a broker set's master (:meth:`RouteTable.watching`) has its route
+fetched again after :data:`STALL_AFTER_S`, and every :data:`STALL_POLL_S` while it waits:
+once the route names another master, or none, the send stops waiting and is retried there.
+A paused or cut-off master answers nothing until the send's own timeout (3 s), and a
+failover elects a new one sooner than that.
+
 Fault avoidance (RocketMQ's ``LatencyFaultTolerance``, with RocketMQ 5's table): after each
 send the broker set's latency decides how long it is left out of queue selection —
 50/100/550/1800/3000/5000/15000 ms give 0/0/2/5/6/10/30 s; a failed send counts as
@@ -24,7 +30,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import anyio
@@ -46,7 +53,14 @@ from txmq.protocol.wire.base import R
 from txmq.protocol.wire.errors import BrokerUnavailable, TopicNotFound, TxmqError
 from txmq.transports.port import Remote
 
-__all__ = ["FAILURE_LATENCY_MS", "LatencyFaultTolerance", "MessageQueue", "Route", "RouteTable"]
+__all__ = [
+    "FAILURE_LATENCY_MS",
+    "LatencyFaultTolerance",
+    "MessageQueue",
+    "Route",
+    "RouteTable",
+    "Waiting",
+]
 
 log = logging.getLogger("txmq.route")
 
@@ -59,6 +73,23 @@ NOT_AVAILABLE_S = (0.0, 0.0, 2.0, 5.0, 6.0, 10.0, 30.0)
 FAILURE_LATENCY_MS = 15000
 #: how often a send waiting out a failover fetches the route again
 WAIT_FOR_MASTER_S = 0.1
+#: a send whose broker has not answered for this long has its route checked: has the set
+#: another master now?  (every STALL_POLL_S, one fetch per topic for every such send)
+STALL_AFTER_S = 0.5
+STALL_POLL_S = 0.25
+
+
+@dataclass(eq=False, slots=True)
+class Waiting:
+    """A request waiting for a broker set's master (see :meth:`RouteTable.watching`)."""
+
+    topic: str
+    broker_name: str
+    address: str
+    since: float
+    scope: anyio.CancelScope
+    #: the route named another master (or none) while it waited: it was stopped
+    moved: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +219,9 @@ class RouteTable:
         #: none: a different one named later is a failover's new master)
         self._named: dict[str, str] = {}
         self.faults = LatencyFaultTolerance()
+        self._waiting: set[Waiting] = set()
+        #: see STALL_AFTER_S (None: a request waits for its own timeout)
+        self.stall_after_s: float | None = STALL_AFTER_S
 
     # -- connections -----------------------------------------------------------------------
 
@@ -263,6 +297,53 @@ class RouteTable:
             self._masters.pop(name, None)  # a set without a master now (failing over)
         self._replicas.update(route.replicas)
         return route
+
+    @contextmanager
+    def watching(self, mq: MessageQueue, address: str) -> Iterator[Waiting]:
+        """Watch a request sent to ``address``, the master of ``mq``'s broker set: while it
+        waits, :meth:`watch_stalls` stops it (``moved`` is then True, and the request's
+        await returns nothing) when a fresh route names another master."""
+        waiting = Waiting(mq.topic, mq.broker_name, address, time.monotonic(), anyio.CancelScope())
+        self._waiting.add(waiting)
+        try:
+            with waiting.scope:
+                yield waiting
+        finally:
+            self._waiting.discard(waiting)
+
+    async def watch_stalls(self) -> None:
+        """Stop the watched requests whose broker set's master changed (runs until
+        cancelled, in the client's task group)."""
+        while True:
+            await anyio.sleep(STALL_POLL_S)
+            now, after = time.monotonic(), self.stall_after_s or 0.0
+            stalled = [w for w in self._waiting if now - w.since >= after]
+            for topic in {w.topic for w in stalled}:
+                try:
+                    route = await self.route(topic, refresh=True)
+                except TxmqError:
+                    continue  # no name server answers: the request's own timeout decides
+                moved = [
+                    w
+                    for w in stalled
+                    if w.topic == topic
+                    and not w.moved
+                    and route.masters.get(w.broker_name) != w.address
+                ]
+                for address in {w.address for w in moved}:
+                    names = {w.broker_name for w in moved if w.address == address}
+                    log.info(
+                        "%d send(s) of %s waiting on %s are sent again: the route names %s "
+                        "as the master of %s now",
+                        sum(w.address == address for w in moved),
+                        topic,
+                        address,
+                        " / ".join(sorted(route.masters.get(n, "no broker") for n in names)),
+                        " / ".join(sorted(names)),
+                    )
+                for w in moved:
+                    w.moved = True
+                    w.scope.cancel()
 
     async def writable(
         self, topic: str, wait_s: float, *, create: bool = False, refresh: bool = False

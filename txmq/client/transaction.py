@@ -176,7 +176,7 @@ class TransactionProducer(Producer):
     # -- lifecycle and heartbeats -----------------------------------------------------------
 
     async def _on_start(self) -> None:
-        await self.connect()
+        await super()._on_start()  # connects
         await self._heartbeat()
         self._task_group().start_soon(self._heartbeat_loop)
 
