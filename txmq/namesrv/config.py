@@ -89,10 +89,10 @@ class ControllerConfig(ConnectionSettings):
     #: (RocketMQ's `controllerStorePath`)
     store: Path = Path("./txmq-controller")
     #: a master silent for this long is replaced
-    heartbeat_timeout_s: float = 3.0
+    heartbeat_timeout_s: float = 2.0
     #: how long a master may acknowledge writes no in-sync slave confirmed, after a
     #: heartbeat the controller answered (shorter than heartbeat_timeout_s)
-    lease_s: float = 2.0
+    lease_s: float = 1.5
     #: a master whose connection closed gets this long to come back before an election
     reconnect_grace_s: float = 0.6
     #: controllers on etcd: etcd's client endpoints, "h1:2379,h2:2379,h3:2379" (empty: one

@@ -8,14 +8,14 @@ proposes it in its heartbeats, the controller saves it).
 
 **Leases.**  A master acknowledges a write that no in-sync slave confirmed (ASYNC_MASTER, or
 SYNC_MASTER's FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE answers) only while its lease runs:
-``lease_s`` (2 s) from when it sent a heartbeat the controller answered, or from when it
+``lease_s`` (1.5 s) from when it sent a heartbeat the controller answered, or from when it
 sent the answer an in-sync slave's next request confirmed.  A master whose sync state set
 holds no slave needs no lease: nobody else could be elected.  So a controller that is down
 only pauses elections; the masters go on.
 
 **Elections.**  A set's master is replaced when its connection to the controller closes
 and it does not come back within ``reconnect_grace_s``, when it is silent for
-``heartbeat_timeout_s`` (3 s), or when it restarted (it reports no role).  First every
+``heartbeat_timeout_s`` (2 s), or when it restarted (it reports no role).  First every
 replica is *fenced*: its answers say ``electing``, a master stops acknowledging and a slave
 stops copying, and each reports so.  Then:
 
@@ -109,8 +109,8 @@ class NoCandidate(TxmqError):
 
 @dataclass(frozen=True, slots=True)
 class ControllerTimings:
-    heartbeat_timeout_s: float = 3.0
-    lease_s: float = 2.0
+    heartbeat_timeout_s: float = 2.0
+    lease_s: float = 1.5
     scan_interval_s: float = 0.1
     #: a master whose connection closed gets this long to heartbeat again
     reconnect_grace_s: float = 0.6
