@@ -114,7 +114,7 @@ examples:
   python bench/failover_bench.py --faults kill,pause      # only these kinds
   python bench/failover_bench.py --faults isolate --partition cut --kills 20
   python bench/failover_bench.py --faults slave-cut --heal-after 12 --json out.json
-  python bench/failover_bench.py --broker-setting all_ack_in_sync=true   # another rule
+  python bench/failover_bench.py --broker-setting all_ack_in_sync=false  # the one-ack rule
   python bench/failover_bench.py --replication async --kills 3 --keep
 """
 
@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="NAME=VALUE",
         help="a broker setting for every broker (TXMQ_BROKER_NAME=VALUE), e.g. "
-        "all_ack_in_sync=true; repeatable",
+        "all_ack_in_sync=false; repeatable",
     )
     ap.add_argument("--seed", type=int, default=18)
     ap.add_argument("--keep", action="store_true", help="keep the logs and stores")

@@ -12,9 +12,9 @@ folder): a name server with the controller inside (``txmq namesrv start
   --broker-name solo``);
 - ``(b) async``: three brokers ``--broker-name async --broker-id 0|1|2 --replication async
   --controller NS``: the controller elects an ASYNC_MASTER, which acknowledges at once;
-- ``(c) sync``: the same with ``--replication sync``: the SYNC_MASTER acknowledges a send
-  once a slave of the sync state set has its bytes;
-- ``(f) allack``: as (c) with ``all_ack_in_sync = true`` (RocketMQ 5's
+- ``(c) sync``: the same with ``--replication sync`` and ``all_ack_in_sync = false``: the
+  SYNC_MASTER acknowledges a send once a slave of the sync state set has its bytes;
+- ``(f) allack``: as (c) with ``all_ack_in_sync = true``, the default (RocketMQ 5's
   allAckInSyncStateSet: the ack waits for every slave of the sync state set, not one; the
   controller may then elect any in-sync slave that reports, without waiting for the rest);
 - ``(d) nats``: NATS JetStream, three ``nats-server`` processes in a cluster on loopback
@@ -330,9 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             if k in SETS:
                 name, replicas, replication = SETS[k]
                 extra = []
-                if k == "f":
-                    toml = tmp / "allack.toml"
-                    toml.write_text("[broker]\nall_ack_in_sync = true\n")
+                if k in "cf":  # one ack, or every in-sync slave's (the default)
+                    toml = tmp / f"{k}.toml"
+                    toml.write_text(f"[broker]\nall_ack_in_sync = {str(k == 'f').lower()}\n")
                     extra = ["--config", str(toml)]
                 sets[k] = BrokerSet(
                     tmp, namesrv, name, replicas, replication, flush=args.flush, extra=extra

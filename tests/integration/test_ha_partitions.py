@@ -59,7 +59,9 @@ from __future__ import annotations
 import bisect
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 
@@ -164,6 +166,40 @@ def _assert_no_late_acknowledgement(
         )
 
 
+@dataclass
+class _Load:
+    sender: Sender
+    watch: StateWatch
+    #: the messages the set holds (check 1), once the load stopped
+    count: int = 0
+
+
+@contextmanager
+def _under_load(rs: ReplicaSet) -> Iterator[_Load]:
+    """The load every test runs its fault under: THREADS producers (each number once, a
+    SEND_TIMEOUT_S send timeout, no stall check: a send held by a paused or isolated
+    master waits for its answer, which the lease checks judge) and a :class:`StateWatch`;
+    the body starts once 300 sends are acknowledged.  Then check 1."""
+    load = _Load(
+        Sender(
+            rs.namesrv.address,
+            TOPIC,
+            threads=THREADS,
+            send_timeout=SEND_TIMEOUT_S,
+            stall_check_s=None,
+        ),
+        StateWatch(rs),
+    )
+    with load.watch:
+        load.sender.start()
+        try:
+            wait_for(lambda: load.sender.acked_count() >= 300, timeout=60)
+            yield load
+        finally:
+            load.sender.stop()
+        load.count = check_everything_acknowledged_is_there_once(rs, load.sender)
+
+
 def _slaves_copy_through_the_proxy(rs: ReplicaSet, master: int) -> None:
     """Every slave copies from ``master`` through ``rs.ha_in[master]`` (the HA address the
     master advertises): else a partition of that proxy would partition nothing."""
@@ -184,7 +220,7 @@ def test_a_master_paused_past_its_lease_acknowledges_nothing_late(
     replica_sets: Callable[..., ReplicaSet], resume: str
 ) -> None:
     """The master is SIGSTOPped under load; the controller hears nothing from it for its
-    heartbeat time-out (3 s, past the 2 s lease) and starts an election.  It is SIGCONTed
+    heartbeat time-out (2 s, past the 1.5 s lease) and starts an election.  It is SIGCONTed
     as soon as the election is seen running (``mid-election``: it may even win it again,
     in a new epoch) or once another master is elected (``after-election``), while the
     sends it holds still wait (15 s send timeout).
@@ -201,7 +237,7 @@ def test_a_master_paused_past_its_lease_acknowledges_nothing_late(
     after the resume.)
 
     *held*, after-election: a send that began before the pause and was answered SEND_OK
-    after the resume, stored in the old epoch.  By the resume its lease (2 s from a
+    after the resume, stored in the old epoch.  By the resume its lease (1.5 s from a
     heartbeat the controller received at least 3 s earlier, or from an answer a slave
     confirmed before the pause) had run out, and it cannot be renewed: the controller
     stopped the slaves before it elected, and they follow the new master.  So such an
@@ -217,36 +253,31 @@ def test_a_master_paused_past_its_lease_acknowledges_nothing_late(
     acknowledged in an epoch after a later epoch's master was seen (*deposed*)."""
     rs = replica_sets("sync", proxied=True)
     old = rs.wait_healthy()
-    sender = Sender(rs.namesrv.address, TOPIC, threads=THREADS, send_timeout=SEND_TIMEOUT_S)
-    with StateWatch(rs) as watch:
-        sender.start()
+    with _under_load(rs) as load:
+        sender, watch = load.sender, load.watch
+        _slaves_copy_through_the_proxy(rs, old)
+        epoch = _state(rs).epoch
+        rs.ha_in[old].blackhole()
         try:
-            wait_for(lambda: sender.acked_count() >= 300, timeout=60)
-            _slaves_copy_through_the_proxy(rs, old)
-            epoch = _state(rs).epoch
-            rs.ha_in[old].blackhole()
-            try:
-                time.sleep(QUIET_S)  # the fault's shape: every decided answer has left
-                paused_at = time.monotonic()
-                rs.brokers[old].pause()
-            finally:
-                rs.ha_in[old].heal()
-            try:
-                if resume == "mid-election":
-                    wait_for(_election_seen(rs, epoch), timeout=30)
-                else:
-                    _new_master(rs, old, timeout=30)
-            finally:
-                resumed_at = time.monotonic()
-                rs.brokers[old].resume()
-            assert resumed_at - paused_at < 12.0  # the sends it holds still wait
-            new = rs.wait_healthy()
-            moment = time.monotonic()
-            wait_for(lambda: sender.acked_since(moment), timeout=60)
-            _more_acknowledgements(sender)
+            time.sleep(QUIET_S)  # the fault's shape: every decided answer has left
+            paused_at = time.monotonic()
+            rs.brokers[old].pause()
         finally:
-            sender.stop()
-        count = check_everything_acknowledged_is_there_once(rs, sender)
+            rs.ha_in[old].heal()
+        try:
+            if resume == "mid-election":
+                wait_for(_election_seen(rs, epoch), timeout=30)
+            else:
+                _new_master(rs, old, timeout=30)
+        finally:
+            resumed_at = time.monotonic()
+            rs.brokers[old].resume()
+        assert resumed_at - paused_at < 12.0  # the sends it holds still wait
+        new = rs.wait_healthy()
+        moment = time.monotonic()
+        wait_for(lambda: sender.acked_since(moment), timeout=60)
+        _more_acknowledgements(sender)
+    count = load.count
     elected = watch.elected_after(epoch)
     assert elected is not None
     lease_out = resumed_at if resume == "after-election" else elected
@@ -289,31 +320,26 @@ def test_an_isolated_master_is_replaced_acknowledges_nothing_late_and_rejoins(
     seen)."""
     rs = replica_sets("sync", proxied=True)
     old = rs.wait_healthy()
-    sender = Sender(rs.namesrv.address, TOPIC, threads=THREADS, send_timeout=SEND_TIMEOUT_S)
-    with StateWatch(rs) as watch:
-        sender.start()
+    with _under_load(rs) as load:
+        sender, watch = load.sender, load.watch
+        _slaves_copy_through_the_proxy(rs, old)
+        epoch = _state(rs).epoch
+        isolated_at = time.monotonic()
+        for path in (rs.to_controller[old], rs.ha_in[old]):
+            path.cut() if how == "cut" else path.blackhole()
         try:
-            wait_for(lambda: sender.acked_count() >= 300, timeout=60)
-            _slaves_copy_through_the_proxy(rs, old)
-            epoch = _state(rs).epoch
-            isolated_at = time.monotonic()
-            for path in (rs.to_controller[old], rs.ha_in[old]):
-                path.cut() if how == "cut" else path.blackhole()
-            try:
-                new = _new_master(rs, old, timeout=30)
-                elected_at = time.monotonic()
-                wait_for(lambda: sender.acked_since(isolated_at), timeout=30)
-                failover = time.monotonic() - isolated_at
-                assert rs.brokers[old].alive()  # isolated, not dead
-            finally:
-                rs.to_controller[old].heal()
-                rs.ha_in[old].heal()
-            assert rs.wait_healthy() == new  # the old master follows the new one now
-            assert old in _state(rs).in_sync
-            _more_acknowledgements(sender)
+            new = _new_master(rs, old, timeout=30)
+            elected_at = time.monotonic()
+            wait_for(lambda: sender.acked_since(isolated_at), timeout=30)
+            failover = time.monotonic() - isolated_at
+            assert rs.brokers[old].alive()  # isolated, not dead
         finally:
-            sender.stop()
-        count = check_everything_acknowledged_is_there_once(rs, sender)
+            rs.to_controller[old].heal()
+            rs.ha_in[old].heal()
+        assert rs.wait_healthy() == new  # the old master follows the new one now
+        assert old in _state(rs).in_sync
+        _more_acknowledgements(sender)
+    count = load.count
     _assert_no_late_acknowledgement(
         rs, sender, watch, epoch=epoch, fault_at=isolated_at, lease_out_at=elected_at
     )
@@ -329,59 +355,62 @@ def test_an_isolated_master_is_replaced_acknowledges_nothing_late_and_rejoins(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("all_ack", ["true", "false"])
 def test_a_slave_cut_from_the_controller_then_the_master_killed(
-    replica_sets: Callable[..., ReplicaSet],
+    replica_sets: Callable[..., ReplicaSet], all_ack: str
 ) -> None:
     """Slave X's path to the controller is cut (it still copies from the master, so it
-    stays in the sync state set) until the controller counts it dead (3 s); then the
-    master is SIGKILLed, and X's path heals ``SLAVE_CUT_S`` later.  Under the rule of
-    this commit's controller (an election waits for every in-sync slave to report that
-    it stopped: a SYNC_MASTER's acknowledgement needs only one slave, so a silent one may
-    hold acknowledged writes the others lack) no master is elected while X is cut; a
-    rule that elects the other in-sync slave Y once the old lease is over may elect Y.
-    Either is accepted; what the election did is printed.  Asserted: X is never elected
-    while the controller cannot hear it, a master is elected within 30 s of the heal,
-    the killed master rejoins as a slave, and checks 1 and 2 (the killed master cannot
-    answer after its death; *deposed* covers the new masters)."""
-    rs = replica_sets("sync", proxied=True)
+    stays in the sync state set) until the controller counts it dead (2 s); then the
+    master is SIGKILLed, and X's path heals ``SLAVE_CUT_S`` later.
+
+    - ``all_ack_in_sync = true`` (the default): every acknowledged write is on every
+      in-sync slave, so the controller elects the other in-sync slave Y once the old
+      lease is over, while X is still cut; X, whose master is gone and whom no controller
+      answers, follows the master the name servers name (Y, of a newer epoch), so Y has a
+      slave and acknowledges sends before X's link heals.
+    - ``false``: an acknowledgement needs one slave, so a silent one may hold
+      acknowledged writes the others lack: no master is elected while X is cut.
+
+    Asserted too: X is never elected while the controller cannot hear it, the killed
+    master rejoins as a slave, and checks 1 and 2 (the killed master cannot answer after
+    its death; *deposed* covers the new masters)."""
+    rs = replica_sets("sync", proxied=True, all_ack_in_sync=all_ack)
     old = rs.wait_healthy()
     x, _ = sorted(i for i in rs.brokers if i != old)
-    sender = Sender(rs.namesrv.address, TOPIC, threads=THREADS, send_timeout=SEND_TIMEOUT_S)
-    with StateWatch(rs) as watch:
-        sender.start()
+    first_ack: float | None = None
+    with _under_load(rs) as load:
+        sender, watch = load.sender, load.watch
+        rs.to_controller[x].cut()
         try:
-            wait_for(lambda: sender.acked_count() >= 300, timeout=60)
-            rs.to_controller[x].cut()
-            try:
 
-                def x_silent_and_in_sync() -> bool:
-                    s = _state(rs)
-                    dead = any(r.broker_id == x and not r.alive for r in s.replicas)
-                    return dead and x in s.in_sync
+            def x_silent_and_in_sync() -> bool:
+                s = _state(rs)
+                dead = any(r.broker_id == x and not r.alive for r in s.replicas)
+                return dead and x in s.in_sync
 
-                wait_for(x_silent_and_in_sync, timeout=20)
-                epoch = _state(rs).epoch
-                killed_at = time.monotonic()
-                rs.kill(old)
-                deadline = killed_at + SLAVE_CUT_S
-                during = -1
-                while time.monotonic() < deadline:  # the fault's length; who is elected
-                    if during < 0:
-                        during = rs.master()
-                    time.sleep(0.05)
-                assert during != x, "elected a slave the controller could not hear"
-            finally:
-                healed_at = time.monotonic()
-                rs.to_controller[x].heal()
-            new = _new_master(rs, old, timeout=30)
-            wait_for(lambda: sender.acked_since(killed_at), timeout=30)
-            failover = time.monotonic() - killed_at
-            rs.restart(old)
-            assert rs.wait_healthy() == new
-            _more_acknowledgements(sender)
+            wait_for(x_silent_and_in_sync, timeout=20)
+            epoch = _state(rs).epoch
+            killed_at = time.monotonic()
+            rs.kill(old)
+            deadline = killed_at + SLAVE_CUT_S
+            during = -1
+            while time.monotonic() < deadline:  # the fault's length; who is elected
+                if during < 0:
+                    during = rs.master()
+                if first_ack is None and sender.acked_since(killed_at):
+                    first_ack = time.monotonic()
+                time.sleep(0.05)
+            assert during != x, "elected a slave the controller could not hear"
         finally:
-            sender.stop()
-        count = check_everything_acknowledged_is_there_once(rs, sender)
+            healed_at = time.monotonic()
+            rs.to_controller[x].heal()
+        new = _new_master(rs, old, timeout=30)
+        wait_for(lambda: sender.acked_since(killed_at), timeout=30)
+        failover = time.monotonic() - killed_at
+        rs.restart(old)
+        assert rs.wait_healthy() == new
+        _more_acknowledgements(sender)
+    count = load.count
     elected = watch.elected_after(epoch)
     assert elected is not None
     cut_reasons = sorted({s.electing for s in watch.electing_seen(killed_at) if s.at < healed_at})
@@ -393,6 +422,12 @@ def test_a_slave_cut_from_the_controller_then_the_master_killed(
     _assert_no_late_acknowledgement(
         rs, sender, watch, epoch=epoch, fault_at=killed_at, lease_out_at=elected
     )
+    if all_ack == "true":
+        assert elected < healed_at, "all_ack: Y is elected while X is cut"
+        assert first_ack is not None, "all_ack: no send was acknowledged while X was cut"
+        assert "which the name servers name" in rs.brokers[x].output()
+    else:
+        assert elected >= healed_at, "one ack: elected without the silent in-sync slave"
     when = "while X was cut" if elected < healed_at else "after X's link healed"
     print(
         f"slave X={x} cut, master {old} killed: broker {new} elected "
@@ -441,37 +476,32 @@ def test_the_leading_controller_killed_mid_election(
         c.args = ["--etcd", ",".join(etcd.endpoints[i:] + etcd.endpoints[:i])]
         ctls.append(c.start())
     rs = replica_sets("sync", controllers=[c.address for c in ctls])
-    sender = Sender(rs.namesrv.address, TOPIC, threads=THREADS, send_timeout=SEND_TIMEOUT_S)
-    with StateWatch(rs) as watch:
-        sender.start()
-        try:
-            wait_for(lambda: sender.acked_count() >= 300, timeout=60)
-            for attempt in range(1, 4):
-                old = rs.wait_healthy()
-                epoch = _state(rs).epoch
-                killed_at = time.monotonic()
-                rs.kill(old)
-                wait_for(_election_seen(rs, epoch), timeout=30)
-                lead = wait_for(lambda: (i := _leading(ctls)) is not None and i + 1, 30) - 1
-                ctls[lead].kill()
-                ctl_killed_at = time.monotonic()
-                decided = f"is the master in epoch {epoch + 1} (" in ctls[lead].output()
-                new = _new_master(rs, old, timeout=60)
-                elected = time.monotonic()
-                wait_for(functools.partial(sender.acked_since, killed_at), timeout=30)
-                failover = time.monotonic() - killed_at
-                rs.restart(old)
-                rs.wait_healthy()
-                ctls[lead].start()  # (on a new port: the brokers need not know it)
-                if not decided:
-                    break
-                print(f"attempt {attempt}: controller {lead} had decided before its death")
-            else:
-                pytest.fail("the leading controller decided every election before its kill")
-            _more_acknowledgements(sender)
-        finally:
-            sender.stop()
-        count = check_everything_acknowledged_is_there_once(rs, sender)
+    with _under_load(rs) as load:
+        sender, watch = load.sender, load.watch
+        for attempt in range(1, 4):
+            old = rs.wait_healthy()
+            epoch = _state(rs).epoch
+            killed_at = time.monotonic()
+            rs.kill(old)
+            wait_for(_election_seen(rs, epoch), timeout=30)
+            lead = wait_for(lambda: (i := _leading(ctls)) is not None and i + 1, 30) - 1
+            ctls[lead].kill()
+            ctl_killed_at = time.monotonic()
+            decided = f"is the master in epoch {epoch + 1} (" in ctls[lead].output()
+            new = _new_master(rs, old, timeout=60)
+            elected = time.monotonic()
+            wait_for(functools.partial(sender.acked_since, killed_at), timeout=30)
+            failover = time.monotonic() - killed_at
+            rs.restart(old)
+            rs.wait_healthy()
+            ctls[lead].start()  # (on a new port: the brokers need not know it)
+            if not decided:
+                break
+            print(f"attempt {attempt}: controller {lead} had decided before its death")
+        else:
+            pytest.fail("the leading controller decided every election before its kill")
+        _more_acknowledgements(sender)
+    count = load.count
     _assert_no_late_acknowledgement(
         rs, sender, watch, epoch=epoch, fault_at=killed_at, lease_out_at=elected
     )

@@ -55,6 +55,11 @@ class ControllerLink:
         self._failing = False
         self._poked = anyio.Event()
 
+    @property
+    def failing(self) -> bool:
+        """No controller answered the last heartbeat (this broker may be cut from them)."""
+        return self._failing
+
     def poke(self) -> None:
         """Heartbeat again now (the role just changed: tell the controller at once)."""
         self._poked.set()

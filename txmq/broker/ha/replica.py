@@ -51,12 +51,13 @@ class Replica:
         self.offsets = offsets
         self.epochs = EpochLog(config.store / "config" / "epochs.json")
         controlled = bool(config.controller_addresses)
+        all_ack = config.all_ack_in_sync and controlled  # (no election without one)
         self.role = Role(
             replication=config.replication,
             is_master=not controlled and config.broker_id == 0,
             epoch=self.epochs.last.epoch,
             controlled=controlled,
-            all_ack=config.all_ack_in_sync,
+            all_ack=all_ack,
         )
         self.service = HaService(
             store,
@@ -65,7 +66,7 @@ class Replica:
             metadata,
             in_sync_lag_s=(
                 min(config.ha_in_sync_lag_s, config.sync_replication_timeout_s / 2)
-                if config.all_ack_in_sync
+                if all_ack
                 else config.ha_in_sync_lag_s
             ),
             take_offsets=self.take_offsets,

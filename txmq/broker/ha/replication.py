@@ -47,6 +47,9 @@ UNKNOWN_SLOT = 1024
 #: without a controller, a slave that cannot reach its master asks the name servers where
 #: the master is (a registration) this often
 REDISCOVER_S = 2.0
+#: under a controller, a slave that reaches neither its master nor any controller asks them
+#: this often (a master of a newer epoch may have been elected without it)
+ORPHAN_REDISCOVER_S = 0.5
 
 
 class MasterDuties(Protocol):
@@ -173,8 +176,7 @@ class Replication:
             )
             if self.link is not None:
                 tg.start_soon(self.link.run)
-            else:
-                tg.start_soon(self._rediscover_loop)
+            tg.start_soon(self._rediscover_loop)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -197,17 +199,50 @@ class Replication:
 
     async def _rediscover_loop(self) -> None:
         """A slave whose master is unreachable (it may have come back elsewhere) asks the
-        name servers every REDISCOVER_S seconds rather than at the next registration."""
+        name servers every REDISCOVER_S seconds rather than at the next registration;
+        under a controller only while no controller answers either (ORPHAN_REDISCOVER_S)."""
+        link = self.link
         while True:
-            await anyio.sleep(REDISCOVER_S)
-            if not self.role.is_master and not self.client.connected:
+            await anyio.sleep(REDISCOVER_S if link is None else ORPHAN_REDISCOVER_S)
+            if self.role.is_master or self.client.connected:
+                continue
+            if link is None or link.failing:
                 self.rediscover()
 
     def registered(self, master_address: str, master_ha_address: str) -> None:
-        """What a name server answered this broker's registration: its set's master."""
-        if not self.role.is_master and master_ha_address and not self.role.controlled:
-            self.role.master_address = master_address
+        """What a name server answered this broker's registration: its set's master.
+
+        Under a controller the controller says whom to follow, except when no controller
+        answers and the master followed is gone: then a slave follows the master the name
+        servers name, if it is another broker and only once it says it is the master of a
+        newer epoch than this slave knows (so never the deposed master, whose epoch it
+        knows; the master cuts back whatever tail of this slave's log it never had, as
+        after any election).  A slave cut from the controllers while its master died
+        would else wait for its link to heal, and the new master, under all_ack, for it."""
+        role = self.role
+        if role.is_master or not master_ha_address:
+            return
+        if not role.controlled:
+            role.master_address = master_address
             self.client.follow(master_ha_address)
+            return
+        link = self.link
+        if (
+            link is None
+            or not link.failing
+            or self.client.connected
+            or master_ha_address in (self.client.master, self.ha_address)
+        ):
+            return
+        log.warning(
+            "no controller answers and master %s is gone: following %s, which the name "
+            "servers name, once it is the master of an epoch after %d",
+            self.client.master or "(none)",
+            master_ha_address,
+            role.epoch,
+        )
+        role.master_address = master_address
+        self.client.follow(master_ha_address, role.epoch + 1)
 
     # -- under a controller -----------------------------------------------------------------
 

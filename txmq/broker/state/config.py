@@ -100,12 +100,14 @@ class BrokerConfig(ConnectionSettings):
     #: a slave that had everything within this long counts as in sync
     #: (RocketMQ's `haMaxTimeSlaveNotCatchup`)
     ha_in_sync_lag_s: float = 15.0
-    #: SYNC_MASTER: acknowledge a write once *every* slave of the sync state set has it, not
-    #: one (RocketMQ 5's `allAckInSyncStateSet`).  Then, under a controller, any reachable
-    #: in-sync slave may be elected once the old master's lease ran out, without waiting for
-    #: the others; a slave that lags is dropped from the set after about a second
-    #: (sync_replication_timeout_s / 2), stalling sends meanwhile
-    all_ack_in_sync: bool = False
+    #: SYNC_MASTER under a controller: acknowledge a write once *every* slave of the sync
+    #: state set has it (RocketMQ 5's `allAckInSyncStateSet`).  Then any reachable in-sync
+    #: slave may be elected once the old master's lease ran out, without waiting for the
+    #: others; a slave that lags is dropped from the set after about a second
+    #: (sync_replication_timeout_s / 2), stalling sends meanwhile.  false: once *one* has it
+    #: (about 10 % more throughput), and an election waits for every in-sync slave to
+    #: report, however long one is cut off.  Without a controller a SYNC_MASTER waits for one
+    all_ack_in_sync: bool = True
     #: a consumer reading this share of the machine's memory (or more) behind the commit
     #: log's end is sent to a slave (RocketMQ's `accessMessageInMemoryMaxRatio`, 40 %)
     access_message_in_memory_max_ratio: float = 0.40
