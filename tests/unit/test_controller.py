@@ -349,6 +349,55 @@ def test_the_state_survives_a_controller_restart(tmp_path: Path, clock: Clock) -
     assert [(b.broker_name, b.master_id, b.in_sync) for b in info.sets] == [("a", 0, [1])]
 
 
+def test_a_set_taken_over_is_failed_over_early_when_its_in_sync_slaves_say_the_master_is_gone(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A controller that takes a set over (a new leader, a restart) gives its master
+    heartbeat_timeout_s to be heard — unless an in-sync slave reports the master silent
+    for that long: then the election starts once the master was silent here for half
+    that time, and decides once the lease the old leader may have granted ran out (the
+    takeover plus lease_s)."""
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0, 1: 0, 2: 0})
+    steady(c, clock, 0, 500, {1: 500, 2: 500})
+    clock.now += 2.0  # this controller dies with the master; another takes over
+    taken = clock.now
+    again = Controller(tmp_path, TIMINGS, clock=clock)
+    s = again.sets["a"]
+    assert s.in_sync == [1, 2] and s.master_id == 0
+    # at once: a slave's word alone is not enough (the master may just be reconnecting)
+    assert not beat(again, 1, 500, 1, following=True, silent_ms=3000).electing
+    clock.now = taken + 1.0
+    assert not beat(again, 2, 500, 1, following=True, silent_ms=300).electing  # hears it
+    assert not beat(again, 3, 500, 1, following=True, silent_ms=9000).electing  # not in sync
+    clock.now = taken + TIMINGS.heartbeat_timeout_s / 2 + 0.1
+    assert beat(again, 1, 500, 1, following=True, silent_ms=3100).electing
+    assert s.election is not None and "since it took over" in s.election.reason
+    beat(again, 1, 500, 1, silent_ms=3100)  # both stop copying
+    beat(again, 2, 500, 1, silent_ms=3100)
+    clock.now = taken + TIMINGS.lease_s - 0.1
+    again.scan(clock.now)
+    assert s.master_id == 0 and s.election is not None  # the old leader's lease may run
+    clock.now = taken + TIMINGS.lease_s + 0.01
+    again.scan(clock.now)
+    assert (s.master_id, s.epoch) == (1, 2), s.history  # before heartbeat_timeout_s (3 s)
+
+
+def test_a_master_heard_after_a_takeover_is_not_failed_over_on_a_slaves_word(
+    tmp_path: Path, clock: Clock
+) -> None:
+    c = Controller(tmp_path, TIMINGS, clock=clock)
+    elect_first(c, clock, {0: 0, 1: 0})
+    steady(c, clock, 0, 500, {1: 500})
+    again = Controller(tmp_path, TIMINGS, clock=clock)
+    clock.now += 0.3
+    beat(again, 0, 500, 1, master=True, in_sync=[1])  # the master found the new leader
+    clock.now += 1.5
+    # its link to the slave is broken, not to the controller: no election on that alone
+    assert not beat(again, 1, 500, 1, following=True, silent_ms=5000).electing
+    assert again.sets["a"].election is None
+
+
 def test_a_controller_without_state_keeps_the_acting_master_and_its_epoch(
     tmp_path: Path, clock: Clock
 ) -> None:

@@ -189,6 +189,9 @@ class _Set:
     #: this epoch's master acknowledges only writes every in-sync slave has (its heartbeats
     #: say so; False until it did, and after a restart of the controller)
     all_ack: bool = False
+    #: read from saved state (a restarted controller, a new leader on etcd), its master not
+    #: heard by this controller since
+    inherited: bool = False
 
 
 class Controller:
@@ -230,7 +233,7 @@ class Controller:
         return {
             name: _Set(
                 s.cluster, name, s.epoch, s.master_id, list(s.in_sync), list(s.history),
-                master_seen=now,
+                master_seen=now, inherited=True,
             )
             for name, s in saved.items()
         }  # fmt: skip
@@ -376,9 +379,17 @@ class Controller:
                 silent = req.master_silent_ms / 1000 if req.master_silent_ms >= 0 else 0.0
                 r.lease_bound = now - silent + self.timings.lease_s
             return self._answer(s, req.broker_id)
+        if self._silent_to_its_slaves(s, req, now):
+            self._start_election(
+                s, now, f"master {s.master_id} not heard by this controller since it took "
+                f"over, and silent for {req.master_silent_ms / 1000:.1f} s to in-sync slave "
+                f"{req.broker_id}",
+            )  # fmt: skip
+            return self._answer(s, req.broker_id)
         if req.broker_id == s.master_id:
             if req.master and req.epoch == s.epoch:
                 s.master_seen, s.confirmed, s.conn_lost_at = now, True, 0.0
+                s.inherited = False
                 s.all_ack = req.all_ack
                 self._take_in_sync(s, req.in_sync)
             elif req.handing_over and r.stopped and (target := self._successor(s)) is not None:
@@ -396,6 +407,23 @@ class Controller:
         if s.master_id < 0 and s.election is None:
             self._start_election(s, now, "the set has no master yet")
         return self._answer(s, req.broker_id)
+
+    def _silent_to_its_slaves(self, s: _Set, req: ControllerHeartbeat, now: float) -> bool:
+        """A set this controller took over (a new leader on etcd, a restart) gives its
+        master ``heartbeat_timeout_s`` to be heard — unless an in-sync slave says the
+        master has not answered it for that long: the master most likely died or hangs
+        (the fault that often deposes a leader too), and after half that time with no
+        word from it here the election starts.  It decides once the master's lease, as
+        the old leader may have granted it, ran out (``master_seen``, the takeover, plus
+        ``lease_s``: the old leader granted nothing after this one could take over)."""
+        return (
+            s.inherited
+            and s.master_id >= 0
+            and req.broker_id != s.master_id
+            and req.broker_id in s.in_sync
+            and req.master_silent_ms >= self.timings.heartbeat_timeout_s * 1000
+            and now - s.master_seen > self.timings.heartbeat_timeout_s / 2
+        )
 
     async def elect_master(self, req: ElectMaster, call: Call | None) -> ControllerAnswer:
         """A planned switchover: fence the master only, let ``req.broker_id`` (or the best
@@ -540,6 +568,7 @@ class Controller:
     ) -> None:
         s.election = _Election(reason, now, s.master_id, target, deadline)
         s.conn_lost_at = 0.0
+        s.inherited = False
         for r in s.replicas.values():
             r.fenced_at = 0.0
         log.warning("broker set %s: electing a master (%s)", s.name, reason)
@@ -616,6 +645,7 @@ class Controller:
             return
         s.election = None
         s.master_id, s.master_seen, s.confirmed = r.broker_id, now, True
+        s.inherited = False
         s.in_sync = sorted({i for i in req.in_sync if i != r.broker_id})
         s.history.append((s.epoch, r.broker_id))
         self._save()
