@@ -231,6 +231,31 @@ def test_under_one_ack_a_silent_in_sync_slave_is_waited_for_until_an_operator_fo
         anyio.run(force)
 
 
+def test_under_one_ack_unclean_election_after_s_ends_the_wait_by_itself(
+    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    timings = ControllerTimings(
+        heartbeat_timeout_s=3.0, lease_s=2.0, reconnect_grace_s=0.6, unclean_election_after_s=6
+    )
+    c = Controller(tmp_path, timings, clock=clock)
+    _silent_master_one_slave_reports(c, clock, all_ack=False)
+    e = c.sets["a"].election
+    assert e is not None
+    for moment in (3.0, 5.0, 5.9):
+        clock.now = e.since + moment
+        beat(c, 1, 500, 1, silent_ms=int((clock.now - 1000.8) * 1000))
+        c.scan(clock.now)
+        assert c.sets["a"].master_id == 0  # still waiting for slave 2
+    clock.now = e.since + 6.01
+    beat(c, 1, 500, 1, silent_ms=int((clock.now - 1000.8) * 1000))
+    c.scan(clock.now)
+    assert (c.sets["a"].master_id, c.sets["a"].epoch) == (1, 2)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "without [2] (unclean_election_after_s = 6)" in errors[0]
+    with pytest.raises(ValueError, match="unclean_election_after_s"):
+        ControllerTimings(unclean_election_after_s=-1).check()
+
+
 def test_without_an_in_sync_slave_the_set_waits_for_its_master(
     tmp_path: Path, clock: Clock
 ) -> None:

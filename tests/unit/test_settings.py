@@ -89,6 +89,7 @@ def test_bad_replication_settings_are_clear_errors(setting: str, bad: object, sa
         ("lease_s", 0, "lease_s must be positive and shorter than heartbeat_timeout_s"),
         ("lease_s", 5, "lease_s must be positive and shorter than heartbeat_timeout_s"),
         ("reconnect_grace_s", -1, "reconnect_grace_s must not be negative"),
+        ("unclean_election_after_s", -1, "unclean_election_after_s must not be negative"),
         ("etcd", "e1", "etcd endpoint 'e1' is not HOST:PORT"),
         ("etcd", "e1:99999", "etcd endpoint 'e1:99999' is not HOST:PORT"),
         ("etcd", " , ", "--etcd needs at least one endpoint"),

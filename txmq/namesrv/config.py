@@ -95,6 +95,11 @@ class ControllerConfig(ConnectionSettings):
     lease_s: float = 1.5
     #: a master whose connection closed gets this long to come back before an election
     reconnect_grace_s: float = 0.6
+    #: brokers with all_ack_in_sync = false: a failover that waited this long for in-sync
+    #: slaves that do not report elects among those that did, losing what only the silent
+    #: ones hold (as `txmq admin switchover --force` does; RocketMQ's
+    #: enableElectUncleanMaster).  0: never, an operator decides
+    unclean_election_after_s: float = 0.0
     #: controllers on etcd: etcd's client endpoints, "h1:2379,h2:2379,h3:2379" (empty: one
     #: controller, its state in a folder); any number of controllers may share them, one
     #: leads (RocketMQ 5 runs its controllers on DLedger or jRaft)
@@ -118,6 +123,8 @@ class ControllerConfig(ConnectionSettings):
             raise SettingsError("lease_s must be positive and shorter than heartbeat_timeout_s")
         if not self.reconnect_grace_s >= 0:
             raise SettingsError("reconnect_grace_s must not be negative")
+        if not self.unclean_election_after_s >= 0:
+            raise SettingsError("unclean_election_after_s must not be negative (0: never)")
         _check_etcd(self.etcd, self.etcd_lease_s)
         super().__post_init__()
 
@@ -126,6 +133,7 @@ class ControllerConfig(ConnectionSettings):
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             lease_s=self.lease_s,
             reconnect_grace_s=self.reconnect_grace_s,
+            unclean_election_after_s=self.unclean_election_after_s,
         )
 
     @classmethod

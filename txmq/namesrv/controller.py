@@ -30,7 +30,8 @@ stops copying, and each reports so.  Then:
   The wait for a slave that does not report has no end of its own: after
   ``WAIT_WARNING_S`` the controller says so in an ERROR line, and an operator may end it
   (``txmq admin switchover --force``: elect among the slaves that reported, accepting the
-  loss of what only the silent one may hold);
+  loss of what only the silent one may hold), or ``unclean_election_after_s`` ends it
+  after that long (RocketMQ's enableElectUncleanMaster; off by default);
 * the master acknowledged only writes every in-sync slave had (``all_ack``, RocketMQ 5's
   allAckInSyncStateSet, as its heartbeats in this epoch said): any in-sync slave that
   reported will do — they all hold every SEND_OK write (and once one stopped copying the
@@ -114,12 +115,18 @@ class ControllerTimings:
     scan_interval_s: float = 0.1
     #: a master whose connection closed gets this long to heartbeat again
     reconnect_grace_s: float = 0.6
+    #: under one ack: a failover waiting this long for in-sync slaves that do not report
+    #: elects among those that did, as ``switchover --force`` does (0: never by itself;
+    #: RocketMQ's enableElectUncleanMaster)
+    unclean_election_after_s: float = 0.0
 
     def check(self) -> None:
         if not 0 < self.lease_s < self.heartbeat_timeout_s:
             raise ValueError("the lease must be positive and shorter than the heartbeat time-out")
         if not (self.scan_interval_s > 0 and self.reconnect_grace_s >= 0):
             raise ValueError("scan_interval_s must be positive, reconnect_grace_s not negative")
+        if self.unclean_election_after_s < 0:
+            raise ValueError("unclean_election_after_s must not be negative (0: never)")
 
 
 @dataclass(slots=True)
@@ -608,6 +615,7 @@ class Controller:
                 return self._wait(s, f"no in-sync slave: master {e.old_master} must come back")
             missing = [i for i in need if i not in fenced]
             if missing:
+                self._elect_unclean_if_due(s, now, missing)
                 partial = (s.all_ack or e.forced) and len(missing) < len(need)
                 if not partial or now - e.since < REPORT_AFTER_S:
                     self._warn_if_long(s, now, missing)
@@ -669,6 +677,19 @@ class Controller:
             "back (or their link to the controller), or elect among the others now, losing "
             "what only they hold: txmq admin switchover --broker-name %s --force",
             s.name, now - e.since, missing, s.name,
+        )  # fmt: skip
+
+    def _elect_unclean_if_due(self, s: _Set, now: float, missing: list[int]) -> None:
+        e = s.election
+        after = self.timings.unclean_election_after_s
+        if e is None or e.forced or s.all_ack or not after or now - e.since < after:
+            return
+        e.forced = True
+        log.error(
+            "broker set %s: no master for %.0f s: electing among the in-sync slaves that "
+            "reported, without %s (unclean_election_after_s = %g): acknowledged messages "
+            "only they hold are lost",
+            s.name, now - e.since, missing, after,
         )  # fmt: skip
 
     def _wait(self, s: _Set, what: str) -> None:
