@@ -419,7 +419,7 @@ def free_port() -> int:
 
 
 class Node:
-    """``python -m txmq.cli --log-level L <argv> --port 0 --ready-file F`` in its own process.
+    """``python -m txmq.cli --log-level L <argv> --port P --ready-file F`` in its own process.
 
     ``argv`` is the command and its options (``["broker", "start", "--store", ...]``,
     ``["namesrv", "start"]``); ``extra`` is appended to it.  The ready file
@@ -428,7 +428,9 @@ class Node:
     :meth:`start` launches (again, on the same store), :meth:`wait_ready` or
     :meth:`wait_ready_async` wait at most ``timeout`` seconds for the address the process
     writes to its ready file; :meth:`stop` ends it by SIGTERM, then SIGKILL.  Every wait is
-    bounded and every signal goes to the node's own PID.
+    bounded and every signal goes to the node's own PID.  ``port`` 0 (default): a free port
+    at each start; else that port at every start (a node others must find again where they
+    were told, say a controller on etcd started again after its death).
     """
 
     POLL_S = 0.02
@@ -442,9 +444,11 @@ class Node:
         *,
         extra: Sequence[str] = (),
         timeout: float = 60.0,
+        port: int = 0,
     ) -> None:
         self.name = name
         self.argv = [*argv, *extra]
+        self.port = port
         self.tmp = Path(tmp)
         self.log_level = log_level
         self.timeout = timeout
@@ -464,7 +468,7 @@ class Node:
                 [
                     *(sys.executable, "-m", "txmq.cli", "--log-level", self.log_level),
                     *self.argv,
-                    *("--port", "0", "--ready-file", str(self.ready)),
+                    *("--port", str(self.port), "--ready-file", str(self.ready)),
                 ],
                 cwd=ROOT,
                 stdout=log,

@@ -1,13 +1,13 @@
 """Failover time of a replicated broker set under faults: time until sends succeed again.
 
-    python bench/failover_bench.py [--faults kill,pause,isolate,slave-cut] [--kills 10]
-                                   [--replication sync|async] [--threads 4]
+    python bench/failover_bench.py [--faults kill,pause,isolate,slave-cut,ctl-kill]
+                                   [--kills 10] [--replication sync|async] [--threads 4]
                                    [--send-timeout 3] [--partition blackhole|cut]
                                    [--heal-after 8] [--broker-setting NAME=VALUE ...]
-                                   [--seed 18] [--json out.json]
+                                   [--cost-messages 20000] [--seed 18] [--json out.json]
                                    [--keep]   # keep the logs and stores (printed path)
 
-For each fault kind of ``--faults`` (all four by default), one run starts, as a user would
+For each fault kind of ``--faults`` (all five by default), one run starts, as a user would
 (real processes, free ports, stores in a temporary folder, every setting at its default
 unless ``--broker-setting`` says otherwise): a name server with the controller inside
 (``txmq namesrv start --controller-store``) and one broker set of three brokers (``txmq
@@ -17,6 +17,12 @@ partitions (``isolate``, ``slave-cut``) every broker reaches the controller thro
 proxy of its own and its HA port only through a proxy in front of it (``--ha-port``, and
 ``--ha-advertised-address`` naming the proxy); producers and the name server reach the
 brokers directly.  The proxy is ``bench/tcp_proxy.py`` (the tests use the same one).
+For ``ctl-kill`` the controllers are not in the name server: a three-member etcd cluster
+(``bench/etcd_cluster.py``; Debian's ``etcd-server``, else the kind is skipped) in the
+run's folder, three controllers on it (``txmq controller start --etcd E1,E2,E3 --port P``,
+each on a port of its own kept across restarts), a name server without a controller, and
+brokers given all three (``--controller 'C1;C2;C3'``, not proxied); the bench reads the
+view of whichever controller leads (a follower's refusal names the leader).
 
 ``--threads`` producers (``txmq.sync.Producer(namesrv=NS, retry_times=0)``, one per
 thread) send numbered messages through the name server without a pause: each number is
@@ -30,7 +36,7 @@ and every other replica is alive and in its sync state set) and a send was ackno
 since, wait a random 0-1 s (``--seed``), make the fault, and measure
 
 - **elected**: fault -> the controller names another master (``GetReplicaInfo`` polled
-  every 20 ms);
+  every 20 ms; of the leading controller);
 - **failover**: fault -> the first acknowledgement, *by the new master*, of a send that
   *began* after the fault (the issue's failover time; goal p50 under 3 s, max under 5 s).
   "By the new master": its commit-log offset is at or past where the new master's epoch
@@ -53,13 +59,28 @@ then undo the fault and time until the set is whole again.  The kinds:
   after the kill, or as soon as the failover is measured if that is earlier (an election
   that waits for every in-sync slave to report waits that long); the master is started
   again.
+- ``ctl-kill``: the controller leader killed mid-election.  SIGKILL the master (the
+  fault's moment), poll the leading controller's view every 20 ms until it shows the
+  election running, and SIGKILL the controller that leads (the one answering
+  ``GetReplicaInfo`` rather than ControllerNotLeader) at once: another controller takes
+  over from etcd, where the dead master is still the master, and elects.  (If the view
+  shows a new master already, the controller kill came too late: it is still made, and
+  the fault says so.)  The per-fault line says how long after the master's kill the
+  controller died.  Afterwards the master is started again on its store and the
+  controller on its port.
 
 At the end of each kind the producers stop, the replicas' commit logs converge, and every
 message of the topic is read from the final master (pull through the name server):
 **lost** = acknowledged numbers that are not there, each charged to the first fault after
 its acknowledgement; **duplicates** = numbers stored more than once.  A SYNC_MASTER must
 lose nothing; an ASYNC_MASTER loses what its slaves had not copied when it died.  Every
-process is stopped by PID, every proxy stopped, and the temporary folder removed.
+process (brokers, name server, controllers, etcd members) is stopped by PID, every proxy
+stopped, and the temporary folder (stores, logs, etcd data) removed unless ``--keep``.
+
+Last (``--cost-messages``, SYNC only), what the default election rule costs:
+``bench/replication_bench.py --scenarios cf`` in the same run — produce throughput and
+latency of a SYNC set with one ack (``all_ack_in_sync = false``) against every in-sync
+slave's (the default), alternating rounds.
 """
 
 from __future__ import annotations
@@ -87,22 +108,30 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import free_port, machine_info  # noqa: E402
+from bench.common import Node, free_port, machine_info  # noqa: E402
+from bench.etcd_cluster import EtcdCluster, etcd_available, start_cluster_in  # noqa: E402
 from bench.replicas import (  # noqa: E402
     BrokerSet,
+    ask,
     commit_log_end,
     consume_all,
+    controller_node,
     create_topic,
     git_head,
     namesrv_node,
+    plain_namesrv_node,
 )
 from bench.tcp_proxy import TcpProxy  # noqa: E402
 
 SET = "failover"
 TOPIC = "failover"
-KINDS = ("kill", "pause", "isolate", "slave-cut")
+KINDS = ("kill", "pause", "isolate", "slave-cut", "ctl-kill")
 #: the kinds that need the proxies
 PARTITIONS = ("isolate", "slave-cut")
+#: the kind with three controllers on etcd, the leading one killed mid-election
+CTL_KILL = "ctl-kill"
+#: how long the bench waits for the election to show, and for a controller to lead
+CTL_WAIT_S = 30.0
 #: the goal (issue 32): failover p50 and max, seconds
 GOAL_P50_S, GOAL_MAX_S = 3.0, 5.0
 #: how long one fault may take to fail over before the bench gives up
@@ -116,6 +145,8 @@ examples:
   python bench/failover_bench.py --faults slave-cut --heal-after 12 --json out.json
   python bench/failover_bench.py --broker-setting all_ack_in_sync=false  # the one-ack rule
   python bench/failover_bench.py --replication async --kills 3 --keep
+  python bench/failover_bench.py --faults pause --kills 3 --cost-messages 0   # no cost run
+  python bench/failover_bench.py --faults ctl-kill --kills 5   # controllers on etcd (needs etcd)
 """
 
 
@@ -244,6 +275,70 @@ class ProxiedBrokerSet(BrokerSet):
             paths.stop()
 
 
+class Controllers:
+    """``ctl-kill``'s controllers: three ``txmq controller start --etcd`` processes on a
+    three-member etcd cluster of their own (in ``tmp/etcd<n>/``), each on a port of its own
+    that it keeps across restarts (the brokers were given those three addresses)."""
+
+    def __init__(self, tmp: Path, log_level: str = "INFO") -> None:
+        self.tmp = tmp
+        self.log_level = log_level
+        self.etcd: EtcdCluster | None = None
+        self.nodes: list[Node] = []
+
+    def start(self) -> list[str]:
+        """Start etcd, then the controllers; their addresses once each listens."""
+        self.etcd = start_cluster_in(self.tmp, 3)
+        endpoints = self.etcd.endpoints
+        for i in range(3):  # each reaches another etcd member first, as on three machines
+            order = ",".join(endpoints[i:] + endpoints[:i])
+            self.nodes.append(controller_node(self.tmp, f"ctl{i}", order, self.log_level))
+        for node in self.nodes:
+            node.start()
+        return [node.wait_ready() for node in self.nodes]
+
+    def pids(self) -> str:
+        assert self.etcd is not None
+        ctl = ", ".join(f"{n.name}={n.pid}" for n in self.nodes)
+        etcd = ", ".join(f"{m.name}={self.etcd.pid(i)}" for i, m in enumerate(self.etcd.members))
+        return f"controllers {ctl}; etcd {etcd}"
+
+    def leading(self) -> int | None:
+        """The index of the controller that answers as the leader now (None: none does)."""
+        from txmq.protocol.wire import GetReplicaInfo
+        from txmq.protocol.wire.errors import TxmqError
+
+        for i, node in enumerate(self.nodes):
+            if not node.alive():
+                continue
+            try:
+                ask(node.address, GetReplicaInfo(broker_name=SET), timeout=2.0)
+            except TxmqError:  # ControllerNotLeader, or no answer
+                continue
+            return i
+        return None
+
+    def restart(self, i: int) -> str:
+        """Start controller ``i`` again after its kill, on its port (if another process
+        took that port meanwhile, on a new one: the brokers learn it once it is named
+        leader to them)."""
+        node = self.nodes[i]
+        try:
+            return node.start().wait_ready()
+        except RuntimeError as exc:
+            print(f"{node.name}: not started again on port {node.port}, on a new one: {exc}")
+            node.port = 0
+            return node.start().wait_ready()
+
+    def stop(self) -> None:
+        """SIGTERM every controller (SIGKILL if it hangs), then SIGKILL every etcd member,
+        all by PID.  Their folders are in the run's, removed with it."""
+        for node in self.nodes:
+            node.stop()
+        if self.etcd is not None:
+            self.etcd.stop_all()
+
+
 @dataclass
 class Fault:
     kind: str
@@ -260,6 +355,12 @@ class Fault:
     whole_again_s: float = float("nan")  # undone -> the set is whole again
     #: slave-cut: fault -> the slave's path healed
     healed_s: float = float("nan")
+    #: ctl-kill: the controller killed (its index), and the master's kill -> its kill
+    controller: int = -1
+    ctl_killed_s: float = float("nan")
+    #: ctl-kill: the controllers' view showed a new master before the controller's kill
+    #: (the kill came too late to be mid-election)
+    ctl_late: bool = False
     lost: int = 0
     #: how long before the fault the oldest lost message was acknowledged
     lost_span_s: float = 0.0
@@ -306,9 +407,52 @@ def _partition(proxy: TcpProxy, how: str) -> None:
         proxy.blackhole()
 
 
-def _inflict(fault: Fault, bs: BrokerSet, args: argparse.Namespace, rng: random.Random) -> None:
-    """Make the fault (``fault.at``: when it happened)."""
+def _kill_leading_controller(fault: Fault, bs: BrokerSet, ctls: Controllers, epoch: int) -> None:
+    """``ctl-kill``, the master dead since ``fault.at`` (it was the master of ``epoch``):
+    as soon as the leading controller's view shows the election running (polled every
+    20 ms), SIGKILL the controller that leads.  A view showing a new master already is
+    recorded (elected, too late for mid-election), and the controller killed still."""
+    deadline = fault.at + CTL_WAIT_S
+    while True:
+        s = bs.state()
+        if s is not None and s.electing:
+            break
+        if s is not None and s.epoch > epoch and s.master_id not in (-1, fault.master):
+            fault.ctl_late = True
+            fault.new_master, fault.new_epoch = s.master_id, s.epoch
+            fault.elected_s = time.monotonic() - fault.at
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no election seen within {CTL_WAIT_S:.0f} s of the master's kill")
+        time.sleep(0.02)
+    lead = ctls.leading()
+    while lead is None:  # (the one that answered a moment ago may be between two leases)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no controller led within {CTL_WAIT_S:.0f} s")
+        time.sleep(0.02)
+        lead = ctls.leading()
+    ctls.nodes[lead].kill()
+    fault.controller = lead
+    fault.ctl_killed_s = time.monotonic() - fault.at
+
+
+def _inflict(
+    fault: Fault,
+    bs: BrokerSet,
+    args: argparse.Namespace,
+    rng: random.Random,
+    ctls: Controllers | None = None,
+) -> None:
+    """Make the fault (``fault.at``: when it happened; ``ctl-kill``: the master's kill)."""
     old = fault.master
+    if fault.kind == CTL_KILL:
+        assert ctls is not None
+        s = bs.state()
+        assert s is not None, "the controllers know no broker set"
+        bs.nodes[old].kill()
+        fault.at = time.monotonic()
+        _kill_leading_controller(fault, bs, ctls, s.epoch)
+        return
     if fault.kind == "kill":
         bs.nodes[old].kill()
     elif fault.kind == "pause":
@@ -347,7 +491,8 @@ def _measure(
     election; those are not the new master's)."""
     deadline = fault.at + FAULT_TIMEOUT_S
     start: int | None = None
-    elected_at = 0.0
+    # (ctl-kill: the new master may have been seen while the controller was being killed)
+    elected_at = fault.at + fault.elected_s if fault.new_master >= 0 else 0.0
     while time.monotonic() < deadline:
         now = time.monotonic()
         if fault.kind == "slave-cut" and now - fault.at >= args.heal_after:
@@ -374,11 +519,14 @@ def _measure(
     )
 
 
-def _undo(fault: Fault, bs: BrokerSet) -> None:
+def _undo(fault: Fault, bs: BrokerSet, ctls: Controllers | None = None) -> None:
     old = fault.master
-    if fault.kind in ("kill", "slave-cut"):
+    if fault.kind in ("kill", "slave-cut", CTL_KILL):
         _heal_slave(fault, bs)
         bs.nodes[old].start().wait_ready()
+        if fault.kind == CTL_KILL and fault.controller >= 0:
+            assert ctls is not None
+            ctls.restart(fault.controller)
     elif fault.kind == "pause":
         _signal(bs, old, signal.SIGCONT)
     else:  # isolate
@@ -391,18 +539,30 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, object
     """``args.kills`` faults of one kind on a broker set of its own."""
     rng = random.Random(f"{args.seed}-{kind}")
     tmp.mkdir()
-    ns = namesrv_node(tmp, log_level="INFO")
+    # ctl-kill: controllers of their own on etcd, the name server without one
+    ns = plain_namesrv_node(tmp, "INFO") if kind == CTL_KILL else namesrv_node(tmp, "INFO")
+    ctls: Controllers | None = None
     bs: BrokerSet | None = None
     sender: Sender | None = None
     faults: list[Fault] = []
     try:
+        controllers: list[str] | None = None
+        if kind == CTL_KILL:
+            ctls = Controllers(tmp, log_level="INFO")
+            controllers = ctls.start()
         namesrv = ns.start().wait_ready()
-        make = ProxiedBrokerSet if kind in PARTITIONS else BrokerSet
-        bs = make(tmp, namesrv, SET, 3, args.replication, log_level="INFO")
+        if kind in PARTITIONS:
+            bs = ProxiedBrokerSet(tmp, namesrv, SET, 3, args.replication, log_level="INFO")
+        else:
+            bs = BrokerSet(
+                tmp, namesrv, SET, 3, args.replication, log_level="INFO", controllers=controllers
+            )
         bs.start()
         master = bs.wait_healthy()
         asyncio.run(create_topic(namesrv, TOPIC, SET))
         pids = ", ".join(f"{n.name}={n.pid}" for n in bs.nodes.values())
+        if ctls is not None:
+            pids += f"; {ctls.pids()}"
         proxied = " behind proxies" if kind in PARTITIONS else ""
         print(f"{kind}: {args.replication} set whole{proxied}, master {master}; {pids}", flush=True)
         sender = Sender(namesrv, args.threads, args.send_timeout).start()
@@ -412,18 +572,24 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, object
             _wait(functools.partial(sender.more_than, sender.count()), 60, "an acknowledgement")
             time.sleep(rng.uniform(0.0, 1.0))  # a random moment while messages flow
             fault = Fault(kind, k + 1, master, time.monotonic(), sender.count())
-            _inflict(fault, bs, args, rng)
+            _inflict(fault, bs, args, rng, ctls)
             try:
                 _measure(fault, bs, sender, args, tmp)
             finally:
                 undone = time.monotonic()
-                _undo(fault, bs)
+                _undo(fault, bs, ctls)
             bs.wait_healthy(timeout=120)
             fault.whole_again_s = time.monotonic() - undone
             faults.append(fault)
             extra = ""
             if kind == "slave-cut":
                 extra = f" (slave {fault.slave} cut, healed after {fault.healed_s:.2f} s)"
+            elif kind == CTL_KILL:
+                when = "too late: a new master was elected" if fault.ctl_late else "mid-election"
+                extra = (
+                    f" (leading controller ctl{fault.controller} killed "
+                    f"{fault.ctl_killed_s:.2f} s after the master, {when})"
+                )
             print(
                 f"{kind} {fault.number}: master {fault.master} -> {fault.new_master}{extra}: "
                 f"elected after {fault.elected_s:.2f} s, first acknowledged send on it after "
@@ -450,8 +616,10 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, object
             for i, node in bs.nodes.items():  # a paused broker cannot stop: go on first
                 if node.alive():
                     _signal(bs, i, signal.SIGCONT)
-            bs.stop()
+            bs.stop()  # (before the controllers: a stopping master hands over through them)
         ns.stop()
+        if ctls is not None:
+            ctls.stop()
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -460,7 +628,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         name, _, value = setting.partition("=")
         os.environ[f"TXMQ_BROKER_{name.upper()}"] = value  # the brokers started here
     try:
-        kinds = {kind: run_kind(kind, args, tmp / kind) for kind in args.faults}
+        kinds = {}
+        for kind in args.faults:
+            if kind == CTL_KILL and not etcd_available():
+                print(f"{kind}: skipped: etcd not found (apt-get install etcd-server)", flush=True)
+                continue
+            kinds[kind] = run_kind(kind, args, tmp / kind)
     finally:
         if args.keep:
             print(f"logs and stores kept in {tmp}")
@@ -549,6 +722,13 @@ def report(res: dict[str, object]) -> str:
             f"acknowledged: {r['stored_not_acknowledged']}; lost after the last fault: "
             f"{r['lost_after_last_fault']}",
         ]
+        if kind == CTL_KILL:
+            late = sum(1 for f in faults if f["ctl_late"])
+            lines.append(
+                f"{kind}: leading controller killed after the master (s): "
+                + " · ".join(f"{f['ctl_killed_s']:.2f}" for f in faults)
+                + f"; too late (a new master elected already): {late}"
+            )
     return "\n".join([*out, "", *lines])
 
 
@@ -608,6 +788,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a broker setting for every broker (TXMQ_BROKER_NAME=VALUE), e.g. "
         "all_ack_in_sync=false; repeatable",
     )
+    ap.add_argument(
+        "--cost-messages",
+        type=int,
+        default=20000,
+        help="after the faults, what all_ack_in_sync costs: bench/replication_bench.py's "
+        "scenarios c (one ack) and f (every in-sync slave's) with this many messages, 3 "
+        "rounds (0: skip)",
+    )
     ap.add_argument("--seed", type=int, default=18)
     ap.add_argument("--keep", action="store_true", help="keep the logs and stores")
     ap.add_argument("--json", help="write the numbers here")
@@ -618,13 +806,15 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     began = time.monotonic()
     res = run(args)
+    ran = res["kinds"]
+    assert isinstance(ran, dict)
     load1 = os.getloadavg()
     info = machine_info()
     print()
     settings = f", broker settings {' '.join(args.broker_setting)}" if args.broker_setting else ""
     print(
-        f"{args.kills} faults of each kind ({', '.join(args.faults)}), {args.threads} producer "
-        f"threads, send timeout {args.send_timeout} s, partitions by {args.partition}, "
+        f"{args.kills} faults of each kind ({', '.join(ran) or 'none ran'}), {args.threads} "
+        f"producer threads, send timeout {args.send_timeout} s, partitions by {args.partition}, "
         f"slave-cut healed after {args.heal_after:g} s at the latest{settings}, seed "
         f"{args.seed}, {time.monotonic() - began:.0f} s; {info['nproc']} cores {info['cpu']}, "
         f"Python {info['python']}; load average before {load0[0]:.2f} / {load0[1]:.2f}, "
@@ -635,6 +825,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"machine": info, "params": vars(args), "result": res}, f, indent=2)
             f.write("\n")
+    if args.cost_messages > 0 and args.replication == "sync":
+        from bench import replication_bench
+
+        print("\nwhat the default election rule (all_ack_in_sync) costs produce throughput:")
+        cost = ["--scenarios", "cf", "--messages", str(args.cost_messages), "--rounds", "3"]
+        return replication_bench.main(cost)
     return 0
 
 

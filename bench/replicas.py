@@ -2,13 +2,16 @@
 bench/failover_bench.py.
 
 * :class:`Node` (from :mod:`bench.common`): one ``python -m txmq.cli ... start`` process
-  (name server or broker) with a ready file and a log in a temporary folder; start,
-  SIGKILL, SIGTERM (by PID), start again on the same store, CPU seconds so far.
+  (name server, controller or broker) with a ready file and a log in a temporary folder;
+  start, SIGKILL, SIGTERM (by PID), start again on the same store, CPU seconds so far.
+  :func:`namesrv_node`: a name server with the controller inside; :func:`plain_namesrv_node`:
+  one without; :func:`controller_node`: a controller of its own on etcd (on the same port
+  at every start).
 * :class:`BrokerSet`: ``replicas`` brokers of one broker set, as a user runs them: every
   broker ``--namesrv NS --cluster C --broker-name B --broker-id i``, and for a replicated
   set ``--replication sync|async --controller NS`` (the controller inside the name server
-  elects the master).  :meth:`BrokerSet.healthy` reads the controller's view
-  (``GetReplicaInfo`` on the name server).
+  elects the master; or ``--controller 'C1;C2;C3'``, controllers of their own).
+  :meth:`BrokerSet.healthy` reads the (leading) controller's view (``GetReplicaInfo``).
 * :func:`create_topic`: a topic on one broker set through the name server, and the wait
   until the name server routes it.
 * :func:`consume_all`: every message of a topic in the set's consume queues, read from the
@@ -29,9 +32,11 @@ from pathlib import Path
 import anyio
 
 from bench.common import Node as Node  # re-exported: bench.replicas.Node still works
-from txmq.protocol.peer import RemotingClient
+from bench.common import free_port
+from txmq.protocol.peer import RemotingClient, named_leader
 from txmq.protocol.wire import BrokerSetState, GetReplicaInfo, Request
 from txmq.protocol.wire.base import R
+from txmq.protocol.wire.errors import BrokerUnavailable, ControllerNotLeader, RequestTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "bench"
@@ -41,6 +46,29 @@ def namesrv_node(tmp: Path, log_level: str = "WARNING") -> Node:
     """A name server with the controller inside (state in ``tmp/controller``)."""
     argv = ["namesrv", "start", "--controller-store", str(tmp / "controller")]
     return Node("namesrv", argv, tmp, log_level)
+
+
+def plain_namesrv_node(tmp: Path, log_level: str = "WARNING") -> Node:
+    """A name server without a controller (the brokers are given controllers of their own)."""
+    return Node("namesrv", ["namesrv", "start"], tmp, log_level)
+
+
+def controller_node(
+    tmp: Path,
+    name: str,
+    etcd_endpoints_arg: str,
+    log_level: str = "WARNING",
+    *,
+    port: int | None = None,
+) -> Node:
+    """A controller of its own (``txmq controller start --etcd E1,E2,E3``), its state in
+    etcd (``--store tmp/<name>``: unused with etcd, given so that nothing lands in the
+    working folder), on ``port`` (None: a port free now) at every start.  It leads, or
+    names the leader, as ``127.0.0.1:port`` (its bound address: no
+    ``--advertised-address`` needed on loopback)."""
+    argv = ["controller", "start", "--etcd", etcd_endpoints_arg, "--store", str(tmp / name)]
+    chosen = free_port() if port is None else port
+    return Node(name, argv, tmp, log_level, port=chosen)
 
 
 async def aask(address: str, request: Request[R], timeout: float = 5.0) -> R:
@@ -59,7 +87,9 @@ def ask(address: str, request: Request[R], timeout: float = 5.0) -> R:
 
 
 class BrokerSet:
-    """``replicas`` brokers of broker set ``name``; replicated ones under the controller."""
+    """``replicas`` brokers of broker set ``name``; replicated ones under the controller
+    (``controllers``: the addresses of controllers of their own, say three on etcd; None:
+    the one inside the name server)."""
 
     def __init__(
         self,
@@ -72,10 +102,12 @@ class BrokerSet:
         flush: str = "async",
         log_level: str = "WARNING",
         extra: list[str] | None = None,
+        controllers: list[str] | None = None,
     ) -> None:
         self.name = name
         self.namesrv = namesrv
         self.replication = replication
+        self.controllers = list(controllers or [namesrv])
         self.nodes: dict[int, Node] = {}
         for i in range(replicas):
             argv = [
@@ -84,7 +116,8 @@ class BrokerSet:
                 *("--broker-name", name, "--broker-id", str(i)),
             ]
             if replication is not None:
-                argv += ["--replication", replication, "--controller", namesrv]
+                argv += ["--replication", replication]
+                argv += ["--controller", ";".join(self.controllers)]
             self.nodes[i] = Node(f"{name}{i}", [*argv, *(extra or [])], tmp, log_level)
 
     @property
@@ -108,9 +141,31 @@ class BrokerSet:
             node.kill()
 
     def state(self) -> BrokerSetState | None:
-        """The controller's view of the set (None: it does not know the set yet)."""
-        info = ask(self.namesrv, GetReplicaInfo(broker_name=self.name))
-        return info.sets[0] if info.sets else None
+        """The (leading) controller's view of the set (None: it does not know the set yet,
+        or no controller leads now).  Several controllers: each address in turn; one that
+        does not lead names the leader, which is asked next (it may listen where the
+        brokers were not told: it was named to them too); one that does not answer is
+        passed over.  A single controller that does not answer raises, as before."""
+        order = list(self.controllers)
+        tried: set[str] = set()
+        while order:  # (each address at most once: bounded)
+            address = order.pop(0)
+            if address in tried:
+                continue
+            tried.add(address)
+            try:
+                info = ask(address, GetReplicaInfo(broker_name=self.name))
+            except ControllerNotLeader as exc:
+                leader = named_leader(exc)
+                if leader is not None:
+                    order.insert(0, leader)
+                continue
+            except (BrokerUnavailable, RequestTimeout):
+                if len(self.controllers) == 1:
+                    raise
+                continue
+            return info.sets[0] if info.sets else None
+        return None
 
     def master(self) -> int:
         """The id of the master the controller names now, if that process runs; else -1."""
