@@ -411,6 +411,21 @@ def machine_busy() -> float:
 # -- server processes -------------------------------------------------------------------------
 
 
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = "condition"
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); TimeoutError after
+    ``timeout`` s (the tests' wait_for turns it into their failure)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout}s")
+        time.sleep(interval)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for a ``--grpc-port`` or ``--metrics-port``)."""
     with socket.socket() as s:

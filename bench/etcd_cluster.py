@@ -30,13 +30,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.common import wait_for
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -58,19 +58,6 @@ class EtcdError(RuntimeError):
 def etcd_available() -> bool:
     """The etcd binary (:data:`ETCD`) is there and executable."""
     return os.access(ETCD, os.X_OK)
-
-
-def _wait_for(predicate: Callable[[], Any], timeout: float, interval: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); TimeoutError after
-    ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout}s")
-        time.sleep(interval)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -252,7 +239,7 @@ class EtcdCluster:
                 )
             return self.member_healthy(i)
 
-        _wait_for(ok, timeout, 0.05, f"etcd member {i} healthy")
+        wait_for(ok, timeout, 0.05, f"etcd member {i} healthy")
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
         """Wait until :meth:`healthy` (a member that exits fails it at once, with its log)."""
@@ -264,7 +251,7 @@ class EtcdCluster:
                     raise EtcdError(f"etcd member {i} exited with {code}:\n{m.log()}")
             return self.healthy()
 
-        _wait_for(ok, timeout, 0.05, "etcd cluster healthy")
+        wait_for(ok, timeout, 0.05, "etcd cluster healthy")
 
     def status(self, i: int) -> dict[str, Any] | None:
         """Member ``i``'s ``Maintenance.Status`` through the HTTP/JSON gateway (64-bit ids
@@ -306,7 +293,7 @@ class EtcdCluster:
                 found.append(i)
             return i is not None
 
-        _wait_for(known, timeout, 0.05, "an etcd leader")
+        wait_for(known, timeout, 0.05, "an etcd leader")
         return found[-1]
 
 

@@ -24,6 +24,7 @@ import anyio.from_thread
 import msgpack
 import pytest
 
+from bench.common import wait_for as bench_wait_for
 from txmq.broker.server import EmbeddedBroker
 from txmq.broker.state.config import BrokerConfig
 from txmq.client.core import BrokerClient
@@ -92,14 +93,10 @@ def running_async(service: AbstractAsyncContextManager[Any]) -> Iterator[None]:
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
+    try:
+        return bench_wait_for(predicate, timeout, interval)
+    except TimeoutError:
+        raise AssertionError(f"condition not met within {timeout}s") from None
 
 
 async def raw_request(client: BrokerClient, code: int, header: object, body: bytes = b"") -> Frame:

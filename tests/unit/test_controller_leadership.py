@@ -1,7 +1,8 @@
 """A controller on etcd (issue 32, item 1), with a leadership the test drives: only the
 leader answers; an answer waits until the state it tells is saved; a refused write (the
 controller was deposed) tells no one and turns the controller into a follower, whose
-answers name the leader; a new leader takes the saved sets."""
+answers name the leader; a new leader takes the saved sets; a leader grants no lease past
+its own leadership, so that its successor elects without waiting for one."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Leadership:
 
     def __init__(self) -> None:
         self.leading = False
+        self.valid_until = float("inf")
         self.leader_address = "127.0.0.1:9999"
         self.saved: list[dict[str, bytes]] = []
         self.gate = anyio.Event()  # a save waits for it
@@ -103,3 +105,32 @@ def test_an_answer_waits_for_its_save_and_a_refused_save_tells_no_one() -> None:
             tg.cancel_scope.cancel()
 
     anyio.run(run)
+
+
+def test_no_lease_outlives_the_leadership_and_a_successor_waits_for_none() -> None:
+    """A leader's answer grants the master at most what is left of its own leadership.
+    Its successor (every lease ended before it could lead) fails a dead master over as
+    soon as an in-sync slave says the master is gone — not ``lease_s`` (TIMINGS: 2 s)
+    after it took over."""
+    clock = Clock()
+    old = Leadership()
+    c = Controller(None, TIMINGS, clock=clock, leadership=old)  # type: ignore[arg-type]
+    saved = {"a": msgspec.json.encode(_SavedSet("C", epoch=3, master_id=1, in_sync=[2]))}
+    old.leading, old.valid_until = True, clock.now + 0.8
+    c._lead(saved)
+    answer = c.heartbeat(heartbeat(1, 100, 3, master=True, in_sync=[2]), None)
+    assert 790 <= answer.lease_ms <= 800  # not TIMINGS.lease_s: the leadership ends sooner
+    old.valid_until = clock.now + 5
+    assert c.heartbeat(heartbeat(1, 100, 3, master=True, in_sync=[2]), None).lease_ms == 2000
+
+    clock.now += 3  # the leader died with the master; another took over
+    new = Leadership()
+    d = Controller(None, TIMINGS, clock=clock, leadership=new)  # type: ignore[arg-type]
+    new.leading = True
+    d._lead(saved)
+    assert d.heartbeat(heartbeat(2, 100, 3, following=True, master_silent_ms=3100), None).electing
+    d.heartbeat(heartbeat(2, 100, 3, master_silent_ms=3100), None)  # it stopped
+    clock.now += 0.05
+    d.scan(clock.now)
+    s = d.sets["a"]
+    assert (s.master_id, s.epoch) == (2, 4), s.election

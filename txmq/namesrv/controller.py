@@ -199,6 +199,9 @@ class _Set:
     #: read from saved state (a restarted controller, a new leader on etcd), its master not
     #: heard by this controller since
     inherited: bool = False
+    #: the latest moment a lease granted to the master may run to (this controller's
+    #: answers; for a set taken over, its predecessor's)
+    granted_until: float = 0.0
 
 
 class Controller:
@@ -240,7 +243,7 @@ class Controller:
         return {
             name: _Set(
                 s.cluster, name, s.epoch, s.master_id, list(s.in_sync), list(s.history),
-                master_seen=now, inherited=True,
+                master_seen=now, inherited=True, granted_until=now + self.timings.lease_s,
             )
             for name, s in saved.items()
         }  # fmt: skip
@@ -329,6 +332,11 @@ class Controller:
     def _lead(self, saved: dict[str, bytes]) -> None:
         sets = {name: msgspec.json.decode(raw, type=_SavedSet) for name, raw in saved.items()}
         self.sets = self._sets_from(sets)
+        now = self._clock()
+        for s in self.sets.values():
+            # every lease the previous leader granted ended with its leadership (see
+            # _answer), which ended before etcd let this controller take over
+            s.granted_until = now
         self._version = self._saved = 0
         for s in self.sets.values():
             log.info(
@@ -419,17 +427,17 @@ class Controller:
         """A set this controller took over (a new leader on etcd, a restart) gives its
         master ``heartbeat_timeout_s`` to be heard — unless an in-sync slave says the
         master has not answered it for that long: the master most likely died or hangs
-        (the fault that often deposes a leader too), and after half that time with no
-        word from it here the election starts.  It decides once the master's lease, as
-        the old leader may have granted it, ran out (``master_seen``, the takeover, plus
-        ``lease_s``: the old leader granted nothing after this one could take over)."""
+        (the fault that often deposes a leader too), and the election starts at once (a
+        master that is well talks to its slaves; ``inherited`` ends with its first
+        heartbeat here).  It decides once the master's lease ran out: on etcd at once (a
+        leader grants no lease past its own leadership, which ended before this one could
+        begin), after a restart ``lease_s`` from it."""
         return (
             s.inherited
             and s.master_id >= 0
             and req.broker_id != s.master_id
             and req.broker_id in s.in_sync
             and req.master_silent_ms >= self.timings.heartbeat_timeout_s * 1000
-            and now - s.master_seen > self.timings.heartbeat_timeout_s / 2
         )
 
     async def elect_master(self, req: ElectMaster, call: Call | None) -> ControllerAnswer:
@@ -622,7 +630,7 @@ class Controller:
                     return self._wait(s, f"in-sync slave(s) {missing} to report that they stopped")
                 need = [i for i in need if i in fenced]
             bounds = [fenced[i].lease_bound for i in need]
-            bound = max(s.master_seen + self.timings.lease_s, *bounds)
+            bound = max(s.granted_until, *bounds)
             if now < bound:
                 return
             pool = [fenced[i] for i in need]
@@ -705,6 +713,7 @@ class Controller:
         s.in_sync = in_sync
         s.history.append((s.epoch, best.broker_id))
         s.master_seen = self._clock()
+        s.granted_until = s.master_seen + self.timings.lease_s  # (told with its first answer)
         s.confirmed = False
         s.all_ack = False
         s.election = None
@@ -755,7 +764,14 @@ class Controller:
         master = s.replicas.get(s.master_id)
         lease = 0
         if broker_id == s.master_id and e is None:
-            lease = int(self.timings.lease_s * 1000)
+            now = self._clock()
+            lease_s = self.timings.lease_s
+            if self.leadership is not None:
+                # no lease past this leader's own: a successor can then trust that every
+                # lease ran out by the time it took over, and elect at once
+                lease_s = min(lease_s, self.leadership.valid_until - now)
+            lease = max(int(lease_s * 1000), 0)
+            s.granted_until = max(s.granted_until, now + lease / 1000)
         return ControllerAnswer(
             epoch=s.epoch,
             master_id=s.master_id,

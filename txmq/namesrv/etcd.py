@@ -16,8 +16,8 @@ can tell brokers whom to ask.  The holder leads:
   key no earlier than that, and only then may another controller create it.  A new leader
   reads every set's state from etcd when it takes over.
 
-A follower watches the key (a poll of it every ``ttl_s / 4``) and campaigns as soon as it
-is gone.  The etcd members are tried in turn: one that is down or cut off costs a
+A follower watches the key (a poll of it every ``WATCH_POLL_S``, 0.2 s) and campaigns as
+soon as it is gone.  The etcd members are tried in turn: one that is down or cut off costs a
 reconnection to the next.
 
 aetcd (asyncio, etcd's v3 gRPC API) is imported only here, when a controller is given
@@ -44,6 +44,9 @@ T = TypeVar("T")
 
 #: how long one etcd request may take before the next member is tried
 REQUEST_TIMEOUT_S = 1
+#: how often a follower reads the leader key (a serializable read; five a second is
+#: nothing to etcd): a leader that died is followed this much later than its key expired
+WATCH_POLL_S = 0.2
 
 
 class Deposed(TxmqError):
@@ -112,6 +115,12 @@ class EtcdLeadership:
         self._won = (0, 0.0)
 
     # -- what the controller asks ----------------------------------------------------------
+
+    @property
+    def valid_until(self) -> float:
+        """Until when (this controller's clock) it may act as the leader: ``ttl_s`` after
+        it sent the last keep-alive etcd answered (0: it does not lead)."""
+        return self._valid_until if self._revision > 0 else 0.0
 
     @property
     def leading(self) -> bool:
@@ -298,7 +307,7 @@ class EtcdLeadership:
             if got is None:
                 return
             self.leader_address = got.value.decode()
-            await anyio.sleep(self.ttl_s / 4)
+            await anyio.sleep(WATCH_POLL_S)
 
     def _step_down(self, why: str) -> None:
         if self._revision:

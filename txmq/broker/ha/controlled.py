@@ -1,9 +1,9 @@
 """A broker under a controller: heartbeat, and take the role the controller gives.
 
-Every ``controller_heartbeat_interval_s`` (0.5 s; every 0.1 s while an election runs) the
-broker tells the controller its log's end and newest epoch; the answer says who the set's
-master is.  Told it is the
-master of a new epoch, the broker promotes itself; told another is, it follows that one
+Every ``controller_heartbeat_interval_s`` (0.5 s; every 0.1 s while an election runs, and
+while a slave hears nothing from its master) the broker tells the controller its log's end
+and newest epoch; the answer says who the set's master is.  Told it is the master of a new
+epoch, the broker promotes itself; told another is, it follows that one
 (cutting back a tail first, if it was the master).  A master's lease is renewed from the
 moment the heartbeat was *sent* (see :mod:`txmq.broker.ha.role`).  A controller that does
 not answer renews nothing: the master stops acknowledging writes when its lease ends.
@@ -43,13 +43,17 @@ class ControllerLink:
         heartbeat: Callable[[], ControllerHeartbeat],
         apply: Callable[[ControllerAnswer, float], Awaitable[None]],
         security: ClientSecurity | None = None,
+        urgent: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``security``: how to reach the controllers (the broker's peer_security())."""
+        """``security``: how to reach the controllers (the broker's peer_security());
+        ``urgent``: heartbeat every ELECTION_INTERVAL_S while it says so (a slave that
+        lost its master: an election is coming, and the controller waits for its report)."""
         self.addresses = addresses
         self.security = security
         self.interval_s = interval_s
         self._heartbeat = heartbeat
         self._apply = apply
+        self._urgent = urgent
         self._which = 0
         self.last_answer: ControllerAnswer | None = None
         self._failing = False
@@ -74,7 +78,8 @@ class ControllerLink:
                 await self._once(clients)
                 interval = self.interval_s
                 last = self.last_answer
-                if last is not None and (last.electing or last.master_id < 0):
+                electing = last is not None and (last.electing or last.master_id < 0)
+                if electing or self._urgent():
                     interval = min(interval, ELECTION_INTERVAL_S)  # learn the winner soon
                 with anyio.move_on_after(max(interval - (time.monotonic() - began), 0.01)):
                     await self._poked.wait()

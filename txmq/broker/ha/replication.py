@@ -50,6 +50,9 @@ REDISCOVER_S = 2.0
 #: under a controller, a slave that reaches neither its master nor any controller asks them
 #: this often (a master of a newer epoch may have been elected without it)
 ORPHAN_REDISCOVER_S = 0.5
+#: a slave whose master has not answered for this long (an idle master answers every
+#: second) heartbeats to the controller as often as during an election
+MASTER_LOST_S = 1.5
 
 
 class MasterDuties(Protocol):
@@ -95,6 +98,7 @@ class Replication:
                 self._heartbeat,
                 self._apply,
                 security=config.peer_security(),
+                urgent=self._master_lost,
             )
         self.client = HaClient(
             ctx.store,
@@ -123,6 +127,13 @@ class Replication:
         #: set when another broker is the master (a clean stop waits for it)
         self._successor = anyio.Event()
         self.rediscover = rediscover
+
+    def _master_lost(self) -> bool:
+        """A slave that lost its master (not connected, or no answer for MASTER_LOST_S):
+        the controller is about to fence it and waits for its report."""
+        if self.role.is_master or not self.client.master:
+            return False
+        return not self.client.connected or self.client.silent_ms() > MASTER_LOST_S * 1000
 
     def caught_up(self) -> None:
         """Under a controller: a slave outside the proposed sync state set caught up (the
