@@ -118,6 +118,63 @@ async def test_a_send_and_its_processing_share_one_trace(
     assert process.attributes["messaging.destination.name"] == "traced"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_an_unsampled_trace_carries_its_context_end_to_end_without_spans(
+    embedded_broker: Callable[..., EmbeddedBroker], transport: str
+) -> None:
+    """Under a sampler that samples nothing (1 % of traces in production: the rest), txmq
+    makes no span — and still carries the trace context: the message sent in an unsampled
+    request carries that trace, the consumer's handler runs inside it, and a message the
+    handler sends on carries it too; the trace stays unsampled all the way."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observe.use_tracer_provider(provider)
+    try:
+        via = start_broker(embedded_broker, transport)
+        await _topic(via.broker.address, "unsampled")
+        await _topic(via.broker.address, "unsampled-on")
+        seen: list[tuple[int, bool]] = []
+        onward: list[MessageExt] = []
+        done = anyio.Event()
+        tracer = observe.tracer()
+        producer = Producer(via.address, "p-unsampled", **via.kw)
+
+        async def listener(msg: MessageExt) -> None:
+            ctx = tracer.start_span("handler").get_span_context()  # (not recorded)
+            current = observe._otel.trace.get_current_span().get_span_context()  # type: ignore[union-attr]
+            seen.append((current.trace_id, current.trace_flags.sampled))
+            assert ctx.trace_id == current.trace_id
+            await producer.send(Message("unsampled-on", b"on"))
+
+        async def onward_listener(msg: MessageExt) -> None:
+            onward.append(msg)
+            done.set()
+
+        first = _consumer(via.address, "g-unsampled", "unsampled", listener, **via.kw)
+        second = _consumer(via.address, "g-unsampled-on", "unsampled-on", onward_listener, **via.kw)
+        async with producer, first, second:
+            with tracer.start_as_current_span("request") as request:
+                assert not request.is_recording()
+                await producer.send(Message("unsampled", b"hi"))
+            with anyio.fail_after(30):
+                await done.wait()
+        trace_id = request.get_span_context().trace_id
+        assert seen == [(trace_id, False)]
+        [msg] = onward
+        parent = msg.properties["traceparent"]
+        assert trace_id_of(parent) == trace_id
+        assert not int(parent.rsplit("-", 1)[1], 16) & 1  # its sampled flag is off
+        assert exporter.get_finished_spans() == ()
+    finally:
+        observe.use_tracer_provider(None)
+        provider.shutdown()
+
+
 async def test_the_trace_goes_through_retries_into_the_dlq(
     embedded_broker: Callable[..., EmbeddedBroker], spans: InMemorySpanExporter
 ) -> None:

@@ -226,17 +226,79 @@ class _Otel:
     """The parts of the OpenTelemetry API the hooks use (imported on first use)."""
 
     def __init__(self) -> None:
-        from opentelemetry import context, propagate, trace
+        from opentelemetry import baggage, context, propagate, trace
 
+        self.baggage = baggage
         self.context = context
         self.propagate = propagate
         self.trace = trace
+        self.empty = context.Context()
+        #: the global propagator last seen, and whether it is OpenTelemetry's default
+        #: (W3C trace context + W3C baggage): then the hooks read and write ``traceparent``
+        #: themselves, several times cheaper than through the propagator API
+        self._propagator: Any = None
+        self._w3c = False
         #: set from the environment: the global provider is made on first ask
         self.from_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
         self.inactive = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         self.producer = trace.SpanKind.PRODUCER
         self.consumer = trace.SpanKind.CONSUMER
         self.error = trace.Status(trace.StatusCode.ERROR)
+
+    def w3c(self) -> bool:
+        """Whether the global propagator is OpenTelemetry's default one."""
+        found = self.propagate.get_global_textmap()
+        if found is not self._propagator:
+            from opentelemetry.baggage.propagation import W3CBaggagePropagator
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+
+            kinds = [type(p) for p in getattr(found, "_propagators", ())]
+            self._propagator = found
+            self._w3c = kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
+        return self._w3c
+
+    def extract(self, props: Mapping[str, str]) -> Any:
+        """``propagate.extract(props)``: the context a message's properties carry."""
+        parent = props.get("traceparent")
+        if parent is not None and "tracestate" not in props and "baggage" not in props:
+            if self.w3c() and (found := self._parse(parent)) is not None:
+                return self.trace.set_span_in_context(found, self.empty)
+        return self.propagate.extract(props)
+
+    def _parse(self, traceparent: str) -> Any:
+        """A W3C ``traceparent`` of version 00 as a remote span (None: anything else, left
+        to the propagator to judge)."""
+        if len(traceparent) != 55 or not traceparent.startswith("00-"):
+            return None
+        _, trace_id, span_id, flags = traceparent.split("-")
+        if not (len(trace_id) == 32 and len(span_id) == 16 and len(flags) == 2):
+            return None
+        digits = trace_id + span_id + flags
+        if digits != digits.lower():
+            return None  # W3C hex is lowercase
+        try:
+            tid, sid, bits = int(trace_id, 16), int(span_id, 16), int(flags, 16)
+        except ValueError:
+            return None
+        if not (tid and sid):
+            return None
+        trace = self.trace
+        context = trace.SpanContext(tid, sid, is_remote=True, trace_flags=trace.TraceFlags(bits))
+        return trace.NonRecordingSpan(context)
+
+    def inject(self, props: MutableMapping[str, str], context: Any = None) -> None:
+        """``propagate.inject(props, context)``: write the context into the properties."""
+        if not self.w3c() or self.baggage.get_all(context):
+            self.propagate.inject(props, context=context)
+            return
+        span = self.trace.get_current_span(context).get_span_context()
+        if not span.is_valid:
+            return
+        props["traceparent"] = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
+        if span.trace_state:
+            props["tracestate"] = span.trace_state.to_header()
 
 
 _otel: _Otel | None = None
@@ -310,14 +372,7 @@ def capture(properties: MutableMapping[str, str]) -> None:
     if TRACE_PROPERTIES[0] in properties or tracer() is None:
         return
     assert _otel is not None
-    _otel.propagate.inject(properties)
-
-
-def _parent(api: _Otel, properties: Mapping[str, str]) -> Any:
-    """The context a span continues: the one ``properties`` carry, else the current one."""
-    if TRACE_PROPERTIES[0] in properties:
-        return api.propagate.extract(properties)
-    return None
+    _otel.inject(properties)
 
 
 class _Nothing:
@@ -403,23 +458,46 @@ def sending(
     api = _otel
     spans = []
     for props in messages:
-        attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "messaging.destination.name": topic,
-            "messaging.rocketmq.client_group": group,
-            "messaging.rocketmq.message.type": message_type,
-        }
-        if len(messages) > 1:
-            attributes["messaging.batch.message_count"] = len(messages)
-        _message_attributes(attributes, props)
+        carried = TRACE_PROPERTIES[0] in props
+        parent = api.extract(props) if carried else None  # None: the current one
+        if not _sampled(api, parent):
+            # a trace not sampled upstream: no span; its context goes on as it came, so
+            # that the consumer's side (and what it sends on) stays in it, unsampled too
+            if not carried:
+                api.inject(props)
+            continue
+        # the attributes a sampler may look at first; the rest only for a span it records
         span = t.start_span(
-            f"send {topic}", context=_parent(api, props), kind=api.producer, attributes=attributes
+            f"send {topic}",
+            context=parent,
+            kind=api.producer,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.destination.name": topic,
+            },
         )
-        api.propagate.inject(props, context=api.trace.set_span_in_context(span))
-        spans.append(span)
+        if span.is_recording():
+            attributes: dict[str, Any] = {
+                "messaging.operation.name": "send",
+                "messaging.rocketmq.client_group": group,
+                "messaging.rocketmq.message.type": message_type,
+            }
+            if len(messages) > 1:
+                attributes["messaging.batch.message_count"] = len(messages)
+            _message_attributes(attributes, props)
+            span.set_attributes(attributes)
+            spans.append(span)
+        api.inject(props, api.trace.set_span_in_context(span))
     return _Sending(topic, m, spans)
+
+
+def _sampled(api: _Otel, parent: Any) -> bool:
+    """False when ``parent`` (a context; None: the current one) holds a valid span context
+    that was not sampled: a span under it would record nothing (the default sampler
+    follows its parent), so none is made — the context is carried on instead."""
+    context = api.trace.get_current_span(parent).get_span_context()
+    return not context.is_valid or context.trace_flags.sampled
 
 
 def _message_attributes(attributes: dict[str, Any], props: Mapping[str, str]) -> None:
@@ -438,12 +516,16 @@ def _message_attributes(attributes: dict[str, Any], props: Mapping[str, str]) ->
 
 
 class _Consuming:
-    """One listener run: inside a ``process <topic>`` span (current while it runs)."""
+    """One listener run: inside a ``process <topic>`` span (current while it runs), or
+    inside the message's trace context when it was not sampled (``context``: no span)."""
 
-    __slots__ = ("began", "group", "m", "outcome", "span", "token", "topic")
+    __slots__ = ("began", "context", "group", "m", "outcome", "span", "token", "topic")
 
-    def __init__(self, group: str, topic: str, m: _Metrics | None, span: Any) -> None:
+    def __init__(
+        self, group: str, topic: str, m: _Metrics | None, span: Any, context: Any = None
+    ) -> None:
         self.group, self.topic, self.m, self.span = group, topic, m, span
+        self.context = context
         self.outcome = "success"
         self.token: Any = None
         self.began = 0.0
@@ -452,6 +534,9 @@ class _Consuming:
         if self.span is not None:
             assert _otel is not None
             self.token = _otel.context.attach(_otel.trace.set_span_in_context(self.span))
+        elif self.context is not None:
+            assert _otel is not None
+            self.token = _otel.context.attach(self.context)
         self.began = _perf_counter()
         return self
 
@@ -475,10 +560,11 @@ class _Consuming:
         if m is not None:
             took = _perf_counter() - self.began
             m.consume_seconds.observe((self.group, self.topic, self.outcome), took)
-        span = self.span
-        if span is not None:
+        if self.token is not None:
             assert _otel is not None
             _otel.context.detach(self.token)
+        span = self.span
+        if span is not None:
             if self.outcome != "success":
                 span.set_attribute("txmq.consume.result", self.outcome)
             if exc is not None:
@@ -505,26 +591,34 @@ def consuming(
         return _NOTHING if m is None else _Consuming(group, topic, m, None)
     assert _otel is not None
     api = _otel
-    attributes: dict[str, Any] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
-        "messaging.destination.name": topic,
-        "messaging.consumer.group.name": group,
-    }
-    if queue_id >= 0:
-        attributes["messaging.destination.partition.id"] = str(queue_id)
-    if reconsume_times:
-        attributes["txmq.reconsume_times"] = reconsume_times
-    if model != "clustering":
-        attributes["messaging.rocketmq.consumption_model"] = model
-    _message_attributes(attributes, properties)
-    attributes["messaging.message.id"] = msg_id
     # the message's context, or none: a message sent untraced starts a trace of its own
-    parent = api.propagate.extract(properties)
+    parent = api.extract(properties)
+    if not _sampled(api, parent):
+        return _Consuming(group, topic, m, None, parent)  # carried on, no span
     span = t.start_span(
-        f"process {topic}", context=parent, kind=api.consumer, attributes=attributes
+        f"process {topic}",
+        context=parent,
+        kind=api.consumer,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": topic,
+            "messaging.consumer.group.name": group,
+        },
     )
+    if span.is_recording():
+        attributes: dict[str, Any] = {"messaging.operation.name": "process"}
+        if queue_id >= 0:
+            attributes["messaging.destination.partition.id"] = str(queue_id)
+        if reconsume_times:
+            attributes["txmq.reconsume_times"] = reconsume_times
+        if model != "clustering":
+            attributes["messaging.rocketmq.consumption_model"] = model
+        _message_attributes(attributes, properties)
+        attributes["messaging.message.id"] = msg_id
+        span.set_attributes(attributes)
+    else:  # dropped by the sampler: nothing to end, but its (unsampled) context goes on
+        return _Consuming(group, topic, m, None, api.trace.set_span_in_context(span, parent))
     return _Consuming(group, topic, m, span)
 
 
