@@ -627,6 +627,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     for setting in args.broker_setting:
         name, _, value = setting.partition("=")
         os.environ[f"TXMQ_BROKER_{name.upper()}"] = value  # the brokers started here
+    keep = args.keep
     try:
         kinds = {}
         for kind in args.faults:
@@ -634,9 +635,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 print(f"{kind}: skipped: etcd not found (apt-get install etcd-server)", flush=True)
                 continue
             kinds[kind] = run_kind(kind, args, tmp / kind)
+    except BaseException:
+        keep = True  # a run that failed keeps its evidence
+        raise
     finally:
-        if args.keep:
-            print(f"logs and stores kept in {tmp}")
+        if keep:
+            print(f"logs and stores kept in {tmp}", flush=True)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     return {"replication": args.replication, "kinds": kinds}
