@@ -280,15 +280,19 @@ class Controllers:
     three-member etcd cluster of their own (in ``tmp/etcd<n>/``), each on a port of its own
     that it keeps across restarts (the brokers were given those three addresses)."""
 
-    def __init__(self, tmp: Path, log_level: str = "INFO") -> None:
+    def __init__(self, tmp: Path, log_level: str = "INFO", election_ms: int = 500) -> None:
         self.tmp = tmp
         self.log_level = log_level
+        self.election_ms = election_ms
         self.etcd: EtcdCluster | None = None
         self.nodes: list[Node] = []
 
     def start(self) -> list[str]:
         """Start etcd, then the controllers; their addresses once each listens."""
-        self.etcd = start_cluster_in(self.tmp, 3)
+        heartbeat_ms = max(self.election_ms // 10, 10)  # etcd's advice: a tenth
+        self.etcd = start_cluster_in(
+            self.tmp, 3, heartbeat_ms=heartbeat_ms, election_ms=self.election_ms
+        )
         endpoints = self.etcd.endpoints
         for i in range(3):  # each reaches another etcd member first, as on three machines
             order = ",".join(endpoints[i:] + endpoints[:i])
@@ -548,7 +552,7 @@ def run_kind(kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, object
     try:
         controllers: list[str] | None = None
         if kind == CTL_KILL:
-            ctls = Controllers(tmp, log_level="INFO")
+            ctls = Controllers(tmp, log_level="INFO", election_ms=args.etcd_election_ms)
             controllers = ctls.start()
         namesrv = ns.start().wait_ready()
         if kind in PARTITIONS:
@@ -791,6 +795,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a broker setting for every broker (TXMQ_BROKER_NAME=VALUE), e.g. "
         "all_ack_in_sync=false; repeatable",
+    )
+    ap.add_argument(
+        "--etcd-election-ms",
+        type=int,
+        default=500,
+        help="ctl-kill: etcd's --election-timeout (default 500, with a heartbeat of a tenth: "
+        "what the replication guide advises for controllers on a LAN; etcd grants leases "
+        "of at least 1.5 of it rounded up to whole seconds, so the controllers' etcd_lease_s "
+        "of 1 s holds; 1000, etcd's own default, makes it 2 s)",
     )
     ap.add_argument(
         "--cost-messages",

@@ -41,9 +41,11 @@ class NamesrvConfig(ConnectionSettings):
     #: the etcd key prefix of this cluster's controllers (several clusters may share one
     #: etcd)
     etcd_prefix: str = "/txmq"
-    #: the etcd lease of the leading controller, in whole seconds: a leader that died is
-    #: replaced after this long
-    etcd_lease_s: int = 2
+    #: the etcd lease asked for the leading controller, in whole seconds: a leader that
+    #: died is replaced after about this long.  etcd grants at least its shortest, 1.5 of
+    #: its election timeouts rounded up (2 s with etcd's defaults; 1 s with
+    #: `--heartbeat-interval 50 --election-timeout 500`, fine on a LAN), and that is used
+    etcd_lease_s: int = 1
     #: the address brokers are told to reach this controller at when it leads
     #: (default: host:port; required when host is a wildcard such as 0.0.0.0)
     advertised_address: str = ""
@@ -107,9 +109,11 @@ class ControllerConfig(ConnectionSettings):
     #: the etcd key prefix of this cluster's controllers (several clusters may share one
     #: etcd)
     etcd_prefix: str = "/txmq"
-    #: the etcd lease of the leading controller, in whole seconds: a leader that died is
-    #: replaced after this long
-    etcd_lease_s: int = 2
+    #: the etcd lease asked for the leading controller, in whole seconds: a leader that
+    #: died is replaced after about this long.  etcd grants at least its shortest, 1.5 of
+    #: its election timeouts rounded up (2 s with etcd's defaults; 1 s with
+    #: `--heartbeat-interval 50 --election-timeout 500`, fine on a LAN), and that is used
+    etcd_lease_s: int = 1
     #: the address brokers are told to reach this controller at when it leads
     #: (default: host:port; required when host is a wildcard such as 0.0.0.0)
     advertised_address: str = ""

@@ -16,7 +16,7 @@ can tell brokers whom to ask.  The holder leads:
   key no earlier than that, and only then may another controller create it.  A new leader
   reads every set's state from etcd when it takes over.
 
-A follower watches the key (a poll of it every ``WATCH_POLL_S``, 0.2 s) and campaigns as
+A follower watches the key (a poll of it every ``WATCH_POLL_S``, 0.1 s) and campaigns as
 soon as it is gone.  The etcd members are tried in turn: one that is down or cut off costs a
 reconnection to the next.
 
@@ -44,9 +44,9 @@ T = TypeVar("T")
 
 #: how long one etcd request may take before the next member is tried
 REQUEST_TIMEOUT_S = 1
-#: how often a follower reads the leader key (a serializable read; five a second is
+#: how often a follower reads the leader key (a serializable read; ten a second is
 #: nothing to etcd): a leader that died is followed this much later than its key expired
-WATCH_POLL_S = 0.2
+WATCH_POLL_S = 0.1
 
 
 class Deposed(TxmqError):
@@ -101,6 +101,8 @@ class EtcdLeadership:
         self.address = address
         self.prefix = prefix.rstrip("/")
         self.ttl_s = ttl_s
+        #: the lease etcd granted (ttl_s, or its shortest if that is longer)
+        self._ttl = ttl_s
         self._clock = clock
         self.key = f"{self.prefix}/controller/leader".encode()
         self.sets_prefix = f"{self.prefix}/controller/sets/".encode()
@@ -173,7 +175,7 @@ class EtcdLeadership:
                             "this controller (%s) leads now (etcd lease %d s); %d broker "
                             "set(s) in etcd",
                             self.address,
-                            self.ttl_s,
+                            self._ttl,
                             len(sets),
                         )
                         was_leading = True
@@ -256,7 +258,10 @@ class EtcdLeadership:
         if got is None or got.value != self.address.encode():
             return False  # (expired already)
         # not leading yet: the state is read first (see run)
-        self._lease, self._won = lease, (got.create_revision, sent_at + self.ttl_s)
+        # etcd grants at least its own shortest lease (1.5 election timeouts, in whole
+        # seconds: 2 s with its defaults) and says so: the key lives that long
+        self._ttl = max(int(getattr(lease, "ttl", 0) or 0), self.ttl_s)
+        self._lease, self._won = lease, (got.create_revision, sent_at + self._ttl)
         return True
 
     async def _load(self) -> dict[str, bytes]:
@@ -274,7 +279,7 @@ class EtcdLeadership:
         leadership's time ran out."""
         client = self._client
         while self.leading:
-            await anyio.sleep(self.ttl_s / 3)
+            await anyio.sleep(self._ttl / 3)
             sent_at = self._clock()
             try:
                 left = max(self._valid_until - sent_at, 0.05)
@@ -292,7 +297,8 @@ class EtcdLeadership:
             if reply is None or reply.TTL <= 0:
                 self._step_down("its etcd lease expired")
                 return
-            self._valid_until = max(self._valid_until, sent_at + self.ttl_s)
+            # etcd counts the renewed TTL from when it got the request, after sent_at
+            self._valid_until = max(self._valid_until, sent_at + min(reply.TTL, self._ttl))
         self._step_down("its etcd lease could not be renewed in time")
 
     async def _watch_leader(self) -> None:
