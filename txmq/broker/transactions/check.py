@@ -200,7 +200,8 @@ class TransactionChecker:
         now = _now_ms()
         if req.state == "decided":
             decided = [r for r in self.service.decided.values() if not group or r.group == group]
-            decided.sort(key=lambda r: r.decided_timestamp, reverse=True)
+            decided.reverse()  # the order they were made in: of two in one millisecond, the
+            decided.sort(key=lambda r: r.decided_timestamp, reverse=True)  # later comes first
             return TransactionList(transactions=[], decisions=decided[:limit])
         if req.state == "pending":
             rows = [
