@@ -206,9 +206,12 @@ async def test_a_stalled_request_stops_once_the_route_names_another_master(
     """watch_stalls leaves a request alone while the route still names the master it went
     to (a slow master is not a failover), and stops it once the route names another one
     (or none); a request that answers first is not stopped."""
+    import asyncio
+
     import anyio
 
     from txmq.client import route as route_module
+    from txmq.client.route import Waiting
 
     table = RouteTable(broker=None, namesrv=["ns:1"], connect=lambda a: None)  # type: ignore[arg-type,return-value]
     table.stall_after_s = 0.05
@@ -224,19 +227,28 @@ async def test_a_stalled_request_stops_once_the_route_names_another_master(
     await table.route("t")
     mq = MessageQueue("t", "a", 0)
     monkeypatch.setattr(route_module, "STALL_POLL_S", 0.02)
+
+    async def request(seconds: float) -> Waiting:
+        """A request to old:1 that takes ``seconds`` unless stopped (as the producer's)."""
+        waiting = table.watch(mq, "old:1")
+        try:
+            await anyio.sleep(seconds)
+        except asyncio.CancelledError:
+            if not waiting.stopped():
+                raise
+        finally:
+            table.unwatch(waiting)
+        return waiting
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(table.watch_stalls)
-        with table.watching(mq, "old:1") as quick:
-            await anyio.sleep(0.01)  # answered before any check
+        quick = await request(0.01)  # answered before any check
         assert not quick.moved
-        with table.watching(mq, "old:1") as slow:
-            await anyio.sleep(0.3)  # the master is slow, but still the master
+        slow = await request(0.3)  # the master is slow, but still the master
         assert not slow.moved and fetches > 1
         moved_at = anyio.current_time()
-        with table.watching(mq, "old:1") as held:
-            masters[0] = {1: "s1:1"}  # an election: no master
-            await anyio.sleep(10)  # a paused master: no answer
-            pytest.fail("the held request was not stopped")
+        masters[0] = {1: "s1:1"}  # an election: no master
+        held = await request(10)  # a paused master: no answer
         assert held.moved and anyio.current_time() - moved_at < 1.0
         tg.cancel_scope.cancel()
     with pytest.raises(BrokerUnavailable, match="no master now"):

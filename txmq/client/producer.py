@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -344,13 +345,18 @@ class Producer(BrokerClient):
                 sent = await self.call(request, body, timeout=timeout, broker=mq.broker_name)
             else:
                 address = self.routes.address_of(mq.broker_name)
-                with self.routes.watching(mq, address) as waiting:
+                waiting = self.routes.watch(mq, address)
+                try:
                     sent = await self.call(request, body, timeout=timeout, broker=mq.broker_name)
-                if waiting.moved:
+                except asyncio.CancelledError:
+                    if not waiting.stopped():
+                        raise
                     raise BrokerUnavailable(
                         f"while the send to {address} waited, the route came to name another "
                         f"master of {mq.broker_name} (or none: a failover); send again"
-                    )
+                    ) from None
+                finally:
+                    self.routes.unwatch(waiting)
         except TxmqError as exc:
             if exc.retriable:
                 took = (time.monotonic() - began) * 1000

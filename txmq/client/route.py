@@ -9,7 +9,7 @@ id) — and requests go to the master of the queue's broker set.
 Routes are cached for ``ttl`` seconds (RocketMQ refreshes every 30 s) and fetched again
 after a failure.  When every name server is down, the routes already known are kept.
 
-A send that waits on a broker set's master (:meth:`RouteTable.watching`) has its route
+A send that waits on a broker set's master (:meth:`RouteTable.watch`) has its route
 fetched again after :data:`STALL_AFTER_S`, and every :data:`STALL_POLL_S` while it waits:
 once the route names another master, or none, the send stops waiting and is retried there.
 A paused or cut-off master answers nothing until the send's own timeout (3 s), and a
@@ -24,15 +24,16 @@ soonest is used anyway.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -81,15 +82,21 @@ STALL_POLL_S = 0.25
 
 @dataclass(eq=False, slots=True)
 class Waiting:
-    """A request waiting for a broker set's master (see :meth:`RouteTable.watching`)."""
+    """A request waiting for a broker set's master (see :meth:`RouteTable.watch`)."""
 
     topic: str
     broker_name: str
     address: str
     since: float
-    scope: anyio.CancelScope
+    #: the task that waits (cancelled when it is stopped)
+    task: asyncio.Task[Any]
     #: the route named another master (or none) while it waited: it was stopped
     moved: bool = False
+
+    def stopped(self) -> bool:
+        """In an ``except CancelledError``: whether the cancellation was this one's stop
+        alone (then it is taken back); False: the task itself is being cancelled."""
+        return self.moved and self.task.uncancel() == 0
 
 
 @dataclass(frozen=True)
@@ -298,18 +305,20 @@ class RouteTable:
         self._replicas.update(route.replicas)
         return route
 
-    @contextmanager
-    def watching(self, mq: MessageQueue, address: str) -> Iterator[Waiting]:
-        """Watch a request sent to ``address``, the master of ``mq``'s broker set: while it
-        waits, :meth:`watch_stalls` stops it (``moved`` is then True, and the request's
-        await returns nothing) when a fresh route names another master."""
-        waiting = Waiting(mq.topic, mq.broker_name, address, time.monotonic(), anyio.CancelScope())
+    def watch(self, mq: MessageQueue, address: str) -> Waiting:
+        """Watch the current task's request to ``address``, the master of ``mq``'s broker
+        set, until :meth:`unwatch`: while it waits, :meth:`watch_stalls` cancels the task
+        (and sets ``moved``) when a fresh route names another master; the caller catches
+        that ``CancelledError`` and asks :meth:`Waiting.stopped`.  (A task cancellation, as
+        asyncio.timeout does it: an anyio cancel scope per send cost 4-5 us.)"""
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = Waiting(mq.topic, mq.broker_name, address, time.monotonic(), task)
         self._waiting.add(waiting)
-        try:
-            with waiting.scope:
-                yield waiting
-        finally:
-            self._waiting.discard(waiting)
+        return waiting
+
+    def unwatch(self, waiting: Waiting) -> None:
+        self._waiting.discard(waiting)
 
     async def watch_stalls(self) -> None:
         """Stop the watched requests whose broker set's master changed (runs until
@@ -343,7 +352,7 @@ class RouteTable:
                     )
                 for w in moved:
                     w.moved = True
-                    w.scope.cancel()
+                    w.task.cancel()
 
     async def writable(
         self, topic: str, wait_s: float, *, create: bool = False, refresh: bool = False
