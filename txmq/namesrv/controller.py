@@ -238,12 +238,17 @@ class Controller:
         #: told when an election ends with no new master (a switchover abandoned)
         self.on_abandon: list[Callable[[str], None]] = []
 
-    def _sets_from(self, saved: dict[str, _SavedSet]) -> dict[str, _Set]:
+    def _sets_from(
+        self, saved: dict[str, _SavedSet], leases_left_s: float | None = None
+    ) -> dict[str, _Set]:
+        """The saved sets, their masters not heard yet; a lease granted to one before may
+        run ``leases_left_s`` more (None: ``lease_s``, as after a restart)."""
         now = self._clock()
+        left = self.timings.lease_s if leases_left_s is None else leases_left_s
         return {
             name: _Set(
                 s.cluster, name, s.epoch, s.master_id, list(s.in_sync), list(s.history),
-                master_seen=now, inherited=True, granted_until=now + self.timings.lease_s,
+                master_seen=now, inherited=True, granted_until=now + left,
             )
             for name, s in saved.items()
         }  # fmt: skip
@@ -331,12 +336,9 @@ class Controller:
 
     def _lead(self, saved: dict[str, bytes]) -> None:
         sets = {name: msgspec.json.decode(raw, type=_SavedSet) for name, raw in saved.items()}
-        self.sets = self._sets_from(sets)
-        now = self._clock()
-        for s in self.sets.values():
-            # every lease the previous leader granted ended with its leadership (see
-            # _answer), which ended before etcd let this controller take over
-            s.granted_until = now
+        # every lease the previous leader granted ended with its leadership (see _answer),
+        # which ended before etcd let this controller take over
+        self.sets = self._sets_from(sets, leases_left_s=0.0)
         self._version = self._saved = 0
         for s in self.sets.values():
             log.info(

@@ -12,7 +12,8 @@ can tell brokers whom to ask.  The holder leads:
   created: once its lease expired (or the key was deleted) the comparison fails and
   nothing is written — :class:`Deposed`.
 * **It stops acting before etcd could let another lead.**  It counts its leadership as
-  valid until ``ttl_s`` after it *sent* the last keep-alive etcd answered: etcd expires the
+  valid until the lease's length (``ttl_s``, or the longer one etcd granted) after it
+  *sent* the last keep-alive etcd answered: etcd expires the
   key no earlier than that, and only then may another controller create it.  A new leader
   reads every set's state from etcd when it takes over.
 
@@ -120,8 +121,9 @@ class EtcdLeadership:
 
     @property
     def valid_until(self) -> float:
-        """Until when (this controller's clock) it may act as the leader: ``ttl_s`` after
-        it sent the last keep-alive etcd answered (0: it does not lead)."""
+        """Until when (this controller's clock) it may act as the leader: the granted
+        lease's length after it sent the last keep-alive etcd answered (0: it does not
+        lead)."""
         return self._valid_until if self._revision > 0 else 0.0
 
     @property
