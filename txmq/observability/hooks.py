@@ -466,17 +466,7 @@ def sending(
             if not carried:
                 api.inject(props)
             continue
-        # the attributes a sampler may look at first; the rest only for a span it records
-        span = t.start_span(
-            f"send {topic}",
-            context=parent,
-            kind=api.producer,
-            attributes={
-                "messaging.system": SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.destination.name": topic,
-            },
-        )
+        span = _start_span(t, "send", topic, api.producer, parent, {})
         if span.is_recording():
             attributes: dict[str, Any] = {
                 "messaging.operation.name": "send",
@@ -490,6 +480,20 @@ def sending(
             spans.append(span)
         api.inject(props, api.trace.set_span_in_context(span))
     return _Sending(topic, m, spans)
+
+
+def _start_span(
+    t: Any, operation: str, topic: str, kind: Any, parent: Any, first: dict[str, Any]
+) -> Any:
+    """``<operation> <topic>`` with the attributes a sampler may look at (``first`` among
+    them); the rest are set only on a span that records."""
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": operation,
+        "messaging.destination.name": topic,
+        **first,
+    }
+    return t.start_span(f"{operation} {topic}", context=parent, kind=kind, attributes=attributes)
 
 
 def _sampled(api: _Otel, parent: Any) -> bool:
@@ -595,17 +599,8 @@ def consuming(
     parent = api.extract(properties)
     if not _sampled(api, parent):
         return _Consuming(group, topic, m, None, parent)  # carried on, no span
-    span = t.start_span(
-        f"process {topic}",
-        context=parent,
-        kind=api.consumer,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.destination.name": topic,
-            "messaging.consumer.group.name": group,
-        },
-    )
+    first = {"messaging.consumer.group.name": group}
+    span = _start_span(t, "process", topic, api.consumer, parent, first)
     if span.is_recording():
         attributes: dict[str, Any] = {"messaging.operation.name": "process"}
         if queue_id >= 0:
