@@ -253,3 +253,12 @@ async def test_a_stalled_request_stops_once_the_route_names_another_master(
         tg.cancel_scope.cancel()
     with pytest.raises(BrokerUnavailable, match="no master now"):
         table.address_of("a")  # the set has no master in the route fetched
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_a_producer_refuses_a_stall_check_that_is_not_positive(bad: float) -> None:
+    from txmq.client.producer import Producer
+
+    with pytest.raises(ValueError, match="stall_check_s must be positive or None"):
+        Producer(namesrv="127.0.0.1:9876", stall_check_s=bad)
+    assert Producer(namesrv="127.0.0.1:9876", stall_check_s=None).routes.stall_after_s is None
