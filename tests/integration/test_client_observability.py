@@ -13,6 +13,7 @@ import anyio
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
@@ -146,7 +147,7 @@ async def test_an_unsampled_trace_carries_its_context_end_to_end_without_spans(
 
         async def listener(msg: MessageExt) -> None:
             ctx = tracer.start_span("handler").get_span_context()  # (not recorded)
-            current = observe._otel.trace.get_current_span().get_span_context()  # type: ignore[union-attr]
+            current = trace.get_current_span().get_span_context()
             seen.append((current.trace_id, current.trace_flags.sampled))
             assert ctx.trace_id == current.trace_id
             await producer.send(Message("unsampled-on", b"on"))

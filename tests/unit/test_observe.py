@@ -7,9 +7,20 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
@@ -169,3 +180,67 @@ def test_txmq_works_without_opentelemetry_installed() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+class _EveryOther(Sampler):
+    """Keeps every other root it is asked about, whatever its trace id."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.asked += 1
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if self.asked % 2 else Decision.DROP)
+
+    def get_description(self) -> str:
+        return "EveryOther"
+
+
+def _sampling(sampler: Any) -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observe.use_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        observe.use_tracer_provider(None)
+        provider.shutdown()
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        ParentBased(TraceIdRatioBased(0.5)),  # judged from the trace id by txmq itself
+        ParentBased(_EveryOther()),  # judged by the sampler, once a span
+    ],
+    ids=["ratio", "custom"],
+)
+def test_roots_a_sampler_drops_get_no_span_and_the_kept_ones_keep_the_rate(
+    sampler: Any, no_metrics: None
+) -> None:
+    """A root send the sampler drops builds no span but carries its unsampled context on;
+    a kept one is the SDK's span, with the trace id the verdict was given on — so the rate
+    is the sampler's (were the SDK to draw and judge again, half of a half would record)."""
+    for exporter in _sampling(sampler):
+        sent = []
+        for i in range(1000):
+            props = _props(f"ID{i}")
+            with observe.sending("orders", "producers", [props], 12):
+                pass
+            sent.append(props["traceparent"])
+        recorded = {s.context.trace_id: s for s in exporter.get_finished_spans()}
+        kept = [p for p in sent if int(p[-2:], 16) & 1]
+        assert 400 < len(recorded) < 600, len(recorded)
+        assert len(kept) == len(recorded)
+        for parent in kept:  # each kept root is the span its traceparent names
+            span = recorded[int(parent[3:35], 16)]
+            assert parent[:52] == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}"
+        dropped = [p for p in sent if not int(p[-2:], 16) & 1]
+        assert len(dropped) == 1000 - len(kept)
+        assert len({p[3:35] for p in sent}) == 1000  # a trace each
+        # the consumer of a dropped root makes no span, and runs inside its context
+        with observe.consuming("billing", "orders", "ID0", {"traceparent": dropped[0]}):
+            current = trace.get_current_span().get_span_context()
+        assert f"{current.trace_id:032x}" == dropped[0][3:35] and not current.trace_flags.sampled
+        assert len(exporter.get_finished_spans()) == len(recorded)

@@ -36,14 +36,15 @@ one check (no span objects, nothing written into the properties).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
+from txmq.observability import otel
 from txmq.observability.dist import DistCollector
+from txmq.observability.otel import tracer, tracer_provider, use_tracer_provider
 
 __all__ = [
     "SYSTEM",
@@ -219,160 +220,17 @@ def metrics() -> _Metrics | None:
         return _metrics[1]
 
 
-# -- tracing --------------------------------------------------------------------------------
-
-
-class _Otel:
-    """The parts of the OpenTelemetry API the hooks use (imported on first use)."""
-
-    def __init__(self) -> None:
-        from opentelemetry import baggage, context, propagate, trace
-
-        self.baggage = baggage
-        self.context = context
-        self.propagate = propagate
-        self.trace = trace
-        self.empty = context.Context()
-        #: the global propagator last seen, and whether it is OpenTelemetry's default
-        #: (W3C trace context + W3C baggage): then the hooks read and write ``traceparent``
-        #: themselves, several times cheaper than through the propagator API
-        self._propagator: Any = None
-        self._w3c = False
-        #: set from the environment: the global provider is made on first ask
-        self.from_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
-        self.inactive = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-        self.producer = trace.SpanKind.PRODUCER
-        self.consumer = trace.SpanKind.CONSUMER
-        self.error = trace.Status(trace.StatusCode.ERROR)
-
-    def w3c(self) -> bool:
-        """Whether the global propagator is OpenTelemetry's default one."""
-        found = self.propagate.get_global_textmap()
-        if found is not self._propagator:
-            from opentelemetry.baggage.propagation import W3CBaggagePropagator
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
-
-            kinds = [type(p) for p in getattr(found, "_propagators", ())]
-            self._propagator = found
-            self._w3c = kinds == [TraceContextTextMapPropagator, W3CBaggagePropagator]
-        return self._w3c
-
-    def extract(self, props: Mapping[str, str]) -> Any:
-        """``propagate.extract(props)``: the context a message's properties carry."""
-        parent = props.get("traceparent")
-        if parent is not None and "tracestate" not in props and "baggage" not in props:
-            if self.w3c() and (found := self._parse(parent)) is not None:
-                return self.trace.set_span_in_context(found, self.empty)
-        return self.propagate.extract(props)
-
-    def _parse(self, traceparent: str) -> Any:
-        """A W3C ``traceparent`` of version 00 as a remote span (None: anything else, left
-        to the propagator to judge)."""
-        if len(traceparent) != 55 or not traceparent.startswith("00-"):
-            return None
-        _, trace_id, span_id, flags = traceparent.split("-")
-        if not (len(trace_id) == 32 and len(span_id) == 16 and len(flags) == 2):
-            return None
-        digits = trace_id + span_id + flags
-        if digits != digits.lower():
-            return None  # W3C hex is lowercase
-        try:
-            tid, sid, bits = int(trace_id, 16), int(span_id, 16), int(flags, 16)
-        except ValueError:
-            return None
-        if not (tid and sid):
-            return None
-        trace = self.trace
-        context = trace.SpanContext(tid, sid, is_remote=True, trace_flags=trace.TraceFlags(bits))
-        return trace.NonRecordingSpan(context)
-
-    def inject(self, props: MutableMapping[str, str], context: Any = None) -> None:
-        """``propagate.inject(props, context)``: write the context into the properties."""
-        if not self.w3c() or self.baggage.get_all(context):
-            self.propagate.inject(props, context=context)
-            return
-        span = self.trace.get_current_span(context).get_span_context()
-        if not span.is_valid:
-            return
-        props["traceparent"] = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
-        if span.trace_state:
-            props["tracestate"] = span.trace_state.to_header()
-
-
-_otel: _Otel | None = None
-_otel_missing = False
-_provider: Any = None
-_tracer: tuple[Any, Any] | None = None
-
-
-def use_tracer_provider(provider: Any) -> None:
-    """Trace with ``provider`` (an OpenTelemetry ``TracerProvider``) instead of the global
-    one; ``None``: the global one again (``opentelemetry.trace.set_tracer_provider``)."""
-    global _provider, _tracer
-    _provider, _tracer = provider, None
-
-
-def _api() -> _Otel | None:
-    global _otel, _otel_missing
-    if _otel is None and not _otel_missing:
-        try:
-            _otel = _Otel()
-        except ImportError:
-            _otel_missing = True
-    return _otel
-
-
-def tracer_provider() -> Any:
-    """The tracer provider txmq traces with (the one given to :func:`use_tracer_provider`,
-    else the global one), or None when there is none (or no OpenTelemetry API): for an
-    application's own spans beside txmq's."""
-    api = _otel if _otel is not None else _api()
-    if api is None:
-        return None
-    provider = _provider
-    if provider is None:
-        # the global provider as set_tracer_provider left it (what get_tracer_provider
-        # answers, without its look at os.environ on every call while none is set)
-        provider = api.trace._TRACER_PROVIDER
-        if provider is None:
-            if not api.from_env:
-                return None
-            provider = api.trace.get_tracer_provider()
-    return None if isinstance(provider, api.inactive) else provider
-
-
-def tracer() -> Any:
-    """txmq's OpenTelemetry tracer, or None when nothing would record its spans (the API is
-    not installed, or no tracer provider is configured)."""
-    global _tracer
-    provider = tracer_provider()
-    if provider is None:
-        return None
-    made = _tracer
-    if made is not None and made[0] is provider:
-        return made[1]
-    made = _tracer = (provider, provider.get_tracer("txmq", _version()))
-    return made[1]
-
-
-def _version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("txmq")
-    except PackageNotFoundError:
-        return None
+# -- tracing (txmq.observability.otel) ------------------------------------------------------
 
 
 def capture(properties: MutableMapping[str, str]) -> None:
     """Write the current trace context into ``properties`` (what ``outbox.add`` keeps with
     the row, for the relay's send to continue), unless they already carry one."""
-    if TRACE_PROPERTIES[0] in properties or tracer() is None:
+    if TRACE_PROPERTIES[0] in properties:
         return
-    assert _otel is not None
-    _otel.inject(properties)
+    found = otel.active()
+    if found is not None:
+        found.api.inject(properties)
 
 
 class _Nothing:
@@ -435,10 +293,11 @@ class _Sending:
 
 
 def _failed_span(span: Any, exc: BaseException) -> None:
-    assert _otel is not None
+    from opentelemetry.trace import Status, StatusCode
+
     span.record_exception(exc)
     span.set_attribute("error.type", type(exc).__name__)
-    span.set_status(_otel.trace.Status(_otel.trace.StatusCode.ERROR, str(exc) or None))
+    span.set_status(Status(StatusCode.ERROR, str(exc) or None))
 
 
 def sending(
@@ -451,22 +310,30 @@ def sending(
     """The hook around a send of ``messages`` (their wire properties, which get the trace
     context of their ``send <topic>`` span): use as ``with ...: ...``."""
     m = metrics()
-    t = tracer()
-    if t is None:
+    traced = otel.active()
+    if traced is None:
         return _NOTHING if m is None else _Sending(topic, m, [])
-    assert _otel is not None
-    api = _otel
+    api = traced.api
+    name = f"send {topic}"
     spans = []
     for props in messages:
         carried = TRACE_PROPERTIES[0] in props
-        parent = api.extract(props) if carried else None  # None: the current one
-        if not _sampled(api, parent):
+        # the context the message carries, else the current one
+        parent, sampled = api.extract(props) if carried else api.current()
+        if sampled is False:
             # a trace not sampled upstream: no span; its context goes on as it came, so
             # that the consumer's side (and what it sends on) stays in it, unsampled too
             if not carried:
                 api.inject(props)
             continue
-        span = _start_span(t, "send", topic, api.producer, parent, {})
+        roots = traced.roots
+        if sampled is None and roots is not None:
+            dropped = roots.judge()
+            if dropped is not None:  # a root the sampler drops: its context goes on, no span
+                api.inject_span(props, dropped, parent)
+                continue
+        first = _first("send", topic)
+        span = traced.tracer.start_span(name, context=parent, kind=api.producer, attributes=first)
         if span.is_recording():
             attributes: dict[str, Any] = {
                 "messaging.operation.name": "send",
@@ -482,26 +349,14 @@ def sending(
     return _Sending(topic, m, spans)
 
 
-def _start_span(
-    t: Any, operation: str, topic: str, kind: Any, parent: Any, first: dict[str, Any]
-) -> Any:
-    """``<operation> <topic>`` with the attributes a sampler may look at (``first`` among
-    them); the rest are set only on a span that records."""
-    attributes: dict[str, Any] = {
+def _first(operation: str, topic: str) -> dict[str, Any]:
+    """The attributes of ``<operation> <topic>`` a sampler may look at; the rest are set
+    only on a span that records."""
+    return {
         "messaging.system": SYSTEM,
         "messaging.operation.type": operation,
         "messaging.destination.name": topic,
-        **first,
     }
-    return t.start_span(f"{operation} {topic}", context=parent, kind=kind, attributes=attributes)
-
-
-def _sampled(api: _Otel, parent: Any) -> bool:
-    """False when ``parent`` (a context; None: the current one) holds a valid span context
-    that was not sampled: a span under it would record nothing (the default sampler
-    follows its parent), so none is made — the context is carried on instead."""
-    context = api.trace.get_current_span(parent).get_span_context()
-    return not context.is_valid or context.trace_flags.sampled
 
 
 def _message_attributes(attributes: dict[str, Any], props: Mapping[str, str]) -> None:
@@ -523,24 +378,30 @@ class _Consuming:
     """One listener run: inside a ``process <topic>`` span (current while it runs), or
     inside the message's trace context when it was not sampled (``context``: no span)."""
 
-    __slots__ = ("began", "context", "group", "m", "outcome", "span", "token", "topic")
+    __slots__ = ("api", "began", "context", "group", "m", "outcome", "span", "token", "topic")
 
     def __init__(
-        self, group: str, topic: str, m: _Metrics | None, span: Any, context: Any = None
+        self,
+        group: str,
+        topic: str,
+        m: _Metrics | None,
+        api: otel.Otel | None = None,
+        span: Any = None,
+        context: Any = None,
     ) -> None:
-        self.group, self.topic, self.m, self.span = group, topic, m, span
+        self.group, self.topic, self.m, self.api, self.span = group, topic, m, api, span
         self.context = context
         self.outcome = "success"
         self.token: Any = None
         self.began = 0.0
 
     def __enter__(self) -> _Consuming:
-        if self.span is not None:
-            assert _otel is not None
-            self.token = _otel.context.attach(_otel.trace.set_span_in_context(self.span))
-        elif self.context is not None:
-            assert _otel is not None
-            self.token = _otel.context.attach(self.context)
+        api = self.api
+        if api is not None:
+            context = self.context
+            if context is None:
+                context = api.trace.set_span_in_context(self.span)
+            self.token = api.context.attach(context)
         self.began = _perf_counter()
         return self
 
@@ -565,8 +426,8 @@ class _Consuming:
             took = _perf_counter() - self.began
             m.consume_seconds.observe((self.group, self.topic, self.outcome), took)
         if self.token is not None:
-            assert _otel is not None
-            _otel.context.detach(self.token)
+            assert self.api is not None
+            self.api.context.detach(self.token)
         span = self.span
         if span is not None:
             if self.outcome != "success":
@@ -590,31 +451,38 @@ def consuming(
     """The hook around a listener's run on one message: use as ``with ... as c:`` and tell
     it ``c.result(...)`` or ``c.failed(exc)``."""
     m = metrics()
-    t = tracer()
-    if t is None:
-        return _NOTHING if m is None else _Consuming(group, topic, m, None)
-    assert _otel is not None
-    api = _otel
+    traced = otel.active()
+    if traced is None:
+        return _NOTHING if m is None else _Consuming(group, topic, m)
+    api = traced.api
     # the message's context, or none: a message sent untraced starts a trace of its own
-    parent = api.extract(properties)
-    if not _sampled(api, parent):
-        return _Consuming(group, topic, m, None, parent)  # carried on, no span
-    first = {"messaging.consumer.group.name": group}
-    span = _start_span(t, "process", topic, api.consumer, parent, first)
-    if span.is_recording():
-        attributes: dict[str, Any] = {"messaging.operation.name": "process"}
-        if queue_id >= 0:
-            attributes["messaging.destination.partition.id"] = str(queue_id)
-        if reconsume_times:
-            attributes["txmq.reconsume_times"] = reconsume_times
-        if model != "clustering":
-            attributes["messaging.rocketmq.consumption_model"] = model
-        _message_attributes(attributes, properties)
-        attributes["messaging.message.id"] = msg_id
-        span.set_attributes(attributes)
-    else:  # dropped by the sampler: nothing to end, but its (unsampled) context goes on
-        return _Consuming(group, topic, m, None, api.trace.set_span_in_context(span, parent))
-    return _Consuming(group, topic, m, span)
+    parent, sampled = api.extract(properties)
+    if sampled is False:
+        return _Consuming(group, topic, m, api, context=parent)  # carried on, no span
+    roots = traced.roots
+    if sampled is None and roots is not None:
+        dropped = roots.judge()
+        if dropped is not None:  # a root the sampler drops: its context goes on, no span
+            return _Consuming(group, topic, m, api, context=api.context_of(dropped, parent))
+    name = f"process {topic}"
+    first = _first("process", topic)
+    first["messaging.consumer.group.name"] = group
+    span = traced.tracer.start_span(name, context=parent, kind=api.consumer, attributes=first)
+    if not span.is_recording():
+        # dropped by the sampler: nothing to end, but its (unsampled) context goes on
+        context = api.trace.set_span_in_context(span, parent)
+        return _Consuming(group, topic, m, api, context=context)
+    attributes: dict[str, Any] = {"messaging.operation.name": "process"}
+    if queue_id >= 0:
+        attributes["messaging.destination.partition.id"] = str(queue_id)
+    if reconsume_times:
+        attributes["txmq.reconsume_times"] = reconsume_times
+    if model != "clustering":
+        attributes["messaging.rocketmq.consumption_model"] = model
+    _message_attributes(attributes, properties)
+    attributes["messaging.message.id"] = msg_id
+    span.set_attributes(attributes)
+    return _Consuming(group, topic, m, api, span)
 
 
 # -- counters and gauges --------------------------------------------------------------------
