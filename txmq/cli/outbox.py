@@ -85,6 +85,13 @@ def add_parser(sub: SubParsers) -> None:
     )
     r.add_argument("--batch-size", type=int, default=500, help="rows per cycle (default 500)")
     r.add_argument(
+        "--cycles-in-flight",
+        type=int,
+        default=2,
+        help="cycles sending at once on PostgreSQL: the next claim starts while earlier "
+        "rows are sent (default 2; SQLite runs one)",
+    )
+    r.add_argument(
         "--max-attempts", type=int, default=10, help="failed sends before a row is parked"
     )
     r.add_argument("--backoff", type=float, default=0.5, help="first retry delay, seconds")
@@ -227,6 +234,7 @@ def _relay(args: argparse.Namespace) -> int:
         args.db,
         producer or where["address"],
         batch_size=args.batch_size,
+        cycles_in_flight=args.cycles_in_flight,
         max_attempts=args.max_attempts,
         backoff=args.backoff,
         poll_interval=args.poll_interval,

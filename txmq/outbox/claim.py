@@ -42,6 +42,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     union_all,
     update,
 )
@@ -109,6 +110,12 @@ def claim(conn: Connection, batch_size: int, lease: timedelta) -> list[Row]:
     dialect = conn.dialect.name
     if dialect == "sqlite":
         begin_immediate(conn)
+    else:
+        # the cycle's commit (its rows marked sent) does not wait for the disk: lost in a
+        # crash of the database, its rows are sent again — as after a relay's crash before
+        # its commit, which consumers already deduplicate.  The application's own
+        # transactions (the rows' inserts) keep the server's setting.
+        conn.execute(_ASYNC_COMMIT)
     stmt = _CLAIMS.get((dialect, batch_size))
     if stmt is None:
         stmt = _CLAIMS[(dialect, batch_size)] = _claim_statement(dialect, batch_size)
@@ -122,6 +129,7 @@ def claim(conn: Connection, batch_size: int, lease: timedelta) -> list[Row]:
     return rows
 
 
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
 _CLAIMS: dict[tuple[str, int], Any] = {}  # built once: building it costs more than running it
 
 

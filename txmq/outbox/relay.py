@@ -131,7 +131,11 @@ class OutboxRelay:
     so the endpoint keeps a key's rows in one queue, in order).  ``metrics_interval``:
     seconds between readings of the backlog, lag and parked rows into the client metrics
     (:meth:`update_metrics`; 0: none).  Each row's send continues the trace that was current
-    when it was added (see :mod:`txmq.observability.hooks`).
+    when it was added (see :mod:`txmq.observability.hooks`).  ``cycles_in_flight``
+    (PostgreSQL; SQLite runs one): how many cycles may be in flight at once — claims are
+    taken one at a time, and the next one starts as soon as the last has its rows, while
+    those are sent and marked (a key's rows are still sent by one cycle at a time: its
+    head's row lock).
     """
 
     def __init__(
@@ -153,9 +157,12 @@ class OutboxRelay:
         namesrv: str | Sequence[str] | None = None,
         transport: str | Transport | None = None,
         metrics_interval: float = 5.0,
+        cycles_in_flight: int = 2,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if cycles_in_flight < 1:
+            raise ValueError("cycles_in_flight must be at least 1")
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if retention < timedelta(0):
@@ -200,7 +207,9 @@ class OutboxRelay:
         self.cycles = 0
         self.listening = False
         """True while the LISTEN connection is up (PostgreSQL)."""
+        self.cycles_in_flight = cycles_in_flight if self.dialect == "postgresql" else 1
         self._wake = anyio.Event()
+        self._claiming = anyio.Lock()
         self._limiter = anyio.CapacityLimiter(max(1, send_concurrency))
         self._lifetime: asyncio.Task[None] | None = None
         self._stop: anyio.Event | None = None
@@ -319,9 +328,17 @@ class OutboxRelay:
             await self._relay_loop()
 
     async def _relay_loop(self) -> None:
+        """``cycles_in_flight`` workers (PostgreSQL; one on SQLite), each claiming, sending and
+        marking; claims are taken one at a time, so a free worker claims the rows that
+        arrived since the last claim while earlier cycles still send theirs."""
+        async with anyio.create_task_group() as tg:
+            for _ in range(self.cycles_in_flight):
+                tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
         outage_delay = error_delay = 0.0
         while True:
-            self._wake = anyio.Event()  # a notification from now on wakes the next wait
+            woken = self._wake  # a notification from now on wakes the wait below
             try:
                 # a cycle in flight finishes before the relay stops (its sends are bounded
                 # by the producer's timeout): cancelling a database driver mid-statement
@@ -349,13 +366,14 @@ class OutboxRelay:
             if outcome.sent or outcome.failed:
                 continue  # there may be more right away
             with anyio.move_on_after(self.poll_interval):
-                await self._wake.wait()
+                await woken.wait()
 
     async def relay_once(self) -> Outcome:
         """One cycle: claim, send, mark, commit. Returns what happened."""
-        t0 = time.perf_counter()
         async with self.engine.connect() as conn:
-            rows = await conn.run_sync(claim, self.batch_size, self.claim_lease)
+            async with self._claiming:
+                t0 = time.perf_counter()
+                rows = await conn.run_sync(claim, self.batch_size, self.claim_lease)
             if not rows:
                 await conn.rollback()
                 return Outcome()
@@ -509,8 +527,9 @@ class OutboxRelay:
         return _to(queue)
 
     def wake(self) -> None:
-        """Start the next cycle now (what a NOTIFY does)."""
+        """Start the next cycle now (what a NOTIFY does): every idle worker claims."""
         self._wake.set()
+        self._wake = anyio.Event()
 
     def _short(self, exc: BaseException) -> str:
         """One line for a cycle's error (a database error without its SQL statement)."""
