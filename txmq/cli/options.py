@@ -152,12 +152,22 @@ def add_acl_server(parser: argparse.ArgumentParser) -> None:
         help="access control: the users and rules file (TOML; read again when it changes); "
         "every request must then be signed by a user allowed to make it",
     )
+    parser.add_argument(
+        "--acl-auth-strategy",
+        choices=["stateful", "stateless"],
+        help="with --acl: 'stateful' (default) authenticates a TLS connection once (its "
+        "first signed request, or a client certificate naming a user) and takes its later "
+        "requests unsigned; 'stateless' checks a signature on every request",
+    )
 
 
 def acl_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The setting of :func:`add_acl_server`'s option (None: as the file and environment
     say)."""
-    return {"acl_file": getattr(args, "acl", None)}
+    return {
+        "acl_file": getattr(args, "acl", None),
+        "acl_auth_strategy": getattr(args, "acl_auth_strategy", None),
+    }
 
 
 def positive_int(text: str) -> int:

@@ -35,6 +35,8 @@ from txmq.protocol.wire.errors import (
 )
 from txmq.protocol.wire.frame import (
     DEFAULT_MAX_FRAME_SIZE,
+    NOTICE_SIGN_AGAIN,
+    SIGNED,
     Frame,
     FrameDecoder,
     FrameKind,
@@ -63,7 +65,8 @@ Handler = Callable[["Connection", Frame], HandlerResult]
 
 
 class FrameSigner(Protocol):
-    """Signs a connection's request frames (:class:`txmq.security.signing.Signer`)."""
+    """Signs a connection's request frames (:class:`txmq.security.signing.Signer`), or
+    stops and resumes signing them as the server's notices on its answers say."""
 
     def frame(
         self,
@@ -75,7 +78,12 @@ class FrameSigner(Protocol):
         version: int,
     ) -> bytes: ...
 
+    def notice(self, notice: bytes) -> None:
+        """An answer's notice (its trailer) about the connection's authentication."""
+        ...
 
+
+_SIGN_AGAIN = bytes([NOTICE_SIGN_AGAIN])
 #: how many requests of one read a server handles before it lets other tasks run
 YIELD_EVERY = 32
 
@@ -255,6 +263,8 @@ class Connection:
 
     def _received(self, frame: Frame) -> None:
         if frame.kind == FrameKind.RESPONSE:
+            if frame.auth and self.signer is not None:
+                self.signer.notice(frame.auth)
             fut = self._pending.pop(frame.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
@@ -393,6 +403,7 @@ class Connection:
                 header,
                 body,
                 frame.version,
+                frame.notice,
             )
         )
 
@@ -412,7 +423,9 @@ class Connection:
         self._answered()
         if frame.kind == FrameKind.ONEWAY or self.closed:
             return
-        self._enqueue(_error_frame(frame.request_id, code, clip(message), frame.version))
+        self._enqueue(
+            _error_frame(frame.request_id, code, clip(message), frame.version, frame.notice)
+        )
 
     # -- outgoing requests ----------------------------------------------------------------
 
@@ -441,23 +454,30 @@ class Connection:
         version: int = 1,
     ) -> Frame:
         """Send a request (its header as msgpack) and wait for its answer; error answers
-        raise (unless ``check``)."""
-        request_id = next(self._ids) & 0xFFFFFFFF
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Frame | None] = loop.create_future()
-        self._pending[request_id] = fut
-        expiry = loop.call_later(timeout, _expire, fut) if timeout > 0 else None
-        try:
-            self._enqueue(self._frame(FrameKind.REQUEST, code, request_id, header, body, version))
-            frame = await fut
-        finally:
-            self._pending.pop(request_id, None)
-            if expiry is not None:
-                expiry.cancel()
-        if frame is None:
-            raise RequestTimeout(
-                f"no answer to request {code} within {timeout:.1f}s from {self.name}"
-            )
+        raise (unless ``check``).  A request sent unsigned on a connection the server no
+        longer holds authenticated (its answer says sign again) is sent again, signed."""
+        again = False
+        while True:
+            request_id = next(self._ids) & 0xFFFFFFFF
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[Frame | None] = loop.create_future()
+            self._pending[request_id] = fut
+            expiry = loop.call_later(timeout, _expire, fut) if timeout > 0 else None
+            try:
+                data = self._frame(FrameKind.REQUEST, code, request_id, header, body, version)
+                self._enqueue(data)
+                frame = await fut
+            finally:
+                self._pending.pop(request_id, None)
+                if expiry is not None:
+                    expiry.cancel()
+            if frame is None:
+                raise RequestTimeout(
+                    f"no answer to request {code} within {timeout:.1f}s from {self.name}"
+                )
+            if again or not frame.auth or frame.auth[:1] != _SIGN_AGAIN or data[5] & SIGNED:
+                break
+            again = True
         if check and frame.code != ResponseCode.SUCCESS:
             raise error_for_code(frame.code, error_message(frame))
         return frame
@@ -483,7 +503,9 @@ def error_message(frame: Frame) -> str:
         return f"(unreadable error header {frame.header[:64]!r})"
 
 
-def _error_frame(request_id: int, code: int, message: str, version: int = 1) -> bytes:
+def _error_frame(
+    request_id: int, code: int, message: str, version: int = 1, notice: bytes = b""
+) -> bytes:
     return encode_frame(
-        FrameKind.RESPONSE, code, request_id, ErrorAnswer(error=message), b"", version
+        FrameKind.RESPONSE, code, request_id, ErrorAnswer(error=message), b"", version, notice
     )

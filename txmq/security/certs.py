@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CertFiles", "make_test_ca"]
+__all__ = ["CertFiles", "make_client_cert", "make_test_ca"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,36 @@ def make_test_ca(
         files.client_key,
     )
     return files
+
+
+def make_client_cert(
+    ca: CertFiles, folder: Path | str, common_name: str, *, days: int = 365
+) -> tuple[Path, Path]:
+    """A client certificate whose subject common name is ``common_name`` (under access
+    control over mutual TLS: the user of that name), signed by ``ca``'s authority: the
+    certificate and key files (``folder/<common_name>.pem`` and ``.key``)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    issuer = x509.load_pem_x509_certificate(ca.ca.read_bytes())
+    key = serialization.load_pem_private_key(ca.ca_key.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):  # pragma: no cover - made above
+        raise TypeError(f"{ca.ca_key} is not the EC key make_test_ca makes")
+    now = datetime.datetime.now(datetime.UTC)
+    authority = _Authority(
+        name=issuer.subject,
+        key=key,
+        start=now - _BACKDATE,
+        end=min(now + datetime.timedelta(days=days), issuer.not_valid_after_utc),
+    )
+    cert, cert_key = out / f"{common_name}.pem", out / f"{common_name}.key"
+    authority.issue(
+        _name(common_name),
+        ec.generate_private_key(ec.SECP256R1()),
+        _leaf([ExtendedKeyUsageOID.CLIENT_AUTH]),
+        cert,
+        cert_key,
+    )
+    return cert, cert_key
 
 
 @dataclass(frozen=True)

@@ -92,9 +92,12 @@ class ClientSecurity:
         return await client_handshake(stream, ctx, host, address, timeout)
 
     def signer(self) -> Signer | None:
-        """A new signer for one connection's requests (None: they go unsigned)."""
+        """A new signer for one connection's requests (None: they go unsigned); over TLS
+        it stops signing once the server says the connection is authenticated."""
         credentials = self.credentials
-        return Signer(credentials) if credentials is not None else None
+        if credentials is None:
+            return None
+        return Signer(credentials, stateful=self.uses_tls)
 
 
 def client_security(

@@ -17,6 +17,13 @@ access key, with a signature that does not match, signed further than the time w
 its clock, or whose (access key, prefix, number) it has seen before: a replay.  It keeps,
 per prefix, the highest number seen and which of the 256 before it came, for as long as
 a replay would still be in the time window.
+
+Over TLS a server with the stateful strategy (:mod:`txmq.security.acl.binding`) holds the
+connection authenticated after its first signed request and says so on the answer
+(:data:`~txmq.protocol.wire.frame.NOTICE_AUTHENTICATED`, naming that request's number): a
+:class:`Signer` made ``stateful`` then sends the connection's requests unsigned (oneway
+requests, which get no answer to say "sign again", stay signed) until an answer says
+:data:`~txmq.protocol.wire.frame.NOTICE_SIGN_AGAIN`.
 """
 
 from __future__ import annotations
@@ -31,7 +38,16 @@ from datetime import UTC, datetime
 from hashlib import sha1
 
 from txmq.protocol.wire.errors import AuthenticationFailed
-from txmq.protocol.wire.frame import SIGNED, SIGNED_FIELDS, Frame, FrameKind, encode_signed_frame
+from txmq.protocol.wire.frame import (
+    NOTICE_AUTHENTICATED,
+    NOTICE_SIGN_AGAIN,
+    SIGNED,
+    SIGNED_FIELDS,
+    Frame,
+    FrameKind,
+    encode_frame,
+    encode_signed_frame,
+)
 from txmq.security.credentials import Credentials
 
 __all__ = [
@@ -43,9 +59,11 @@ __all__ = [
     "Authenticator",
     "Mac",
     "Signer",
+    "authenticated_notice",
     "authorization",
     "grpc_signature",
     "signed_metadata",
+    "signer_of",
 ]
 
 SCHEME = 1
@@ -54,6 +72,7 @@ _META = struct.Struct("<Bq8sQ")
 _TIME_NUMBER = struct.Struct("<q8xQ")
 #: where the trailer's prefix, number and access key start
 _PREFIX_AT, _NUMBER_AT, _KEY_AT = 9, 17, _META.size
+_NUMBER = struct.Struct("<Q")
 _SIG = 32
 #: how far a request's time may be from the server's clock (either way)
 DEFAULT_TIME_WINDOW_S = 60.0
@@ -91,16 +110,49 @@ _OPAD = bytes(b ^ 0x5C for b in range(256))
 
 
 class Signer:
-    """Signs the requests of one connection (each connection has its own prefix)."""
+    """Signs the requests of one connection (each connection has its own prefix).
+    ``stateful`` (a TLS connection's): stops signing when the server's answer says the
+    connection is authenticated, resumes when one says sign again."""
 
-    __slots__ = ("_ak", "_count", "_mac", "_prefix", "clock")
+    __slots__ = ("_ak", "_count", "_mac", "_prefix", "_resumed", "clock", "signing", "stateful")
 
-    def __init__(self, credentials: Credentials, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        credentials: Credentials,
+        clock: Callable[[], float] = time.time,
+        *,
+        stateful: bool = False,
+    ) -> None:
         self._ak = credentials.access_key.encode()
         self._mac = Mac(credentials.secret)
         self._prefix = os.urandom(8)
         self._count = 0
         self.clock = clock
+        self.stateful = stateful
+        #: whether requests are signed now (False: the server holds the connection
+        #: authenticated)
+        self.signing = True
+        #: the first number signed since signing resumed: an older request's answer saying
+        #: "authenticated" came before the server dropped the connection's authentication
+        self._resumed = 0
+
+    @property
+    def signed(self) -> int:
+        """How many requests it signed."""
+        return self._count
+
+    def notice(self, notice: bytes) -> None:
+        """An answer's notice about the connection's authentication."""
+        if not notice:
+            return
+        if notice[0] == NOTICE_AUTHENTICATED and len(notice) == _NOTICE.size:
+            if self.stateful and self.signing:
+                (_, number) = _NOTICE.unpack(notice)
+                if number >= self._resumed:
+                    self.signing = False
+        elif notice[0] == NOTICE_SIGN_AGAIN and not self.signing:
+            self.signing = True
+            self._resumed = self._count + 1
 
     def trailer(self, fields: bytes, header: bytes, body: bytes | memoryview) -> bytes:
         self._count += 1
@@ -116,8 +168,33 @@ class Signer:
         body: bytes | memoryview,
         version: int,
     ) -> bytes:
-        """A signed request frame."""
-        return encode_signed_frame(kind, code, request_id, header, body, version, self.trailer)
+        """A signed request frame (unsigned while the server holds the connection
+        authenticated, but for a oneway request)."""
+        if self.signing or kind == FrameKind.ONEWAY:
+            return encode_signed_frame(kind, code, request_id, header, body, version, self.trailer)
+        return encode_frame(kind, code, request_id, header, body, version)
+
+
+#: the "authenticated" notice: its byte, and the number of the signed request answered
+_NOTICE = struct.Struct("<BQ")
+
+
+def authenticated_notice(auth: bytes) -> bytes:
+    """The notice answering the request signed with trailer ``auth``: the connection is
+    authenticated."""
+    return _NOTICE.pack(NOTICE_AUTHENTICATED, _NUMBER.unpack_from(auth, _NUMBER_AT)[0])
+
+
+def signer_of(auth: bytes) -> tuple[bytes, str] | None:
+    """Who signed with trailer ``auth``: the prefix and access key bytes it names (a
+    session's ``ident``) and the access key; None for a trailer too short or not UTF-8."""
+    if len(auth) < _META.size + 1 + _SIG:
+        return None
+    try:
+        access_key = auth[_KEY_AT:-_SIG].decode()
+    except UnicodeDecodeError:
+        return None
+    return auth[_PREFIX_AT:_NUMBER_AT] + auth[_KEY_AT:-_SIG], access_key
 
 
 def _failed(kind: str, frame: Frame, why: str, sep: str = ": ") -> AuthenticationFailed:

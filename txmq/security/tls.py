@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio import TypedAttributeProvider
 from anyio.streams.tls import TLSAttribute, TLSStream
 
 from txmq.protocol.settings import SettingsError
@@ -30,11 +31,13 @@ from txmq.protocol.wire.frame import PREFIX, FrameKind, encode_frame
 __all__ = [
     "PLAINTEXT_REFUSED",
     "ServerTls",
+    "TlsPeer",
     "accept_tls",
     "client_context",
     "client_handshake",
     "grpc_channel_credentials",
     "server_context",
+    "tls_peer",
 ]
 
 log = logging.getLogger("txmq.tls")
@@ -308,6 +311,28 @@ async def accept_tls(
         logger.info("connection from %s failed during the TLS handshake: %s", peer, _reason(exc))
     await anyio.aclose_forcefully(stream)
     return None
+
+
+@dataclass(frozen=True)
+class TlsPeer:
+    """The client of a server's TLS connection: the subject common name (CN) of the
+    certificate it showed and the server verified (None: none, or the server asks for none,
+    or the subject has no single common name)."""
+
+    common_name: str | None = None
+
+
+def tls_peer(stream: object) -> TlsPeer | None:
+    """The client of a server's connection over ``stream`` (None: not TLS)."""
+    if not isinstance(stream, TypedAttributeProvider):
+        return None
+    ssl_object = stream.extra(TLSAttribute.ssl_object, None)
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()  # (empty or None unless verified against tls_ca)
+    subject: Any = (cert or {}).get("subject", ())
+    names = [value for rdn in subject for key, value in rdn if key == "commonName"]
+    return TlsPeer(names[0] if len(names) == 1 else None)
 
 
 # -- clients ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from txmq.protocol.connection import Connection, Handler
 from txmq.protocol.flow import ConnectionLimits, FrameBudget, stop_eager_reading
 from txmq.protocol.settings import SettingsError
 from txmq.protocol.wire.frame import DEFAULT_MAX_FRAME_SIZE
+from txmq.security.acl.binding import AuthStrategy
 from txmq.security.acl.guard import Guard
 from txmq.security.tls import ServerTls, accept_tls
 
@@ -86,6 +87,11 @@ class ConnectionSettings:
     acl_file: Path | None = None
     #: how far a signed request's time may be from this server's clock
     acl_time_window_s: float = 60.0
+    #: "stateful": a TLS connection is authenticated once, by its first signed request or
+    #: (with tls_ca) a client certificate whose common name is a user's, and its later
+    #: requests go unsigned; "stateless": every request is signed and checked (plaintext
+    #: connections always are) (RocketMQ 5's `authenticationStrategy`)
+    acl_auth_strategy: AuthStrategy = AuthStrategy.STATEFUL
 
     def __post_init__(self) -> None:
         if self.max_frame_size < 64 * 1024:
@@ -103,6 +109,15 @@ class ConnectionSettings:
         self._check_tls()
         if not 1 <= self.acl_time_window_s <= 3600:
             raise SettingsError("acl_time_window_s must be between 1 and 3600 seconds")
+        if not isinstance(self.acl_auth_strategy, AuthStrategy):  # ...="stateless" in code
+            try:
+                strategy = AuthStrategy(str(self.acl_auth_strategy).lower())
+            except ValueError:
+                raise SettingsError(
+                    f"acl_auth_strategy must be 'stateful' or 'stateless', not "
+                    f"{self.acl_auth_strategy!r}"
+                ) from None
+            object.__setattr__(self, "acl_auth_strategy", strategy)
 
     def _check_tls(self) -> None:
         for name in ("tls_cert", "tls_key", "tls_ca"):
@@ -146,7 +161,12 @@ class ConnectionSettings:
         SettingsError for a file that cannot be read or is not a valid ACL."""
         if self.acl_file is None:
             return None
-        return Guard(self.acl_file, window_s=self.acl_time_window_s, who=who)
+        return Guard(
+            self.acl_file,
+            window_s=self.acl_time_window_s,
+            who=who,
+            strategy=self.acl_auth_strategy,
+        )
 
 
 class Acceptor:

@@ -14,7 +14,9 @@
 A *signed* request (the kind byte's bit 0x80, :data:`SIGNED`) ends with an auth trailer
 (who signed it, when, a nonce and the signature: :mod:`txmq.security.signing`) followed by the
 trailer's length (2 bytes, little-endian); the body is what lies between the header and the
-trailer.
+trailer.  A response may end with a trailer the same way: the server's notice about the
+connection's authentication (:data:`NOTICE_AUTHENTICATED`, :data:`NOTICE_SIGN_AGAIN`; the
+stateful strategy of :mod:`txmq.security.acl.binding`), which older clients ignore.
 
 Framing is the same for every version and code, so the decoder checks only the frame
 itself; the header is decoded by whoever knows its type (the request's code and version).
@@ -35,6 +37,8 @@ from txmq.protocol.wire.errors import FrameTooLarge, MalformedFrame
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "NOTICE_AUTHENTICATED",
+    "NOTICE_SIGN_AGAIN",
     "PREFIX",
     "SIGNED",
     "SIGNED_FIELDS",
@@ -51,6 +55,11 @@ SIGNED = 0x80
 _TRAILER_LEN = struct.Struct("<H")
 #: the prefix fields a signature covers: version, kind (with SIGNED), code, header length
 SIGNED_FIELDS = struct.Struct("<BBHI")
+#: a response's notice (its trailer's first byte): the connection is authenticated, its
+#: requests need not be signed; then the number (8 bytes LE) of the signed request answered
+NOTICE_AUTHENTICATED = 1
+#: a response's notice: the connection is not (or no longer) authenticated: sign requests
+NOTICE_SIGN_AGAIN = 2
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 _EMPTY_MAP = b"\x80"
 #: a decoder keeps a buffer up to this size for the next partial frame; a bigger one goes
@@ -73,8 +82,12 @@ class Frame:
     header: bytes = b""
     body: bytes = b""
     version: int = 1
-    #: a signed request's auth trailer (empty: the request is not signed)
+    #: a signed request's auth trailer (empty: the request is not signed); a response's
+    #: notice
     auth: bytes = b""
+    #: a request being served: the notice its answer carries (set by the server's access
+    #: control; empty: none)
+    notice: bytes = b""
 
 
 def encode_frame(
@@ -84,8 +97,10 @@ def encode_frame(
     header: msgspec.Struct | bytes | None = None,
     body: bytes | memoryview = b"",
     version: int = 1,
+    trailer: bytes = b"",
 ) -> bytes:
-    """One frame; ``header`` is a typed struct (encoded here) or msgpack bytes."""
+    """One frame; ``header`` is a typed struct (encoded here) or msgpack bytes;
+    ``trailer``: a response's notice."""
     if header is None:
         head = b""
     elif isinstance(header, bytes):
@@ -95,6 +110,10 @@ def encode_frame(
         if head == _EMPTY_MAP:
             head = b""
     length = PREFIX.size - 4 + len(head) + len(body)
+    if trailer:
+        length += len(trailer) + _TRAILER_LEN.size
+        prefix = PREFIX.pack(length, version, int(kind) | SIGNED, int(code), request_id, len(head))
+        return b"".join((prefix, head, body, trailer, _TRAILER_LEN.pack(len(trailer))))
     return b"".join(
         (PREFIX.pack(length, version, int(kind), int(code), request_id, len(head)), head, body)
     )

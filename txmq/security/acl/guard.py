@@ -2,7 +2,8 @@
 (:mod:`txmq.security.acl.policy`, :mod:`txmq.security.acl.rights`), with the ACL file read
 again when it changes.  A :class:`txmq.protocol.rpc.Router` with a guard checks every request
 before its handler runs; handlers that learn more (the half message of an END_TRANSACTION) call
-:meth:`Guard.require` with the user the router put on the call."""
+:meth:`Guard.require` with the user the router put on the call.  How a connection is
+authenticated (each request signed, or a TLS connection once): :mod:`.binding`."""
 
 from __future__ import annotations
 
@@ -18,10 +19,17 @@ from txmq.protocol.settings import SettingsError
 from txmq.protocol.wire import PullMessage, SendBatchMessage, SendMessage
 from txmq.protocol.wire.base import Request
 from txmq.protocol.wire.errors import AuthenticationFailed, NoPermission
-from txmq.protocol.wire.frame import Frame
+from txmq.protocol.wire.frame import NOTICE_SIGN_AGAIN, Frame
+from txmq.security.acl.binding import AuthStrategy, Binding
 from txmq.security.acl.policy import Acl, Resource, User
 from txmq.security.acl.rights import needs
-from txmq.security.signing import DEFAULT_TIME_WINDOW_S, Authenticator, Session
+from txmq.security.signing import (
+    DEFAULT_TIME_WINDOW_S,
+    Authenticator,
+    authenticated_notice,
+    signer_of,
+)
+from txmq.security.tls import tls_peer
 
 __all__ = ["Guard", "Peer", "peer_host"]
 
@@ -50,19 +58,12 @@ def peer_host(conn: Peer) -> str:
     return str(host)
 
 
-#: a connection's attribute: who signed its requests, and what they were allowed
-_SIGNED = "acl_signed"
+#: a connection's attribute: its :class:`Binding` (who signed its requests, whether it is
+#: bound to them, and what they were allowed)
+_STATE = "acl_binding"
 #: sends' topics and pulls' queues a connection remembers it was allowed, at most
 _KNOWN_MAX = 1024
-
-
-class _Signed:
-    __slots__ = ("allowed", "session", "user")
-
-    def __init__(self, session: Session, user: User) -> None:
-        self.session = session
-        self.user = user
-        self.allowed: set[Any] = set()
+_SIGN_AGAIN = bytes([NOTICE_SIGN_AGAIN])
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -77,10 +78,18 @@ class Guard:
     """The users and rules of an ACL file, and the checks a server runs on requests."""
 
     def __init__(
-        self, path: Path, *, window_s: float = DEFAULT_TIME_WINDOW_S, who: str = "server"
+        self,
+        path: Path,
+        *,
+        window_s: float = DEFAULT_TIME_WINDOW_S,
+        who: str = "server",
+        strategy: AuthStrategy = AuthStrategy.STATEFUL,
     ) -> None:
         self.path = Path(path)
         self.who = who
+        self.strategy = strategy
+        #: bumped at each change of the users or rules (connections check theirs again)
+        self.generation = 0
         self._stamp = _stamp(self.path)
         self.acl = Acl.load(self.path)  # a bad file stops the server's start
         self.authenticator = Authenticator(self._secret, window_s=window_s)
@@ -98,25 +107,103 @@ class Guard:
     # -- checks ---------------------------------------------------------------------------
 
     def authenticate(self, conn: Peer, frame: Frame, kind: type[Request[Any]]) -> User:
-        """The user who signed ``frame``, or AuthenticationFailed."""
+        """The user who signed ``frame`` (or whom its connection is bound to), or
+        AuthenticationFailed."""
         attributes = conn.attributes
-        known: _Signed | None = attributes.get(_SIGNED)
+        state: Binding | None = attributes.get(_STATE)
+        if state is None:
+            state = attributes[_STATE] = self._binding(conn)
+        if state.generation != self.generation:
+            state.recheck(self.acl.users, self.generation)
+            self._note_user(state, attributes)
+        if state.bound:
+            assert state.user is not None
+            if not frame.auth:
+                return state.user
+            return self._signed_on_bound(conn, state, frame, kind)
         try:
-            session = self.authenticator.check(
-                frame, kind.__name__, None if known is None else known.session
-            )
+            session = self.authenticator.check(frame, kind.__name__, state.session)
         except AuthenticationFailed as exc:
-            self._refused("authentication", conn, str(exc))
-            raise
-        if known is not None and known.session is session:
-            return known.user
+            refusal = exc
+            if state.stateful and not frame.auth:
+                frame.notice = _SIGN_AGAIN  # (a stateful client signs again)
+                if state.dropped is not None:
+                    refusal = AuthenticationFailed(
+                        f"{kind.__name__} (code {frame.code}) is not signed and this connection "
+                        f"is no longer authenticated ({state.dropped}): sign it again"
+                    )
+            self._refused("authentication", conn, str(refusal))
+            raise refusal from None
+        if state.session is session and state.user is not None:
+            return state.user
         user = self.acl.users.get(session.access_key)
         if user is None:  # removed between the two lookups
             raise AuthenticationFailed(
                 f"{kind.__name__}: unknown access key {session.access_key!r}"
             )
-        attributes[_SIGNED] = _Signed(session, user)
+        state.session = session
+        if state.stateful:
+            state.bind(user, ident=session.ident)
+            frame.notice = authenticated_notice(frame.auth)
+        elif state.user is not user:
+            state.user = user
+            state.allowed.clear()
         attributes["acl_user"] = user.name
+        return user
+
+    def _binding(self, conn: Peer) -> Binding:
+        """A new connection's state: over TLS under the stateful strategy, bound at once
+        to the user its client certificate names."""
+        peer = tls_peer(getattr(conn, "stream", None))
+        stateful = peer is not None and self.strategy is AuthStrategy.STATEFUL
+        state = Binding(
+            stateful=stateful,
+            cert_name=peer.common_name if peer is not None and stateful else None,
+            generation=self.generation,
+        )
+        if state.cert_name is not None:
+            user = self.acl.users.get(state.cert_name)
+            if user is not None:
+                state.bind(user, by_certificate=True)
+                conn.attributes["acl_user"] = user.name
+        return state
+
+    def _note_user(self, state: Binding, attributes: dict[str, Any]) -> None:
+        """``acl_user`` (whose producers a connection serves) after a recheck."""
+        if state.user is not None:
+            attributes["acl_user"] = state.user.name
+        elif state.dropped is not None:
+            attributes.pop("acl_user", None)
+
+    def _signed_on_bound(
+        self, conn: Peer, state: Binding, frame: Frame, kind: type[Request[Any]]
+    ) -> User:
+        """A signed request on a bound connection (an old client's, or one that has not
+        heard yet): its bound user's, who need not be checked again; another user's is
+        refused."""
+        user = state.user
+        assert user is not None
+        auth = frame.auth
+        who = signer_of(auth)
+        if who is not None and who[0] == state.ident:
+            frame.notice = authenticated_notice(auth)
+            return user
+        if who is not None and who[1] != user.name:
+            message = (
+                f"{kind.__name__} (code {frame.code}): signed by {who[1]!r}, but this TLS "
+                f"connection is authenticated as {user.name!r} (by {state.how()}): use a "
+                "connection of its own for each user"
+            )
+            self._refused("authentication", conn, message)
+            raise AuthenticationFailed(message)
+        try:  # the bound user's new signer (or its first on a certificate's connection)
+            session = self.authenticator.check(frame, kind.__name__)
+        except AuthenticationFailed as exc:
+            self._refused("authentication", conn, str(exc))
+            raise
+        state.session = session
+        state.ident = session.ident
+        frame.notice = authenticated_notice(auth)
         return user
 
     def authorize(
@@ -126,16 +213,16 @@ class Guard:
         (``what``: how the error names the request; default its class's name)."""
         if user.super_user:
             return
-        # a connection's sends and pulls: what it was allowed before (the users and rules
-        # are the same while its session is: a change makes a new one)
+        # a connection's sends and pulls: what it was allowed before (forgotten when its
+        # user or the rules change)
         kind = type(request)
-        known: _Signed | None = None
+        known: Binding | None = None
         key: Any = None
         if kind is SendMessage or kind is SendBatchMessage:
-            known = conn.attributes.get(_SIGNED)
+            known = conn.attributes.get(_STATE)
             key = request.topic  # type: ignore[attr-defined]
         elif kind is PullMessage:
-            known = conn.attributes.get(_SIGNED)
+            known = conn.attributes.get(_STATE)
             key = (request.group, request.topic)  # type: ignore[attr-defined]
         if known is not None:
             if known.user is not user:
@@ -230,7 +317,8 @@ class Guard:
     def _use(self, acl: Acl) -> None:
         self.acl = acl
         self._allowed = {}
-        self.authenticator.forget()  # (each connection's user and rights are looked up again)
+        self.generation += 1  # (each connection's user and rights are looked up again)
+        self.authenticator.forget()
 
     async def watch(self, interval: float = WATCH_INTERVAL_S) -> None:
         """Read the file again whenever it changes (run it in the server's task group)."""
