@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import create_engine, insert, text, update
+from sqlalchemy import create_engine, event, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -451,3 +451,32 @@ async def test_a_stalled_broker_never_holds_up_the_applications_writes(
         quick.dispose()
     stored = by_key(await read_topic(b.address, "stalled"))
     assert stored["k"] == ["first", "second", "during0", "during1", "during2"]
+
+
+async def test_the_relays_commits_do_not_wait_for_the_disk_the_applications_do(
+    tmp_path: Path, embedded_broker: Callable[..., EmbeddedBroker]
+) -> None:
+    """On PostgreSQL a lost mark only means a re-send, so the relay commits without
+    waiting for the disk: its own engine's connections say so once; on an engine it is
+    given (the application's), each cycle says it for its own transaction only."""
+    b = embedded_broker()
+    with make_db("postgresql", tmp_path) as db:
+        await add_rows(db, "fast-commits", [("k", "1")])
+        async with outbox.OutboxRelay(db.aurl, b.address) as relay:
+            await until(lambda: db.count(state="sent") == 1)
+            async with relay.engine.connect() as conn:
+                assert (await conn.execute(text("SHOW synchronous_commit"))).scalar() == "off"
+        given = create_async_engine(db.aurl)
+        seen: list[str] = []
+        event.listen(
+            given.sync_engine, "before_cursor_execute", lambda *a: seen.append(a[2]), named=False
+        )
+        try:
+            await add_rows(db, "fast-commits", [("k", "2")])
+            async with outbox.OutboxRelay(given, b.address):
+                await until(lambda: db.count(state="sent") == 2)
+            async with given.connect() as conn:  # the application's: as the server says
+                assert (await conn.execute(text("SHOW synchronous_commit"))).scalar() == "on"
+        finally:
+            await given.dispose()
+        assert any(s == "SET LOCAL synchronous_commit TO OFF" for s in seen), seen

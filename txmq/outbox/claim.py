@@ -31,6 +31,8 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
+    BigInteger,
     ColumnElement,
     Connection,
     DateTime,
@@ -51,7 +53,7 @@ from txmq.outbox.store import utcnow
 from txmq.sqla.checker import begin_immediate
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
 
-__all__ = ["Outcome", "Row", "claim", "mark"]
+__all__ = ["ASYNC_COMMIT", "Outcome", "Row", "claim", "mark"]
 
 # a literal, not a bind parameter: PostgreSQL then uses the partial "pending" indexes even
 # in a generic plan
@@ -110,12 +112,6 @@ def claim(conn: Connection, batch_size: int, lease: timedelta) -> list[Row]:
     dialect = conn.dialect.name
     if dialect == "sqlite":
         begin_immediate(conn)
-    else:
-        # the cycle's commit (its rows marked sent) does not wait for the disk: lost in a
-        # crash of the database, its rows are sent again — as after a relay's crash before
-        # its commit, which consumers already deduplicate.  The application's own
-        # transactions (the rows' inserts) keep the server's setting.
-        conn.execute(_ASYNC_COMMIT)
     stmt = _CLAIMS.get((dialect, batch_size))
     if stmt is None:
         stmt = _CLAIMS[(dialect, batch_size)] = _claim_statement(dialect, batch_size)
@@ -129,7 +125,6 @@ def claim(conn: Connection, batch_size: int, lease: timedelta) -> list[Row]:
     return rows
 
 
-_ASYNC_COMMIT = text("SET LOCAL synchronous_commit TO OFF")
 _CLAIMS: dict[tuple[str, int], Any] = {}  # built once: building it costs more than running it
 
 
@@ -206,9 +201,12 @@ def mark(
     max_backoff: float,
     delete_sent: bool,
     claimed: list[Row],
+    async_commit: bool = False,
 ) -> list[int]:
     """Record the outcome of sending the ``claimed`` rows in the cycle's transaction (on
-    SQLite a new one; the caller commits); returns the ids of the rows parked now."""
+    SQLite a new one; the caller commits); returns the ids of the rows parked now.
+    ``async_commit`` (PostgreSQL): the commit will not wait for the disk (see
+    :data:`ASYNC_COMMIT`)."""
     o = outbox
     postgres = conn.dialect.name == "postgresql"
     if not postgres:
@@ -219,7 +217,7 @@ def mark(
             conn.execute(_RELEASE, {"ids": unsent})
     if outcome.sent:
         params = {"ids": sorted(outcome.sent), "now": utcnow(conn)}
-        conn.execute(_DELETE_SENT if delete_sent else _MARK_SENT[postgres], params)
+        conn.execute((_DELETE_SENT if delete_sent else _MARK_SENT)[postgres], params)
     parked: list[int] = []
     for row, exc in outcome.failed:
         attempts = row.attempts + 1
@@ -237,11 +235,26 @@ def mark(
         conn.execute(
             update(o).where(o.c.id == row.id).values(attempts=attempts, last_error=error, **values)
         )
+    if async_commit and postgres:
+        conn.execute(text(f"SET LOCAL {ASYNC_COMMIT}"))
     return parked
 
 
+ASYNC_COMMIT = "synchronous_commit TO OFF"
+"""The relay's commits on PostgreSQL do not wait for the disk: a mark lost in a crash of
+the database leaves its rows pending, and they are sent again — as after a relay's crash
+before its commit, which consumers already deduplicate.  (The application's transactions,
+the rows' inserts, keep the server's setting.)"""
+
+
 _SENT_IDS = outbox.c.id.in_(bindparam("ids", expanding=True))
-_DELETE_SENT = delete(outbox).where(_SENT_IDS)
+# PostgreSQL: one array parameter, so that the statement's text is the same every cycle
+# (the driver prepares it, the server plans it once) whatever the number of rows
+_SENT_ID_ARRAY = outbox.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger)))
+_DELETE_SENT = {
+    postgres: delete(outbox).where(_SENT_ID_ARRAY if postgres else _SENT_IDS)
+    for postgres in (True, False)
+}
 _LEASE = (
     update(outbox).where(_SENT_IDS).values(next_attempt_at=bindparam("until", type_=DateTime()))
 )
@@ -250,7 +263,7 @@ _RELEASE = (
 )
 _MARK_SENT = {  # PostgreSQL: the database's clock, when the mark is written
     postgres: update(outbox)
-    .where(_SENT_IDS)
+    .where(_SENT_ID_ARRAY if postgres else _SENT_IDS)
     .values(
         next_attempt_at=None,
         state=OUTBOX_SENT,

@@ -36,10 +36,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Self
+from typing import Any, Self
 
 import anyio
-from sqlalchemy import Engine, inspect, make_url
+from sqlalchemy import Engine, event, inspect, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from txmq.client.producer import Producer, QueueOptions
 from txmq.client.route import Route
 from txmq.observability import hooks as observe
-from txmq.outbox.claim import Outcome, Row, claim, mark
+from txmq.outbox.claim import ASYNC_COMMIT, Outcome, Row, claim, mark
 from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
 from txmq.protocol.message import FixedIdMessage, MessageQueue, Prop, stable_hash
 from txmq.protocol.wire.errors import (
@@ -95,6 +95,14 @@ class _OutboxMessage(FixedIdMessage):
         if self.sharding_key is not None:
             props[Prop.SHARDING_KEY] = self.sharding_key
         return props
+
+
+def _async_commits(dbapi_connection: Any, _record: Any) -> None:
+    """A new connection of the relay's own engine: its commits do not wait for the disk."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"SET {ASYNC_COMMIT}")
+    cursor.close()
+    dbapi_connection.commit()  # a session setting, kept past the pool's rollback
 
 
 def _message(row: Row) -> _OutboxMessage:
@@ -181,6 +189,11 @@ class OutboxRelay:
         self.dialect = self.engine.dialect.name
         if self.dialect not in ("postgresql", "sqlite"):
             raise ValueError(f"the outbox relay supports postgresql and sqlite, not {self.dialect}")
+        #: PostgreSQL: the relay's commits do not wait for the disk (claim.ASYNC_COMMIT): on
+        #: its own engine's connections once, as they connect; else in each cycle
+        self._async_commit_each_cycle = self.dialect == "postgresql" and not self._own_engine
+        if self.dialect == "postgresql" and self._own_engine:
+            event.listen(self.engine.sync_engine, "connect", _async_commits)
         if isinstance(broker, Producer):
             if namesrv or transport:
                 raise ValueError("give a started producer, or name servers / a transport")
@@ -407,6 +420,7 @@ class OutboxRelay:
             max_backoff=self.max_backoff,
             delete_sent=self.retention == timedelta(0),
             claimed=rows,
+            async_commit=self._async_commit_each_cycle,
         )
         for row, exc in outcome.failed:
             if row.id in parked:
