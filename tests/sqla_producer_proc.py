@@ -66,7 +66,7 @@ def hang_instead_of_ending(producer: TransactionProducer, transaction_id: str) -
     which ``transaction()`` sends only after the database commit (or rollback) — prints
     ``DB-COMMITTED <id> <state>`` and blocks until the process is killed."""
 
-    async def end_transaction(result: SendResult, state: Any, *, from_check: bool = False) -> str:
+    async def end_transaction(result: SendResult, state: Any, **options: Any) -> str:
         print(f"DB-COMMITTED {transaction_id} {LocalTransactionState(state).value}", flush=True)
         await anyio.sleep_forever()
         raise AssertionError("unreachable")

@@ -159,7 +159,12 @@ class FakeAsyncProducer:
         return result
 
     async def end_transaction(
-        self, result: SendResult, state: LocalTransactionState, *, from_check: bool = False
+        self,
+        result: SendResult,
+        state: LocalTransactionState,
+        *,
+        from_check: bool = False,
+        wait: bool = True,
     ) -> str:
         self.rec.events.append(("end", result.msg_id, state))
         if self.end_error is not None:
@@ -183,7 +188,12 @@ class FakeSyncProducer:
         return result
 
     def end_transaction(
-        self, result: SendResult, state: LocalTransactionState, *, from_check: bool = False
+        self,
+        result: SendResult,
+        state: LocalTransactionState,
+        *,
+        from_check: bool = False,
+        wait: bool = True,
     ) -> str:
         self.rec.events.append(("end", result.msg_id, state))
         if self.end_error is not None:

@@ -112,6 +112,7 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
         state: LocalTransactionState | str,
         *,
         from_check: bool = False,
+        wait: bool = True,
     ) -> str:
         if not from_check and LocalTransactionState(state) is LocalTransactionState.COMMIT:
             order_id = getattr(self.current, "order_id", None)
@@ -119,7 +120,7 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
                 self.faults.reached("after-db-commit", order_id)
                 self.faults.held("before-broker-commit", result.broker_name, order_id)
         try:
-            return super().end_transaction(result, state, from_check=from_check)
+            return super().end_transaction(result, state, from_check=from_check, wait=wait)
         except TxmqError:
             # e.g. its broker set died after storing the half: its check-back settles it
             self.counters.add(f"ends_lost_on_{result.broker_name or 'broker'}")

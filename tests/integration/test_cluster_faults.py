@@ -178,8 +178,14 @@ class EndsRecorded(txmq.TransactionProducer):
         self.ends: list[tuple[str, str, str]] = []  # (message id, broker set, answer)
 
     async def end_transaction(
-        self, result: SendResult, state: LocalTransactionState | str, *, from_check: bool = False
+        self,
+        result: SendResult,
+        state: LocalTransactionState | str,
+        *,
+        from_check: bool = False,
+        wait: bool = True,
     ) -> str:
+        # waits for every answer, even where the caller would not: they are what it records
         try:
             answer = await super().end_transaction(result, state, from_check=from_check)
         except TxmqError as exc:

@@ -134,6 +134,13 @@ async def pending(address: str) -> list[TransactionRow]:
         return await admin.transactions("pending")
 
 
+async def none_pending(address: str) -> bool:
+    """Whether the broker holds no pending half: what a transaction's end leaves — sent
+    without waiting for the broker's answer (as RocketMQ's endTransactionOneway), so
+    polled for, not read once right after the block."""
+    return await pending(address) == []
+
+
 async def until(predicate: Callable[[], Any], timeout: float = 20.0) -> None:
     with anyio.fail_after(timeout):
         while not await predicate():  # noqa: ASYNC110
@@ -180,7 +187,7 @@ async def test_commit_is_consumed_only_after_the_database_commit(
     assert seen.committed_when_seen == [True, True]
     assert {m.msg_id for m in seen.messages} == {r.msg_id for r in tx.results}
     assert db.log_state(tx.transaction_id) == COMMITTED
-    assert await pending(b.address) == []
+    await until(lambda: none_pending(b.address))
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -203,7 +210,7 @@ async def test_exception_leaves_no_rows_and_no_message(
                         await tx.send(Message("orders-rb", b"created", keys=["o-2"]))
                         raise RuntimeError("payment declined")
             assert tx.state is LocalTransactionState.ROLLBACK
-            assert await pending(b.address) == []
+            await until(lambda: none_pending(b.address))
             await anyio.sleep(1.0)  # several check rounds: nothing may surface
         finally:
             await consumer.stop()
@@ -216,7 +223,12 @@ class LosingEnds(TransactionProducer):
     """A producer whose COMMIT/ROLLBACK never reaches the broker (as if it crashed)."""
 
     async def end_transaction(
-        self, result: SendResult, state: LocalTransactionState | str, *, from_check: bool = False
+        self,
+        result: SendResult,
+        state: LocalTransactionState | str,
+        *,
+        from_check: bool = False,
+        wait: bool = True,
     ) -> str:
         raise BrokerUnavailable("connection lost")
 

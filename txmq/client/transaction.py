@@ -257,18 +257,27 @@ class TransactionProducer(Producer):
         state: LocalTransactionState | str,
         *,
         from_check: bool = False,
+        wait: bool = True,
     ) -> str:
         """Commit or roll back the half message of ``result``; the broker's answer:
-        COMMITTED, ROLLED_BACK or ALREADY_RESOLVED (UNKNOWN sends nothing: UNKNOWN)."""
+        COMMITTED, ROLLED_BACK or ALREADY_RESOLVED (UNKNOWN sends nothing: UNKNOWN).
+
+        ``wait=False`` sends the request without waiting for the answer (``"SENT"``), as
+        RocketMQ's producer ends a transaction (``endTransactionOneway``): the local
+        transaction is already decided, the broker's answer changes nothing for the caller,
+        and should the request be lost the broker's check-back reads the decision from the
+        local transaction — the caller does not wait for the broker to store (under
+        SYNC_FLUSH: to fsync) the committed message."""
         if result.transaction_offset < 0:
             raise ValueError("end_transaction needs the result of send_half")
-        return await self._end(
-            result.transaction_offset,
-            result.msg_id,
-            state,
-            from_check,
-            self.remote(result.broker_name or None),
-        )
+        to = self.remote(result.broker_name or None)
+        if not wait:
+            request = self._end_request(result.transaction_offset, result.msg_id, state, from_check)
+            if request is None:
+                return "UNKNOWN"
+            await to.send_oneway(request)
+            return "SENT"
+        return await self._end(result.transaction_offset, result.msg_id, state, from_check, to)
 
     async def _end(
         self,
@@ -280,17 +289,25 @@ class TransactionProducer(Producer):
     ) -> str:
         """End a half message on the broker that stored it (``to``: its connection, or the
         connection its check-back came on)."""
+        request = self._end_request(offset, msg_id, state, from_check)
+        if request is None:
+            return "UNKNOWN"
+        return (await to.call(request, timeout=self.request_timeout)).header.result
+
+    def _end_request(
+        self, offset: int, msg_id: str, state: LocalTransactionState | str, from_check: bool
+    ) -> EndTransaction | None:
+        """The request that ends a half message (None: UNKNOWN, which sends nothing)."""
         state = LocalTransactionState(state)
         if state is LocalTransactionState.UNKNOWN:
-            return "UNKNOWN"
-        request = EndTransaction(
+            return None
+        return EndTransaction(
             group=self.group,
             transaction_offset=offset,
             msg_id=msg_id,
             state="COMMIT" if state is LocalTransactionState.COMMIT else "ROLLBACK",
             from_check=from_check,
         )
-        return (await to.call(request, timeout=self.request_timeout)).header.result
 
     async def send_message_in_transaction(
         self,
@@ -341,7 +358,7 @@ class TransactionProducer(Producer):
                 error,
             )
         try:
-            await self.end_transaction(result, state)
+            await self.end_transaction(result, state, wait=False)
         except TxmqError as exc:
             log.warning(
                 "local transaction %s is %s but ending message %s failed (%s); the broker "

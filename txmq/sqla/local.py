@@ -55,7 +55,12 @@ class AsyncTransactionalProducer(Protocol):
     ) -> SendResult: ...
 
     async def end_transaction(
-        self, result: SendResult, state: LocalTransactionState, *, from_check: bool = False
+        self,
+        result: SendResult,
+        state: LocalTransactionState,
+        *,
+        from_check: bool = False,
+        wait: bool = True,
     ) -> str: ...
 
 
@@ -68,7 +73,12 @@ class TransactionalProducer(Protocol):
     ) -> SendResult: ...
 
     def end_transaction(
-        self, result: SendResult, state: LocalTransactionState, *, from_check: bool = False
+        self,
+        result: SendResult,
+        state: LocalTransactionState,
+        *,
+        from_check: bool = False,
+        wait: bool = True,
     ) -> str: ...
 
 
@@ -297,7 +307,7 @@ class AsyncLocalTransaction(_Base[AsyncTransactionalProducer, AsyncSession]):
             return
         for result in self.results:
             try:
-                await self.producer.end_transaction(result, state)
+                await self.producer.end_transaction(result, state, wait=False)
             except Exception as exc:
                 self._ending_failed(result, state, exc)
 
@@ -383,7 +393,7 @@ class LocalTransaction(_Base[TransactionalProducer, Session]):
             return
         for result in self.results:
             try:
-                self.producer.end_transaction(result, state)
+                self.producer.end_transaction(result, state, wait=False)
             except Exception as exc:
                 self._ending_failed(result, state, exc)
 
