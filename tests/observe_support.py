@@ -4,6 +4,8 @@ in-memory exporter, and a private Prometheus registry (import them into a test m
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -13,14 +15,15 @@ from prometheus_client import CollectorRegistry
 
 from txmq.observability import hooks as observe
 
-__all__ = ["registry", "spans"]
+__all__ = ["recorded", "registry", "spans"]
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """txmq's spans, recorded (the provider is txmq's own: nothing global is set)."""
+@contextmanager
+def recorded(sampler: Any = None) -> Iterator[InMemorySpanExporter]:
+    """txmq's spans, recorded while the block runs (the provider is txmq's own: nothing
+    global is set); ``sampler``: its sampler (default: the SDK's)."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider() if sampler is None else TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     observe.use_tracer_provider(provider)
     try:
@@ -28,6 +31,13 @@ def spans() -> Iterator[InMemorySpanExporter]:
     finally:
         observe.use_tracer_provider(None)
         provider.shutdown()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """txmq's spans, recorded (see :func:`recorded`)."""
+    with recorded() as exporter:
+        yield exporter
 
 
 @pytest.fixture

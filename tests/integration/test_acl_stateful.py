@@ -9,7 +9,7 @@ client sent rather than trust the client's word."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from txmq.security.certs import CertFiles, make_client_cert
 from txmq.security.client import ClientSecurity
 from txmq.security.credentials import Credentials
 from txmq.security.signing import Signer
+from txmq.security.tls import Wrapped
 
 __all__ = ["certs"]  # the fixture, used by name
 
@@ -42,29 +43,16 @@ POLICY = policy(
 )
 
 
-class Recorded(anyio.abc.ByteStream):
+class Recorded(Wrapped):
     """A client's stream that keeps what was written on it (the request frames)."""
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stream = stream
+        super().__init__(stream)
         self.sent = bytearray()
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        return await self.stream.receive(max_bytes)
 
     async def send(self, item: bytes) -> None:
         self.sent += item
         await self.stream.send(item)
-
-    async def send_eof(self) -> None:
-        await self.stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-    @property
-    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        return self.stream.extra_attributes
 
     def frames(self) -> list[Frame]:
         return FrameDecoder().feed(bytes(self.sent))

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
     Decision,
@@ -25,7 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import ROOT
-from tests.observe_support import registry, spans
+from tests.observe_support import recorded, registry, spans
 from txmq.observability import hooks as observe
 
 __all__ = ["registry", "spans"]  # fixtures
@@ -196,18 +194,6 @@ class _EveryOther(Sampler):
         return "EveryOther"
 
 
-def _sampling(sampler: Any) -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    observe.use_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        observe.use_tracer_provider(None)
-        provider.shutdown()
-
-
 @pytest.mark.parametrize(
     "sampler",
     [
@@ -222,19 +208,19 @@ def test_roots_a_sampler_drops_get_no_span_and_the_kept_ones_keep_the_rate(
     """A root send the sampler drops builds no span but carries its unsampled context on;
     a kept one is the SDK's span, with the trace id the verdict was given on — so the rate
     is the sampler's (were the SDK to draw and judge again, half of a half would record)."""
-    for exporter in _sampling(sampler):
+    with recorded(sampler) as exporter:
         sent = []
         for i in range(1000):
             props = _props(f"ID{i}")
             with observe.sending("orders", "producers", [props], 12):
                 pass
             sent.append(props["traceparent"])
-        recorded = {s.context.trace_id: s for s in exporter.get_finished_spans()}
+        kept_spans = {s.context.trace_id: s for s in exporter.get_finished_spans()}
         kept = [p for p in sent if int(p[-2:], 16) & 1]
-        assert 400 < len(recorded) < 600, len(recorded)
-        assert len(kept) == len(recorded)
+        assert 400 < len(kept_spans) < 600, len(kept_spans)
+        assert len(kept) == len(kept_spans)
         for parent in kept:  # each kept root is the span its traceparent names
-            span = recorded[int(parent[3:35], 16)]
+            span = kept_spans[int(parent[3:35], 16)]
             assert parent[:52] == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}"
         dropped = [p for p in sent if not int(p[-2:], 16) & 1]
         assert len(dropped) == 1000 - len(kept)
@@ -243,4 +229,4 @@ def test_roots_a_sampler_drops_get_no_span_and_the_kept_ones_keep_the_rate(
         with observe.consuming("billing", "orders", "ID0", {"traceparent": dropped[0]}):
             current = trace.get_current_span().get_span_context()
         assert f"{current.trace_id:032x}" == dropped[0][3:35] and not current.trace_flags.sampled
-        assert len(exporter.get_finished_spans()) == len(recorded)
+        assert len(exporter.get_finished_spans()) == len(kept_spans)

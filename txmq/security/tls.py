@@ -32,6 +32,7 @@ __all__ = [
     "PLAINTEXT_REFUSED",
     "ServerTls",
     "TlsPeer",
+    "Wrapped",
     "accept_tls",
     "client_context",
     "client_handshake",
@@ -193,8 +194,9 @@ def _reason(exc: BaseException) -> str:
 # -- servers: accepting a connection ------------------------------------------------------
 
 
-class _Wrapped(anyio.abc.ByteStream):
-    """A stream over ``stream`` that changes only how it receives."""
+class Wrapped(anyio.abc.ByteStream):
+    """A stream over ``stream`` that passes everything through: subclasses change one
+    direction (how it receives, or what a send also does)."""
 
     def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
@@ -216,7 +218,7 @@ class _Wrapped(anyio.abc.ByteStream):
         return self.stream.extra_attributes
 
 
-class _Replay(_Wrapped):
+class _Replay(Wrapped):
     """A stream that gives back the bytes already read from it before reading on (the
     server peeks at a connection's first byte before the TLS handshake reads it)."""
 
@@ -353,7 +355,7 @@ _REFUSED_CLIENT = (
 )
 
 
-class _Transport(_Wrapped):
+class _Transport(Wrapped):
     """The TCP stream under a client's TLS stream; :attr:`waiting` (when set) is called
     each time TLS has taken in everything received and asks for more."""
 
