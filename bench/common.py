@@ -445,7 +445,8 @@ class Node:
     writes to its ready file; :meth:`stop` ends it by SIGTERM, then SIGKILL.  Every wait is
     bounded and every signal goes to the node's own PID.  ``port`` 0 (default): a free port
     at each start; else that port at every start (a node others must find again where they
-    were told, say a controller on etcd started again after its death).
+    were told, say a controller on etcd started again after its death).  ``port_flag``: the
+    option that port is given with (a proxy's is ``--grpc-port``).
     """
 
     POLL_S = 0.02
@@ -460,8 +461,10 @@ class Node:
         extra: Sequence[str] = (),
         timeout: float = 60.0,
         port: int = 0,
+        port_flag: str = "--port",
     ) -> None:
         self.name = name
+        self.port_flag = port_flag
         self.argv = [*argv, *extra]
         self.port = port
         self.tmp = Path(tmp)
@@ -483,7 +486,7 @@ class Node:
                 [
                     *(sys.executable, "-m", "txmq.cli", "--log-level", self.log_level),
                     *self.argv,
-                    *("--port", str(self.port), "--ready-file", str(self.ready)),
+                    *(self.port_flag, str(self.port), "--ready-file", str(self.ready)),
                 ],
                 cwd=ROOT,
                 stdout=log,

@@ -27,7 +27,7 @@ from rocketmq.v5.consumer import (
 from rocketmq.v5.model import FilterExpression, Message
 from rocketmq.v5.producer import Producer, TransactionChecker
 
-from tests.conftest import BrokerProcess, free_port, wait_for
+from tests.conftest import BrokerProcess, ServerProcess, free_port, wait_for
 
 __all__ = [
     "ClientConfiguration",
@@ -37,6 +37,7 @@ __all__ = [
     "GrpcBroker",
     "Message",
     "Producer",
+    "ProxyProcess",
     "PushConsumer",
     "Recorder",
     "SimpleConsumer",
@@ -136,6 +137,30 @@ def grpc_broker(tmp_path: Path) -> Iterator[Callable[..., GrpcBroker]]:
     for bp in procs:
         if bp.alive():
             bp.kill()
+
+
+@dataclass
+class ProxyProcess(ServerProcess):
+    """``txmq proxy start --namesrv ...`` on a free gRPC port, in a process of its own
+    (stopped by its PID); :attr:`address` is its gRPC endpoint once started."""
+
+    workdir: Path
+    namesrv: str
+    name: str = "proxy"
+    args: list[str] = field(default_factory=list)
+    #: extra environment (TXMQ_PROXY_* settings)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: Any = None
+    address: str = ""
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def start(self, timeout: float = 30.0) -> ProxyProcess:
+        command = ["proxy", "start", "--namesrv", self.namesrv, "--grpc-port", "0", *self.args]
+        self._launch(command, self.workdir / f"{self.name}.ready", "proxy", timeout)
+        return self
 
 
 def startup(client: Any) -> None:

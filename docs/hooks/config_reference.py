@@ -1,13 +1,13 @@
 """The configuration reference and the sample ``txmq.toml``, made from the settings classes.
 
-Every key of every settings dataclass (the broker's, the name server's, the controller's and
-the clients' ``[client]`` table) with its type, its default, its environment variable, its
-command-line flag, what it means and RocketMQ's name for it.  What a key means is the ``#:``
-comment above its declaration (the Sphinx convention), in the class or the base class that
-declares it; RocketMQ's name is the first ``RocketMQ's `name``` (or ``RocketMQ 5's``) in that
-comment.  Nothing here is written by hand twice: a key added to a class is in the reference
-and the sample the next time they are built, and ``tests/unit/test_docs.py`` fails while it
-has no comment.
+Every key of every settings dataclass (the broker's, the name server's, the controller's,
+the proxy's and the clients' ``[client]`` table) with its type, its default, its environment
+variable, its command-line flag, what it means and RocketMQ's name for it.  What a key means
+is the ``#:`` comment above its declaration (the Sphinx convention), in the class or the
+base class that declares it; RocketMQ's name is the first ``RocketMQ's `name``` (or
+``RocketMQ 5's``) in that comment.  Nothing here is written by hand twice: a key added to a
+class is in the reference and the sample the next time they are built, and
+``tests/unit/test_docs.py`` fails while it has no comment.
 
 - As an MkDocs hook (``hooks:`` in ``mkdocs.yml``): ``docs/configuration.md``'s
   ``<!-- configuration-reference -->`` becomes the tables, and the build warns (an error
@@ -36,6 +36,7 @@ from typing import Any
 
 from txmq.broker.state.config import BrokerConfig
 from txmq.namesrv.config import ControllerConfig, NamesrvConfig
+from txmq.proxy.config import ProxyConfig
 from txmq.security.client import ClientSecurity
 
 DOCS = Path(__file__).resolve().parents[1]
@@ -82,6 +83,15 @@ TABLES = (
         "Controller",
         "`txmq controller start --config FILE` reads the file's `[controller]` table (a "
         "controller inside a name server, `--controller-store`, takes these defaults).",
+    ),
+    Table(
+        "proxy",
+        ProxyConfig,
+        "TXMQ_PROXY_",
+        ("proxy", "start"),
+        "Proxy",
+        "`txmq proxy start --config FILE` reads the file's `[proxy]` table (the gRPC proxy "
+        "for RocketMQ 5 clients, [RocketMQ 5 clients](guides/grpc.md)).",
     ),
     Table(
         "client",
@@ -287,7 +297,8 @@ SAMPLE_HEAD = """\
 #
 # One file may hold every table: `txmq broker start --config txmq.toml` reads [broker],
 # `txmq namesrv start --config txmq.toml` [namesrv], `txmq controller start --config
-# txmq.toml` [controller], and clients read [client] from the file named by $TXMQ_CONFIG.
+# txmq.toml` [controller], `txmq proxy start --config txmq.toml` [proxy], and clients read
+# [client] from the file named by $TXMQ_CONFIG.
 # Lowest precedence first: the defaults, this file, environment variables, command-line
 # flags. Uncomment a line to change that setting; "" leaves an optional setting unset.
 """

@@ -668,6 +668,14 @@ PLAN: dict[str, Runner | str] = {
     "test_three_controllers_on_etcd_fail_over_through_controller_and_etcd_faults runs "
     "three such controllers, an etcd of three and a broker set on one machine",
     "pip install rocketmq-python-client": run_official_client,
+    "txmq proxy start --namesrv 127.0.0.1:9876 --grpc-port 8082": "five processes on fixed "
+    "ports that run until stopped; "
+    "tests/integration/test_grpc_proxy.py::test_send_and_receive_across_both_broker_sets runs "
+    "this cluster (a name server, broker-a and broker-b, two proxies) on free ports",
+    'ClientConfiguration("127.0.0.1:8081;127.0.0.1:8082"': "a fragment; "
+    "tests/integration/test_grpc_proxy.py::"
+    "test_a_proxy_killed_while_clients_work_loses_no_acknowledged_message gives the official "
+    "client two proxies so, and kills the one it uses",
     "# acl.toml": run_acl_file,
     "# app.py": run_fastapi_service,
     "async def place_order(request: Request)": "a fragment of a Starlette application; "

@@ -7,12 +7,12 @@ import zlib
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from txmq.broker.grpc.convert import message_of, status_of
-from txmq.broker.grpc.telemetry import MAX_PENDING_COMMANDS, Session
 from txmq.protocol.codec import decode_record, encode_record
 from txmq.protocol.message import Prop
 from txmq.protocol.wire import CheckTransactionState
 from txmq.protocol.wire.errors import DiskFull, InvalidReceiptHandle, MessageTooLarge
+from txmq.server.grpc.convert import message_of, status_of
+from txmq.server.grpc.telemetry import MAX_PENDING_COMMANDS, Session
 
 
 def half_record() -> bytes:

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: who may import whom: each floor (by module prefix, the longest prefix wins) and the floors
 #: it may import besides itself.  Read top down: the CLI on everything; the public faces
-#: (txmq, txmq.sync, txmq.testing); programs; the application side; admin; consumers; the
-#: client core; transports; the seam; server; shared; protocol.
+#: (txmq, txmq.sync, txmq.testing); programs (broker, name server, proxy); the application
+#: side; admin; consumers; the client core; transports; the seam; server; shared; protocol.
 FLOORS: dict[str, set[str]] = {
     "protocol": set(),
     "shared": {"protocol"},
@@ -33,6 +33,9 @@ FLOORS: dict[str, set[str]] = {
     "application": {"protocol", "shared", "port", "client", "consumer", "application"},
     "broker": {"protocol", "shared", "server", "store"},
     "namesrv": {"protocol", "shared", "server"},
+    # the gRPC proxy is a client of the brokers: it reuses the client core (routes from the
+    # name servers, fault avoidance, connections, heartbeats) rather than a copy of it
+    "proxy": {"protocol", "shared", "server", "port", "client"},
     "spark": {"protocol", "shared", "store"},
     "store": {"protocol", "shared"},
     "console": {"protocol", "shared", "server", "client", "consumer", "admin", "application"},
@@ -43,6 +46,7 @@ FLOORS: dict[str, set[str]] = {
     "cli": {
         *("protocol", "shared", "server", "port", "transports", "client", "consumer", "admin"),
         *("application", "broker", "namesrv", "spark", "store", "console", "public"),
+        "proxy",
     },
 }
 #: module prefix -> floor
@@ -64,6 +68,7 @@ PLACES = {
     "txmq.broker": "broker",
     "txmq.broker.store": "store",
     "txmq.namesrv": "namesrv",
+    "txmq.proxy": "proxy",
     "txmq.spark": "spark",
     "txmq.console": "console",
     "txmq": "public",

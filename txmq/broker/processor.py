@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from txmq.broker.admin import AdminService
 from txmq.broker.consumption.pulling import PullService
 from txmq.broker.consumption.retry import RetryService
+from txmq.broker.proxied import ProxyRequests
 from txmq.broker.sending import SendService
 from txmq.broker.state.groups import GroupService
 from txmq.broker.state.locks import LockService
@@ -17,7 +18,10 @@ from txmq.broker.transactions.operator import OperatorDecisions
 from txmq.broker.transactions.service import TransactionService
 from txmq.protocol.rpc import Gate, Router
 from txmq.protocol.wire import (
+    AckMessage,
+    ChangeInvisibleTime,
     ConsumerSendMsgBack,
+    DeadLetterPopped,
     DecideTransaction,
     DeleteSubscriptionGroup,
     DeleteTopic,
@@ -32,11 +36,13 @@ from txmq.protocol.wire import (
     GetConsumerListByGroup,
     GetMaxOffset,
     GetMinOffset,
+    GetSubscriptionGroup,
     GetTopicRoute,
     GetTopicStats,
     GetTransactions,
     Heartbeat,
     LockBatchMq,
+    PopMessage,
     PullMessage,
     QueryConsumerOffset,
     QueryMessageByKey,
@@ -45,6 +51,7 @@ from txmq.protocol.wire import (
     SearchOffset,
     SendBatchMessage,
     SendMessage,
+    SendMessages,
     UnlockBatchMq,
     UnregisterClient,
     UpdateAndCreateTopic,
@@ -71,8 +78,11 @@ class Services:
     acl: AclService
 
 
-def request_router(s: Services, guard: Gate | None = None) -> Router:
-    """Every request a broker answers, and who answers it (``guard``: its access control)."""
+def request_router(
+    s: Services, guard: Gate | None = None, proxied: ProxyRequests | None = None
+) -> Router:
+    """Every request a broker answers, and who answers it (``guard``: its access control;
+    ``proxied``: what gRPC proxies ask beside, RocketMQ 5's pop consumption)."""
     r = Router("this broker", guard)
     # messages
     r.route(SendMessage, s.sending.send_message)
@@ -114,6 +124,13 @@ def request_router(s: Services, guard: Gate | None = None) -> Router:
     r.route(DlqResend, s.retry.dlq_resend)
     r.route(GetTransactions, s.checker.list_transactions)
     r.route(DecideTransaction, s.decisions.decide)
+    if proxied is not None:  # gRPC proxies
+        r.route(SendMessages, proxied.send_many)
+        r.route(PopMessage, proxied.pop)
+        r.route(AckMessage, proxied.ack)
+        r.route(ChangeInvisibleTime, proxied.change_invisible)
+        r.route(DeadLetterPopped, proxied.dead_letter)
+        r.route(GetSubscriptionGroup, proxied.group_config)
     # users and rules
     s.acl.route(r)
     return r

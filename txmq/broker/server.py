@@ -20,13 +20,14 @@ from anyio.abc import SocketAttribute
 from txmq.broker.admin import AdminService
 from txmq.broker.consumption.pop import PopService
 from txmq.broker.consumption.pulling import PullService
-from txmq.broker.consumption.retry import FIRST_RETRY_LEVEL, RetryService
+from txmq.broker.consumption.retry import RetryService
 from txmq.broker.delivery.schedule import ScheduleMessageService
 from txmq.broker.ha.info import with_replication
 from txmq.broker.ha.replica import Replica
 from txmq.broker.ha.replication import Replication
 from txmq.broker.identity import claim_store
 from txmq.broker.processor import Services, request_router
+from txmq.broker.proxied import ProxyRequests
 from txmq.broker.registration import Registration, is_registered_topic
 from txmq.broker.sending import SendService
 from txmq.broker.state.config import BrokerConfig
@@ -51,7 +52,6 @@ from txmq.broker.transactions.service import TransactionService
 from txmq.observability.fmt import ms_time
 from txmq.protocol.connection import Handler
 from txmq.protocol.wire import RuntimeInfo
-from txmq.protocol.wire.errors import TopicNotFound
 from txmq.security.acl.service import AclService
 from txmq.server.serving import (
     Acceptor,
@@ -62,9 +62,8 @@ from txmq.server.serving import (
 )
 
 if TYPE_CHECKING:
-    from txmq.broker.grpc import GrpcEndpoint
-    from txmq.broker.grpc.ports import BrokerCore
     from txmq.broker.metrics import MetricsSources
+    from txmq.server.grpc import GrpcEndpoint
 
 __all__ = ["Broker", "EmbeddedBroker"]
 
@@ -164,10 +163,12 @@ class Broker(Stoppable):
             admin=AdminService(ctx, self.runtime_info),
             acl=AclService(guard, f"broker {config.broker_name}"),
         )
-        self.router = request_router(self.services, guard)
-        #: RocketMQ 5's pop consumption (the gRPC endpoint's ReceiveMessage and acks)
+        #: RocketMQ 5's pop consumption (the gRPC endpoint's ReceiveMessage and acks, and
+        #: a gRPC proxy's POP_MESSAGE requests)
         self.pop = PopService(ctx, self.services.retry)
-        #: the RocketMQ 5 gRPC endpoint, once started (txmq.broker.grpc)
+        proxied = ProxyRequests(self.services.sending, self.pop, ctx.groups)
+        self.router = request_router(self.services, guard, proxied)
+        #: the RocketMQ 5 gRPC endpoint, once started (txmq.server.grpc)
         self.grpc: GrpcEndpoint | None = None
         self.replication = Replication(
             config,
@@ -335,7 +336,8 @@ class Broker(Stoppable):
         if chosen == 0:
             return
         try:
-            from txmq.broker.grpc import GrpcEndpoint
+            from txmq.broker.grpc_core import broker_core
+            from txmq.server.grpc import GrpcEndpoint
         except ImportError as exc:
             why = ListenerUnavailable(
                 f"the gRPC endpoint needs the txmq[grpc] extra ({exc}): pip install "
@@ -345,7 +347,7 @@ class Broker(Stoppable):
                 raise why from None
             log.info("gRPC endpoint off: %s", why)
             return
-        endpoint = GrpcEndpoint(self._grpc_core())
+        endpoint = GrpcEndpoint(broker_core(self.context, self.services, self.pop))
         try:
             await endpoint.start()
         except ListenerUnavailable as exc:
@@ -354,41 +356,6 @@ class Broker(Stoppable):
             log.warning("gRPC endpoint off: %s", exc)
             return
         self.grpc = endpoint
-
-    def _grpc_core(self) -> BrokerCore:
-        """The services the gRPC endpoint calls: the same as txmq's protocol."""
-        from txmq.broker.grpc.ports import BrokerCore
-
-        cfg, topics = self.config, self.topics
-
-        def queue_count(topic: str, create: bool) -> int:
-            found = topics.get(topic)
-            if found is None and create:
-                found = topics.for_send(topic)  # TopicNotFound unless auto-created
-            if found is None:
-                raise TopicNotFound(f"topic {topic!r} does not exist")
-            return found.queue_nums
-
-        return BrokerCore(
-            broker_name=cfg.broker_name,
-            namesrv=cfg.namesrv_addresses,
-            host=cfg.host,
-            grpc_port=cfg.grpc_port,
-            advertised_address=cfg.grpc_advertised_address,
-            max_message_size=cfg.max_message_size,
-            max_frame_size=cfg.max_frame_size,
-            retry_delays_ms=cfg.delay_levels[FIRST_RETRY_LEVEL - 1 :],
-            queue_count=queue_count,
-            put=self.services.sending.put,
-            half_at=self.transactions.half_at,
-            end_transaction=self.transactions.end_transaction,
-            pop=self.pop,
-            group_policy=self.context.groups.policy,
-            producers=self.producers,
-            tls=cfg.server_tls(),
-            peer_security=cfg.peer_security(),
-            guard=self.guard,
-        )
 
     async def _stop_grpc(self) -> None:
         endpoint, self.grpc = self.grpc, None

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from txmq.cli import admin, broker, console, db, namesrv, outbox, quickstart, reconcile
+from txmq.cli import admin, broker, console, db, namesrv, outbox, proxy, quickstart, reconcile
 from txmq.cli.endings import reader_gone, to_the_end
 from txmq.cli.options import CommandError, share
 
@@ -22,6 +22,7 @@ EXAMPLES = """\
   txmq quickstart                                   # a broker in a temporary folder, round trip
   txmq broker start --store /var/lib/txmq --flush sync
   txmq namesrv start --port 9876                    # a cluster's route table
+  txmq proxy start --namesrv 127.0.0.1:9876         # RocketMQ 5 clients, on port 8081
   txmq admin topics --broker 127.0.0.1:10911
   txmq db upgrade --url postgresql+psycopg://app@db/orders
   txmq outbox relay --db sqlite:///app.db --broker 127.0.0.1:10911
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     broker.add_parser(sub)
     namesrv.add_parser(sub)
+    proxy.add_parser(sub)
     admin.add_parser(sub)
     db.add_parser(sub)
     outbox.add_parser(sub)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["SettingsError", "load_settings"]
+__all__ = ["DEFAULT_DELAY_LEVELS", "SettingsError", "load_settings", "parse_delay_levels"]
 
 T = TypeVar("T")
 
@@ -127,3 +128,33 @@ def load_settings(
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise SettingsError(str(exc)) from None
+
+
+#: RocketMQ's ``messageDelayLevel``: level 1 is the first entry
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_delay_levels(text: str, *, setting: str = "message_delay_levels") -> tuple[int, ...]:
+    """The delays of ``"1s 5s 10s 30s 1m ..."`` in milliseconds (units ms, s, m, h, d).
+
+    Raises :class:`SettingsError` naming ``setting`` for an empty list, an unknown unit or
+    a delay that is not positive.
+    """
+    if not isinstance(text, str):
+        raise SettingsError(f"setting {setting!r} must be a string like {DEFAULT_DELAY_LEVELS!r}")
+    levels: list[int] = []
+    for token in text.replace(",", " ").split():
+        m = _LEVEL.fullmatch(token.strip().lower())
+        if m is None:
+            raise SettingsError(
+                f"setting {setting!r}: {token!r} is not a delay like 500ms, 10s, 2m, 1h or 1d"
+            )
+        ms = round(float(m.group(1)) * _UNIT_MS[m.group(2)])
+        if ms <= 0:
+            raise SettingsError(f"setting {setting!r}: delay {token!r} must be positive")
+        levels.append(ms)
+    if not levels:
+        raise SettingsError(f"setting {setting!r} needs at least one delay level")
+    return tuple(levels)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -11,40 +10,16 @@ from typing import Any
 
 from txmq.broker.store import FlushMode, StoreConfig
 from txmq.protocol.peer import parse_address, parse_namesrv
-from txmq.protocol.settings import SettingsError, load_settings
+from txmq.protocol.settings import (
+    DEFAULT_DELAY_LEVELS,
+    SettingsError,
+    load_settings,
+    parse_delay_levels,
+)
 from txmq.security.client import ClientSecurity
 from txmq.server.serving import ConnectionSettings
 
 __all__ = ["DEFAULT_DELAY_LEVELS", "BrokerConfig", "parse_delay_levels"]
-
-#: RocketMQ's ``messageDelayLevel``: level 1 is the first entry
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_LEVEL = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-
-
-def parse_delay_levels(text: str, *, setting: str = "message_delay_levels") -> tuple[int, ...]:
-    """The delays of ``"1s 5s 10s 30s 1m ..."`` in milliseconds (units ms, s, m, h, d).
-
-    Raises :class:`SettingsError` naming ``setting`` for an empty list, an unknown unit or
-    a delay that is not positive.
-    """
-    if not isinstance(text, str):
-        raise SettingsError(f"setting {setting!r} must be a string like {DEFAULT_DELAY_LEVELS!r}")
-    levels: list[int] = []
-    for token in text.replace(",", " ").split():
-        m = _LEVEL.fullmatch(token.strip().lower())
-        if m is None:
-            raise SettingsError(
-                f"setting {setting!r}: {token!r} is not a delay like 500ms, 10s, 2m, 1h or 1d"
-            )
-        ms = round(float(m.group(1)) * _UNIT_MS[m.group(2)])
-        if ms <= 0:
-            raise SettingsError(f"setting {setting!r}: delay {token!r} must be positive")
-        levels.append(ms)
-    if not levels:
-        raise SettingsError(f"setting {setting!r} needs at least one delay level")
-    return tuple(levels)
 
 
 def _address_list(text: str, setting: str) -> tuple[str, ...]:

@@ -195,7 +195,7 @@ class ConsumerManager:
 
 class CheckChannel(Protocol):
     """How the broker reaches a producer for a check-back: a txmq connection, or a RocketMQ
-    5 client's Telemetry stream (:class:`txmq.broker.grpc.telemetry.Session`)."""
+    5 client's Telemetry stream (:class:`txmq.server.grpc.telemetry.Session`)."""
 
     @property
     def name(self) -> str: ...

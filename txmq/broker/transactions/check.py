@@ -130,6 +130,7 @@ class TransactionChecker:
                 topic=half.topic,
                 queue_id=half.queue_id,
                 check_times=half.check_times + 1,
+                broker_name=self.ctx.config.broker_name,
             )
             try:
                 conn.send_oneway(check, record)

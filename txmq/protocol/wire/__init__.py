@@ -1,7 +1,7 @@
 """The txmq wire protocol, shared by clients and the broker: frames (:mod:`.frame`), request
 codes (:mod:`.codes`), errors by response code (:mod:`.errors`), and a typed header per
 request and per response (:mod:`.base`; the requests by domain in :mod:`.messaging`,
-:mod:`.groups`, :mod:`.transactions` and :mod:`.admin`)."""
+:mod:`.groups`, :mod:`.transactions`, :mod:`.proxying` and :mod:`.admin`)."""
 
 from txmq.protocol.wire.acl import (
     AclRule,
@@ -127,6 +127,20 @@ from txmq.protocol.wire.messaging import (
     Sent,
     UpdateConsumerOffset,
 )
+from txmq.protocol.wire.proxying import (
+    Acked,
+    AckMessage,
+    ChangeInvisibleTime,
+    DeadLetterPopped,
+    Failure,
+    GetSubscriptionGroup,
+    PopMessage,
+    PoppedEntry,
+    PopResult,
+    SendEntry,
+    SendMessages,
+    SentMany,
+)
 from txmq.protocol.wire.route import (
     MASTER_ID,
     PERM_READ,
@@ -160,6 +174,8 @@ __all__ = [
     "PERM_READ",
     "PERM_WRITE",
     "PREFIX",
+    "AckMessage",
+    "Acked",
     "AclRule",
     "AclUser",
     "AclUsers",
@@ -168,6 +184,7 @@ __all__ = [
     "BatchResult",
     "BrokerData",
     "BrokerSetState",
+    "ChangeInvisibleTime",
     "CheckTransactionState",
     "ClusterInfo",
     "ConsumerConnection",
@@ -177,6 +194,7 @@ __all__ = [
     "ConsumerSendMsgBack",
     "ControllerAnswer",
     "ControllerHeartbeat",
+    "DeadLetterPopped",
     "DecideTransaction",
     "Decided",
     "DecisionRow",
@@ -194,6 +212,7 @@ __all__ = [
     "Ended",
     "EpochEntry",
     "ErrorAnswer",
+    "Failure",
     "Frame",
     "FrameDecoder",
     "FrameKind",
@@ -207,6 +226,7 @@ __all__ = [
     "GetMaxOffset",
     "GetMinOffset",
     "GetReplicaInfo",
+    "GetSubscriptionGroup",
     "GetTopicRoute",
     "GetTopicStats",
     "GetTransactions",
@@ -234,6 +254,9 @@ __all__ = [
     "NotifyConsumerIdsChanged",
     "Offset",
     "OffsetsReset",
+    "PopMessage",
+    "PopResult",
+    "PoppedEntry",
     "PullMessage",
     "PullStatus",
     "Pulled",
@@ -258,8 +281,11 @@ __all__ = [
     "SearchOffset",
     "SendBack",
     "SendBatchMessage",
+    "SendEntry",
     "SendMessage",
+    "SendMessages",
     "Sent",
+    "SentMany",
     "Topic",
     "TopicConfigData",
     "TopicInfo",

@@ -49,6 +49,16 @@ class RequestCode(enum.IntEnum):
     DECIDE_TRANSACTION = 354
     #: RocketMQ 5.3's recall of a timer message
     RECALL_MESSAGE = 370
+    # RocketMQ 5's pop consumption (what a gRPC proxy asks the broker that holds the queues):
+    # RocketMQ's 200050, 200051 and 200053 without their middle zeros (a frame's code has
+    # 16 bits)
+    POP_MESSAGE = 2050
+    ACK_MESSAGE = 2051
+    CHANGE_MESSAGE_INVISIBLETIME = 2053
+    #: txmq's own: dead-letter a popped message; a consumer group's config; several sends
+    POP_DEAD_LETTER = 355
+    GET_SUBSCRIPTIONGROUP_CONFIG = 356
+    SEND_MESSAGES = 357
     # users and rules (RocketMQ 5's ACL 2.0 AUTH_* requests)
     AUTH_CREATE_USER = 3001
     AUTH_DELETE_USER = 3003

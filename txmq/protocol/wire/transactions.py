@@ -55,6 +55,8 @@ class CheckTransactionState(Request[Empty], frozen=True, kw_only=True, omit_defa
     topic: str = ""
     queue_id: int = 0
     check_times: int = 0
+    #: the broker set that asks (RocketMQ 5's brokerName: a proxy answers it there)
+    broker_name: str = ""
 
 
 class TransactionRow(Response, frozen=True, kw_only=True, omit_defaults=True):

@@ -61,6 +61,14 @@ from txmq.protocol.wire import (
     ViewMessageById,
 )
 from txmq.protocol.wire.base import requests
+from txmq.protocol.wire.proxying import (
+    AckMessage,
+    ChangeInvisibleTime,
+    DeadLetterPopped,
+    GetSubscriptionGroup,
+    PopMessage,
+    SendMessages,
+)
 from txmq.security.acl.policy import CLUSTER, Resource, topic_resource
 
 __all__ = ["ADMIN_ONLY", "Need", "needs", "publish_need"]
@@ -137,6 +145,13 @@ _TABLE: dict[type[Request[Any]], Callable[[Any], list[Need]]] = {
     ResetOffset: lambda r: [_group(r.group, "admin")],
     DlqList: lambda r: [tuple((Resource("group", r.group), a) for a in ("sub", "admin"))],
     DlqResend: lambda r: [_group(r.group, "admin")],
+    # a gRPC proxy's: several sends of a topic; pop consumption (the group and the topic)
+    SendMessages: lambda r: [publish_need(r.topic)],
+    PopMessage: lambda r: [_group(r.group), _sub_topic(r.topic)],
+    AckMessage: lambda r: [_group(r.group), _sub_topic(r.topic)],
+    ChangeInvisibleTime: lambda r: [_group(r.group), _sub_topic(r.topic)],
+    DeadLetterPopped: lambda r: [_group(r.group), _sub_topic(r.topic)],
+    GetSubscriptionGroup: lambda r: [_group(r.group)],
 }
 
 #: requests that need ``admin`` on the cluster (named, so that the table is complete)

@@ -1,4 +1,4 @@
-"""The broker's side of RocketMQ 5's protocol (``apache.rocketmq.v2``): answers' statuses,
+"""The server side of RocketMQ 5's protocol (``apache.rocketmq.v2``): answers' statuses,
 resources, stored messages as delivered.  What clients share with it (timestamps, the
 error <-> code table) is in :mod:`txmq.protocol.grpc_convert`.
 

@@ -7,10 +7,11 @@ broker reaches it later: a half message nobody decided is sent there as a
 ``RecoverOrphanedTransactionCommand`` (check-back), and the client answers with an
 ``EndTransaction`` request.
 
-A producer session registers in the broker's :class:`ProducerManager` under one producer
-group per topic it publishes (the name of the topic: RocketMQ 5 clients have no producer
-group, and the RocketMQ proxy names transactional producer groups after their topic too),
-so the transaction checker treats it like a txmq producer connection.
+A producer session registers in the endpoint's producer registry (the broker's
+``ProducerManager``, or a proxy's) under one producer group per topic it publishes (the
+name of the topic: RocketMQ 5 clients have no producer group, and the RocketMQ proxy names
+transactional producer groups after their topic too), so the transaction checker treats it
+like a txmq producer connection.
 """
 
 from __future__ import annotations
@@ -22,32 +23,45 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from txmq.broker.grpc.convert import message_of
-from txmq.broker.grpc.ports import ProducerRegistry
 from txmq.protocol.codec import decode_record
 from txmq.protocol.message import Prop
 from txmq.protocol.wire import CheckTransactionState
+from txmq.server.grpc.convert import message_of
+from txmq.server.grpc.ports import ProducerRegistry
 
-__all__ = ["Session", "Sessions", "transaction_id"]
+__all__ = ["Session", "Sessions", "parse_transaction_id", "transaction_id"]
 
-log = logging.getLogger("txmq.broker.grpc")
+log = logging.getLogger("txmq.grpc")
 
 #: commands waiting to be written to one client's stream (a slow client loses none, but
 #: is disconnected past this many)
 MAX_PENDING_COMMANDS = 10_000
+_HEX = "0123456789abcdefABCDEF"
 
 
-def transaction_id(offset: int) -> str:
+def transaction_id(offset: int, broker: str = "") -> str:
     """The ``transaction_id`` a client gets for the half message at commit-log ``offset``
-    (and gives back in EndTransaction)."""
-    return f"{offset:016X}"
+    (and gives back in EndTransaction): ``BROKER:OFFSET`` when it names its broker set
+    (``broker``: one that is not the endpoint's own; broker names have no ``:``)."""
+    return f"{broker}:{offset:016X}" if broker else f"{offset:016X}"
+
+
+def parse_transaction_id(text: str) -> tuple[str, int]:
+    """(broker set or "", commit-log offset) of a :func:`transaction_id`; ValueError if it
+    is not one."""
+    broker, _, hexed = text.rpartition(":")
+    if not 0 < len(hexed) <= 16 or hexed.strip(_HEX):
+        raise ValueError(f"{text!r} is not a transaction id")
+    return broker, int(hexed, 16)
 
 
 class Session:
     """One client's Telemetry stream: commands to write, and what it told the broker."""
 
-    def __init__(self, client_id: str, peer: str) -> None:
+    def __init__(self, client_id: str, peer: str, home: str = "") -> None:
+        """``home``: the endpoint's own broker set (its transaction ids go unqualified)."""
         self.client_id = client_id
+        self.home = home
         self.name = f"grpc:{client_id}@{peer}"
         self.client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
         self.group = ""
@@ -83,10 +97,12 @@ class Session:
     # -- what the transaction checker calls (like txmq.protocol.connection.Connection) ----
 
     def send_oneway(self, request: Any, body: bytes = b"") -> None:
-        """A check-back: the half message as a RecoverOrphanedTransactionCommand."""
+        """A check-back: the half message as a RecoverOrphanedTransactionCommand (its
+        transaction id names the broker set that asks, unless it is the endpoint's own)."""
         if not isinstance(request, CheckTransactionState):
             return
         check, record = request, body
+        broker = check.broker_name if check.broker_name != self.home else ""
         msg = decode_record(record)
         topic = msg.all_properties.get(Prop.REAL_TOPIC, check.topic)
         proto = message_of(msg, topic=pb.Resource(name=topic))
@@ -94,7 +110,7 @@ class Session:
         proto.system_properties.queue_id = check.queue_id
         command = spb.TelemetryCommand(
             recover_orphaned_transaction_command=spb.RecoverOrphanedTransactionCommand(
-                message=proto, transaction_id=transaction_id(check.transaction_offset)
+                message=proto, transaction_id=transaction_id(check.transaction_offset, broker)
             )
         )
         self.push(command)
@@ -103,15 +119,16 @@ class Session:
 class Sessions:
     """client id -> its current session."""
 
-    def __init__(self, producers: ProducerRegistry) -> None:
+    def __init__(self, producers: ProducerRegistry, home: str = "") -> None:
         self.producers = producers
+        self.home = home
         self._by_client: dict[str, Session] = {}
 
     def open(self, client_id: str, peer: str) -> Session:
         old = self._by_client.get(client_id)
         if old is not None:
             self.close(old)
-        session = self._by_client[client_id] = Session(client_id, peer)
+        session = self._by_client[client_id] = Session(client_id, peer, self.home)
         return session
 
     def get(self, client_id: str) -> Session | None:

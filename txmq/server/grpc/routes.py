@@ -1,24 +1,24 @@
-"""Routes for RocketMQ 5 clients: a broker alone answers with its own queues; a broker of a
-cluster answers with every broker set's queues the name servers know, each set at its
-master's gRPC endpoint (RocketMQ 5's proxy does the same), so a client given any one
-broker's endpoint sends to and receives from the whole cluster."""
+"""Routes of a broker's own endpoint: a broker alone answers with its own queues; a broker
+of a cluster answers with every broker set's queues the name servers know, each set at its
+master's gRPC endpoint, so a client given any one broker's endpoint sends to and receives
+from the whole cluster.  (A proxy answers every set at itself: ``txmq/proxy/``.)"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from txmq.protocol.peer import RemotingClient
 from txmq.protocol.wire import MASTER_ID, GetTopicRoute, TopicRoute
 from txmq.protocol.wire.errors import BrokerUnavailable, TopicNotFound, TxmqError
 from txmq.protocol.wire.route import PERM_READ, PERM_WRITE
 from txmq.security.client import ClientSecurity
+from txmq.server.grpc.ports import QueueSet
 
 __all__ = ["QueueSet", "Routes"]
 
-log = logging.getLogger("txmq.broker.grpc")
+log = logging.getLogger("txmq.grpc")
 
 #: how long a cluster route is reused (clients ask every 30 s, each for each topic)
 ROUTE_CACHE_S = 2.0
@@ -26,32 +26,24 @@ CONNECT_TIMEOUT_S = 1.0
 REQUEST_TIMEOUT_S = 3.0
 
 
-@dataclass(frozen=True, slots=True)
-class QueueSet:
-    """One broker set's queues of a topic, and where its master serves gRPC."""
-
-    broker_name: str
-    address: str
-    queue_nums: int
-    readable: bool = True
-    writable: bool = True
-
-
 class Routes:
+    """A broker's :class:`~txmq.server.grpc.ports.RouteSource`: its own queue sets are at
+    its own endpoint (address "")."""
+
     def __init__(
         self,
         *,
         broker_name: str,
         namesrv: tuple[str, ...],
-        own_address: Callable[[], str],
         queue_count: Callable[[str, bool], int],
         security: ClientSecurity | None = None,
     ) -> None:
-        """``security``: how to reach the name servers (the broker's peer_security())."""
+        """``queue_count(topic, create)``: the broker's queues of a topic (``create``:
+        auto-create it if the broker does), else TopicNotFound; ``security``: how to reach
+        the name servers (the broker's peer_security())."""
         self.broker_name = broker_name
         self.security = security
         self.namesrv = namesrv
-        self._own_address = own_address
         self._queue_count = queue_count
         self._cache: dict[str, tuple[float, list[QueueSet]]] = {}
 
@@ -77,7 +69,7 @@ class Routes:
         return sets
 
     def _own(self, topic: str, create: bool) -> QueueSet:
-        return QueueSet(self.broker_name, self._own_address(), self._queue_count(topic, create))
+        return QueueSet(self.broker_name, "", self._queue_count(topic, create))
 
     async def _ask(self, topic: str) -> TopicRoute | None:
         said: list[str] = []
@@ -98,10 +90,9 @@ class Routes:
         endpoints = {b.broker_name: b.grpc_addresses.get(MASTER_ID, "") for b in route.brokers}
         sets = []
         for q in route.queues:
-            address = endpoints.get(q.broker_name, "")
-            if not address and q.broker_name == self.broker_name:
-                address = self._own_address()
-            if not address:
+            own = q.broker_name == self.broker_name
+            address = "" if own else endpoints.get(q.broker_name, "")
+            if not address and not own:
                 log.debug("broker set %s serves no gRPC endpoint: left out", q.broker_name)
                 continue
             sets.append(

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from txmq.broker.grpc.telemetry import Session, Sessions
 from txmq.protocol.wire import PullMessage
 from txmq.protocol.wire.base import Request
 from txmq.security.acl.grpc_auth import GrpcPeer, authenticate, grpc_peer
 from txmq.security.acl.policy import Resource
+from txmq.server.grpc.telemetry import Session, Sessions
 
 if TYPE_CHECKING:
     from txmq.security.acl.guard import Guard
