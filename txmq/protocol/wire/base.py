@@ -130,6 +130,9 @@ _WHERE = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 
 
+_NOT_UTF8 = "{}: the header has a string that is not UTF-8"
+
+
 def decode(cls: type[T], header: bytes) -> T:
     """``header`` as a ``cls``; :class:`BadRequest` naming the field that does not fit."""
     decoder = _DECODERS.get(cls)
@@ -140,10 +143,12 @@ def decode(cls: type[T], header: bytes) -> T:
     except msgspec.ValidationError as exc:
         raise BadRequest(clip(f"{cls.__name__}: {_describe(cls, str(exc))}")) from None
     except msgspec.DecodeError as exc:
+        if "utf-8" in str(exc).lower():  # msgspec >= 0.23 (before: a UnicodeDecodeError)
+            raise BadRequest(_NOT_UTF8.format(cls.__name__)) from None
         raise BadRequest(clip(f"{cls.__name__}: the header is not valid msgpack ({exc})")) from None
-    # msgspec raises these two as they are, not as a DecodeError
+    # msgspec (before 0.23) raises these two as they are, not as a DecodeError
     except UnicodeDecodeError:
-        raise BadRequest(f"{cls.__name__}: the header has a string that is not UTF-8") from None
+        raise BadRequest(_NOT_UTF8.format(cls.__name__)) from None
     except RecursionError:
         raise BadRequest(f"{cls.__name__}: the header is nested too deeply") from None
 
