@@ -13,10 +13,8 @@ with pandas: a Spark job per small join would cost more than the joins.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import reduce
 from typing import Any
 
 import numpy as np
@@ -119,41 +117,27 @@ def _in_window(run: Run, at_ms: pd.Series) -> pd.Series:
 
 
 #: up to this many values, a lookup of :func:`_wanted` is a list of literals, not a join
-_INLINE = 10_000
+#: (each literal is a call into the JVM: 10,000 of them took 5 s)
+_INLINE = 64
+#: the columns of the store's rows the anomalies' rows are made of
+_FOUND = ("kind", "topic", "group", "msg_id", "key", "keys", "store_ts", "reconsume_times")
 
 
-def _wanted(run: Run, store: DataFrame, tx: pd.DataFrame, flags: pd.DataFrame) -> pd.DataFrame:
-    """The store rows the anomalies need the strings of: the halves (and op records) of the
-    transaction candidates ``tx``, the messages and dead letters ``flags`` says, the
-    messages of the events applied twice.  The lookups are made here, from the candidates
-    collected: a few are lists of values, more a local relation broadcast (a job each)."""
+def _wanted(run: Run, store: DataFrame, flags: pd.DataFrame) -> pd.DataFrame:
+    """The store rows the anomalies need the strings of (the halves' come with the
+    candidates, :func:`spark.transactions.candidates`): the messages and dead letters
+    ``flags`` says, the messages of the events applied twice.  The lookups are made here,
+    from the candidates collected: a few are lists of values, more a local relation
+    broadcast; only the messages and dead letters are scanned, and only the columns the rows
+    are made of."""
     spark = run.spark
-    rows = store.where(F.col("kind").isin("half", "op", "message", "dlq")).select(
-        "*",
+    rows = store.where(F.col("kind").isin("message", "dlq")).select(
+        *_FOUND,
+        "broker",
         F.xxhash64("msg_id").alias("mh"),
         F.xxhash64("key").alias("kh"),
         F.hash("group").alias("gh"),
     )
-    halves = tx.loc[tx["rank"].notna(), ["broker", "half_offset"]].drop_duplicates()
-    half = [(b, int(h)) for b, h in halves.itertuples(index=False)]
-    if len(half) <= _INLINE:
-        offsets: dict[str, list[int]] = {}
-        for b, h in half:
-            offsets.setdefault(b, []).append(h)
-        wh = reduce(
-            operator.or_,
-            [
-                (F.col("broker") == b) & F.col("half_offset").isin(hs)
-                for b, hs in sorted(offsets.items())
-            ],
-            F.lit(False),
-        )
-        rows = rows.withColumn("wh", F.when(wh, True))
-    else:
-        wanted = local_frame(
-            spark, [(*bh, True) for bh in half], "broker string, half_offset long, wh boolean"
-        )
-        rows = rows.join(F.broadcast(wanted), ["broker", "half_offset"], "left")
     late_or_dead = flags["late"].fillna(False) | flags["dead"].fillna(False)
     for col, mask, flag in (("mh", late_or_dead, "wm"), ("kh", flags["part"] == 1, "wk")):
         keys = [int(k) for k in pd.unique(flags.loc[mask.fillna(False), "k"].dropna())]
@@ -162,33 +146,20 @@ def _wanted(run: Run, store: DataFrame, tx: pd.DataFrame, flags: pd.DataFrame) -
         else:
             wanted = local_frame(spark, [(k, True) for k in keys], f"{col} long, {flag} boolean")
             rows = rows.join(F.broadcast(wanted), col, "left")
-    found = _pandas(rows.where(F.col("wh") | F.col("wm") | F.col("wk")))
-    for flag in ("wh", "wm", "wk"):
+    found = _pandas(rows.where(F.col("wm") | F.col("wk")))
+    for flag in ("wm", "wk"):
         found[flag] = found[flag].fillna(False).astype(bool)
     return found
 
 
-def _transactions(
-    txc: pd.DataFrame, found: pd.DataFrame, dbs: Sequence[Database]
-) -> dict[str, pd.DataFrame]:
-    halves = found[found["kind"].isin(["half", "op"]) & found["wh"]]
-    halves = (
-        halves.assign(is_op=halves["kind"] == "op")
-        .sort_values(["broker", "half_offset", "is_op"])
-        .drop_duplicates(["broker", "half_offset"])[
-            ["broker", "half_offset", "group", "msg_id", "topic", "key"]
-        ]
-        .rename(columns={"group": "pgroup"})
-    )
+def _transactions(txc: pd.DataFrame, dbs: Sequence[Database]) -> dict[str, pd.DataFrame]:
     logged = _fetched(dbs, "log", {"transaction_id": txc["transaction_id"].tolist()})
     logged = (
         logged.sort_values(["transaction_id", "db"])
         .drop_duplicates("transaction_id")[["transaction_id", "producer_group", "state", "db"]]
         .rename(columns={"producer_group": "lgroup", "state": "local_state"})
     )
-    txa = txc.merge(halves, on=["broker", "half_offset"], how="left").merge(
-        logged, on="transaction_id", how="left"
-    )
+    txa = txc.merge(logged, on="transaction_id", how="left")
     rank = txa["rank"]
     cols = {
         "group": txa["lgroup"].combine_first(txa["pgroup"]),
@@ -289,8 +260,8 @@ def anomalies(
         flagged = _first(run, flagged, what, max_rows)
     tx = _pandas(txc)
     flags = _pandas(flagged)
-    found = _wanted(run, store, tx, flags)
-    out = _transactions(tx, found, dbs)
+    found = _wanted(run, store, flags)
+    out = _transactions(tx, dbs)
 
     # -- outbox rows the broker never got ----------------------------------------------------
     refs = flags.loc[flags["never_sent"].fillna(False), "oref"].to_numpy("int64")
@@ -335,15 +306,17 @@ def anomalies(
         or [pd.DataFrame(columns=["k", "at", "group"])]
     ).rename(columns={"k": "mh"})
     messages = found[(found["kind"] == "message") & found["wm"]]
-    messages = (
+    messages = _with_joined(
         messages.sort_values("msg_id")
         .groupby("mh", as_index=False, sort=False)
         .agg(
             msg_id=("msg_id", "first"),
             topic=("topic", "first"),
             key=("key", "first"),
-            broker=("broker", _brokers),
-        )
+        ),
+        messages,
+        ["mh"],
+        "broker",
     )
     late = late.merge(messages, on="mh")
     said = {g: _UNCONSUMED[(evidence or {}).get(g, "consumed keys")] for g in bits}
@@ -360,12 +333,16 @@ def anomalies(
     dead = flags.loc[flags["dead"].fillna(False), ["k", "g"]].rename(columns={"k": "mh", "g": "gh"})
     letters = found[(found["kind"] == "dlq") & found["wm"] & _in_window(run, found["store_ts"])]
     letters = letters.merge(dead, on=["mh", "gh"])
-    letters = letters.groupby(["group", "msg_id"], as_index=False).agg(
-        topic=("topic", "first"),
-        key=("key", "first"),
-        times=("reconsume_times", "max"),
-        at=("store_ts", "max"),
-        broker=("broker", _brokers),
+    letters = _with_joined(
+        letters.groupby(["group", "msg_id"], as_index=False).agg(
+            topic=("topic", "first"),
+            key=("key", "first"),
+            times=("reconsume_times", "max"),
+            at=("store_ts", "max"),
+        ),
+        letters,
+        ["group", "msg_id"],
+        "broker",
     )
     out["dead_lettered"] = _about_messages(
         letters,
@@ -419,15 +396,16 @@ def _duplicates(
         "state = 'done'",
     ).rename(columns={"consumer_group": "group", "key": "token"})[["group", "token", "db"]]
     applied = tokens.merge(done, on="token").merge(twice[["kh", "group"]], on=["group", "kh"])
-    applied = applied.groupby(["group", "key"], as_index=False).agg(
+    by = ["group", "key"]
+    grouped = applied.groupby(by, as_index=False).agg(
         n=("token", "nunique"),
-        tokens=("token", lambda t: ", ".join(sorted(set(t)))),
         msg_id=("msg_id", "min"),
         topic=("topic", "first"),
         at=("store_ts", "min"),
         db=("db", "first"),
-        broker=("broker", _brokers),
     )
+    grouped = _with_joined(_with_joined(grouped, applied, by, "token"), applied, by, "broker")
+    applied = grouped.rename(columns={"token": "tokens"})
     applied = applied[applied["n"] > 1]  # not two keys that share a hash
     return _about_messages(
         applied,
@@ -439,6 +417,20 @@ def _duplicates(
     )
 
 
-def _brokers(names: pd.Series) -> str:
-    """The broker sets that hold a message (or its copies), comma-separated."""
-    return ", ".join(sorted(set(names.dropna())))
+def _with_joined(
+    grouped: pd.DataFrame, rows: pd.DataFrame, by: list[str], col: str
+) -> pd.DataFrame:
+    """``grouped`` (one row per value of ``by``) with column ``col``: the distinct values of
+    ``rows[col]`` in its group, nulls left out, sorted and comma-separated ("" when none),
+    e.g. the broker sets that hold a message (or its copies).  Without a Python call per
+    group: most groups have one value, which is taken as it is."""
+    values = rows.loc[rows[col].notna(), [*by, col]].drop_duplicates()
+    values = values.sort_values([*by, col], kind="stable")
+    many = values.duplicated(by, keep=False).to_numpy(bool)
+    joined = values[~many]
+    if many.any():
+        several = values[many].groupby(by, as_index=False, sort=False)[col].agg(", ".join)
+        joined = pd.concat([joined, several]) if len(joined) else several
+    out = grouped.drop(columns=[col], errors="ignore").merge(joined, on=by, how="left")
+    out[col] = out[col].astype(object).where(out[col].notna(), "")
+    return out

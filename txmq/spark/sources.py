@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
 from sqlalchemy import bindparam, create_engine, inspect, make_url, text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -48,6 +50,10 @@ _CHUNK = 10_000
 #: schema query, a connection per task; a Python worker per segment) are most of the time
 #: a small input takes
 LOCAL_BYTES = 16 * 2**20
+
+
+#: rows decoded on the driver beyond this many are cached (see :func:`read_store`)
+LOCAL_ROWS = 4096
 
 
 class DatabaseUnreachable(RuntimeError):
@@ -298,9 +304,17 @@ class Database:
                 .option("numPartitions", str(partitions))
             )
         df = reader.load()
-        cast = [f"CAST(`{c}` AS {t}) AS `{c}`" for c, t in table.types]
-        cast += [f"CAST({alias} AS long) AS {alias}" for _, alias in table.ms]
-        return self._with_db(df.selectExpr(*cast))
+        # each column as the job's type: cast only where JDBC's differs (a cast, even to the
+        # same type, keeps Spark from handing a filter on the column to PostgreSQL)
+        have = {f.name: f.dataType for f in df.schema.fields}
+        wanted = [*table.types, *((alias, "long") for _, alias in table.ms)]
+        cast = [
+            F.col(f"`{c}`")
+            if have.get(c) == DataType.fromDDL(t)
+            else F.col(f"`{c}`").cast(t).alias(c)
+            for c, t in wanted
+        ]
+        return self._with_db(df.select(*cast))
 
     def producer_groups(
         self, since: datetime | None = None, until: datetime | None = None
@@ -370,8 +384,6 @@ class Database:
         return out
 
     def _with_db(self, df: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
-
         return df.withColumn("db", F.lit(self.name))
 
 
@@ -443,18 +455,23 @@ def read_store(
     """The broker store's transaction records (see :mod:`broker.store.export`): the Parquet
     exports of sealed segments where the broker has written them, the other segments
     decoded by the ``txmq-store`` data source, or here, on the driver, when they take at
-    most ``local_bytes`` together.  With ``until_ms``, the store as it was then:
+    most ``local_bytes`` together or are one segment (typically the newest: the others have
+    their export; the data source would decode it in one task too, after starting a Python
+    worker, and cache what it decoded).  With ``until_ms``, the store as it was then:
     the records stored before it (a half's op record stored later is left out too).  With
     ``cached``, the rows the data source decodes are cached and computed now (and added to
     it: the caller unpersists them), as the job reads the rows more than once and decoding
     is the expensive part."""
-    from pyspark.sql import functions as F
-
     parts = segments(store, since_ms)
     exports = {p.path: valid_export(store, p.path) for p in parts if not p.last}
     decode = [p for p in parts if exports.get(p.path) is None]
-    if sum(_size(p.path) for p in decode) <= local_bytes:
-        decoded = _decoded(spark, decode, since_ms)
+    if len(decode) <= 1 or sum(_size(p.path) for p in decode) <= local_bytes:
+        decoded, count = _decoded(spark, decode, since_ms)
+        if cached is not None and count > LOCAL_ROWS:
+            # a local relation's rows are part of its plan, which Spark's rules walk through
+            # row by row in every query that reads it: cached, the plan holds none
+            cached.append(decoded.cache())
+            decoded.count()
     else:
         spark.dataSource.register(StoreDataSource)
         decoded = (
@@ -493,14 +510,17 @@ def _size(path: str) -> int:
         return 0  # gone: it decodes to nothing either way
 
 
-def _decoded(spark: SparkSession, parts: Sequence[SegmentPart], since_ms: int) -> DataFrame:
-    """The rows of segments ``parts``, decoded here (as the data source's readers do)."""
+def _decoded(
+    spark: SparkSession, parts: Sequence[SegmentPart], since_ms: int
+) -> tuple[DataFrame, int]:
+    """The rows of segments ``parts``, decoded here (as the data source's readers do), and
+    how many they are."""
     import pyarrow as pa  # type: ignore[import-untyped]
 
     schema = arrow_schema()
     batches = [b for p in parts for b in scan_segment(p.path, p.last, since_ms)]
     table = pa.Table.from_batches(batches, schema=schema)
-    return spark.createDataFrame(table, schema=SCHEMA)
+    return spark.createDataFrame(table, schema=SCHEMA), int(table.num_rows)
 
 
 def read_stores(
@@ -515,8 +535,6 @@ def read_stores(
     set of a cluster), each read by :func:`read_store`, with a ``broker`` column naming the
     broker set it came from: commit-log offsets (``half_offset``) repeat across stores, so a
     half is named by (``broker``, ``half_offset``); message ids are unique in the cluster."""
-    from pyspark.sql import functions as F
-
     frames = [
         read_store(spark, path, since_ms, until_ms, cached, local_bytes).withColumn(
             "broker", F.lit(name)

@@ -37,6 +37,8 @@ CLASSES = ("lost", "phantom", "parked")
 CANDIDATES = "candidates"
 #: a broker state's bit in a transaction's ``ranks``
 _BIT = {r: 1 << r for r in RANK.values()}
+#: the strings a candidate half carries (its row's columns: the store's, by name)
+_STRINGS = {"pgroup": "group", "msg_id": "msg_id", "topic": "topic", "key": "key"}
 
 
 def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) -> DataFrame:
@@ -45,9 +47,10 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
     (LOCAL_COMMITTED, another value, or null: no log row), ``at`` (ms: the local commit, else
     the first half), ``broker`` and ``half_offset`` (the half's broker set and commit-log
     offset), ``rank`` (the half's RANK value; null: no half),
-    ``ranks`` (a bit ``1 << rank`` for each state the transaction's halves are in) and
-    ``class``.  ``groups``: the producer groups whose halves are checked (those the logs
-    know)."""
+    ``ranks`` (a bit ``1 << rank`` for each state the transaction's halves are in),
+    ``class``, and the half's strings ``pgroup`` (its producer group), ``msg_id``, ``topic``
+    and ``key`` (the half's row's, else an op record's; null without a half).  ``groups``:
+    the producer groups whose halves are checked (those the logs know)."""
     null_long = F.lit(None).cast("long")
     local_rows = log.select(
         "transaction_id",
@@ -61,20 +64,21 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         null_long.alias("half_at"),
     )
     is_op = F.col("kind") == "op"
-    broker_rows = store.where(
-        F.col("kind").isin("half", "op") & F.col("group").isin(groups)
-    ).select(
+    # the last op record wins: an op's row, or the one the export folded into its half's
+    v = (
+        F.when(is_op, F.col("store_ts")).otherwise(F.col("op_ts")) * 8
+        + mapped(F.col("resolution"), _OP_CODE)
+    ).alias("v")
+    half_at = F.when(~is_op, F.col("store_ts")).alias("half_at")
+    brokers = store.where(F.col("kind").isin("half", "op") & F.col("group").isin(groups))
+    broker_rows = brokers.select(
         "transaction_id",
         "broker",
         "half_offset",
         F.lit(None).cast("int").alias("local"),
         null_long.alias("local_at"),
-        # the last op record wins: an op's row, or the one the export folded into its half's
-        (
-            F.when(is_op, F.col("store_ts")).otherwise(F.col("op_ts")) * 8
-            + mapped(F.col("resolution"), _OP_CODE)
-        ).alias("v"),
-        F.when(~is_op, F.col("store_ts")).alias("half_at"),
+        v,
+        half_at,
     )
     # what both groupings keep of the local transaction and the first half
     firsts = [
@@ -138,11 +142,15 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         .when((rank == RANK["COMMITTED"]) & not_committed, "phantom")
         .when(rank == RANK["PARKED"], "parked")
     )
+    # with the strings the rows need: the half's own (else an op record's, from its body)
+    strings = F.struct(is_op.alias("is_op"), *(F.col(c).alias(c) for c in _STRINGS.values())).alias(
+        "s"
+    )
     halves = (
-        broker_rows.select("transaction_id", "broker", "half_offset", "v", "half_at")
+        brokers.select("transaction_id", "broker", "half_offset", v, half_at, strings)
         .join(suspects.where(~no_half), "transaction_id")
         .groupBy("transaction_id", "broker", "half_offset", "local", "at", "ranks")
-        .agg(F.min("half_at").alias("half_at"), F.max("v").alias("v"))
+        .agg(F.min("half_at").alias("half_at"), F.max("v").alias("v"), F.min("s").alias("s"))
         .select(
             "transaction_id",
             "broker",
@@ -151,6 +159,7 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
             "at",
             "ranks",
             _rank().alias("rank"),
+            *(F.col("s")[c].alias(name) for name, c in _STRINGS.items()),
         )
         .withColumn("class", kind)
         .where(F.col("class").isNotNull())
@@ -160,6 +169,7 @@ def candidates(run: Run, store: DataFrame, log: DataFrame, groups: list[str]) ->
         F.lit(None).cast("string").alias("broker"),
         F.lit(None).cast("long").alias("half_offset"),
         F.lit(None).cast("int").alias("rank"),
+        *(F.lit(None).cast("string").alias(name) for name in _STRINGS),
         F.lit("lost").alias("class"),
     )
     txc = halves.unionByName(missing)
