@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -17,7 +18,9 @@ from txmq.outbox import OutboxRelay, Outcome, Row
 
 
 class HangBeforeMark(OutboxRelay):
-    async def _mark(self, conn: AsyncConnection, outcome: Outcome, rows: list[Row]) -> None:
+    async def _finish(
+        self, conn: AsyncConnection, driver: Any, outcome: Outcome, rows: list[Row]
+    ) -> None:
         print("SENT " + ",".join(map(str, sorted(outcome.sent))), flush=True)
         await anyio.sleep_forever()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from sqlalchemy import create_engine, event, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -454,7 +455,9 @@ async def test_a_stalled_broker_never_holds_up_the_applications_writes(
 
 
 async def test_the_relays_commits_do_not_wait_for_the_disk_the_applications_do(
-    tmp_path: Path, embedded_broker: Callable[..., EmbeddedBroker]
+    tmp_path: Path,
+    embedded_broker: Callable[..., EmbeddedBroker],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On PostgreSQL a lost mark only means a re-send, so the relay commits without
     waiting for the disk: its own engine's connections say so once; on an engine it is
@@ -471,6 +474,14 @@ async def test_the_relays_commits_do_not_wait_for_the_disk_the_applications_do(
         event.listen(
             given.sync_engine, "before_cursor_execute", lambda *a: seen.append(a[2]), named=False
         )
+        # (on psycopg, the cycle's statements go on the driver's own connection, pipelined)
+        execute = psycopg.AsyncConnection.execute
+
+        def spied(self: psycopg.AsyncConnection[Any], query: Any, *args: Any, **kw: Any) -> Any:
+            seen.append(str(query))
+            return execute(self, query, *args, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", spied)
         try:
             await add_rows(db, "fast-commits", [("k", "2")])
             async with outbox.OutboxRelay(given, b.address):

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import anyio
 from sqlalchemy import Engine, event, inspect, make_url
@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from txmq.client.producer import Producer, QueueOptions
 from txmq.client.route import Route
 from txmq.observability import hooks as observe
-from txmq.outbox.claim import ASYNC_COMMIT, Outcome, Row, claim, mark
+from txmq.outbox.claim import ASYNC_COMMIT, Outcome, Pipelined, Row, claim, mark
 from txmq.outbox.store import CHANNEL, OutboxStats, cleanup, pending_lag, stats
 from txmq.protocol.message import FixedIdMessage, MessageQueue, Prop, stable_hash
 from txmq.protocol.wire.errors import (
@@ -222,7 +222,17 @@ class OutboxRelay:
         """True while the LISTEN connection is up (PostgreSQL)."""
         self.cycles_in_flight = cycles_in_flight if self.dialect == "postgresql" else 1
         self._wake = anyio.Event()
+        #: wake() calls so far, and what it was when the latest claim began: a worker woken
+        #: by a notification that a later claim has covered goes back to waiting
+        self._notified = 0
+        self._claimed_at = 0
+        #: claims begun so far (a cycle that saw another begin while it was in flight claims
+        #: again at once: that one skipped the keys it held)
+        self._claims = 0
         self._claiming = anyio.Lock()
+        #: the cycle's statements for psycopg's own connection, by batch size (False: the
+        #: engine's connections are not psycopg's to PostgreSQL; None: not known yet)
+        self._pipelines: dict[int, Pipelined] | Literal[False] | None = None
         self._limiter = anyio.CapacityLimiter(max(1, send_concurrency))
         self._lifetime: asyncio.Task[None] | None = None
         self._stop: anyio.Event | None = None
@@ -350,20 +360,21 @@ class OutboxRelay:
 
     async def _worker(self) -> None:
         outage_delay = error_delay = 0.0
+        polled = True  # the first cycle claims whatever is there
         while True:
-            woken = self._wake  # a notification from now on wakes the wait below
             try:
                 # a cycle in flight finishes before the relay stops (its sends are bounded
                 # by the producer's timeout): cancelling a database driver mid-statement
                 # may leave its connection behind
                 with anyio.CancelScope(shield=True):
-                    outcome = await self.relay_once()
+                    outcome = await self._cycle(polled)
             except Exception as exc:
                 error_delay = min(10.0, max(1.0, error_delay * 2))
                 log.warning(
                     "outbox cycle failed (%s); retrying in %.0f s", self._short(exc), error_delay
                 )
                 await anyio.sleep(error_delay)
+                polled = True
                 continue
             error_delay = 0.0
             if outcome.outage is not None:
@@ -374,28 +385,58 @@ class OutboxRelay:
                     outage_delay,
                 )
                 await anyio.sleep(outage_delay)
+                polled = True
                 continue
             outage_delay = 0.0
-            if outcome.sent or outcome.failed:
-                continue  # there may be more right away
-            with anyio.move_on_after(self.poll_interval):
-                await woken.wait()
+            if outcome.more:
+                polled = True  # there may be more right away
+                continue
+            polled = await self._idle()
+
+    async def _idle(self) -> bool:
+        """Wait for a notification no claim has covered yet (False), or for the poll
+        interval to pass (True: claim whatever is due)."""
+        with anyio.move_on_after(self.poll_interval):
+            while self._notified <= self._claimed_at:
+                await self._wake.wait()
+            return False
+        return True
 
     async def relay_once(self) -> Outcome:
         """One cycle: claim, send, mark, commit. Returns what happened."""
+        return await self._cycle(polled=True)
+
+    async def _cycle(self, polled: bool) -> Outcome:
+        """:meth:`relay_once`; unless not ``polled`` (woken by a notification) and a claim
+        begun since the notification has covered it: then nothing."""
         async with self.engine.connect() as conn:
+            # psycopg on PostgreSQL: the cycle's statements on its own connection, pipelined
+            driver = await self._pipelined_driver(conn)
             async with self._claiming:
+                if not polled and self._notified <= self._claimed_at:
+                    return Outcome()
+                # a notification from now on may be for rows this claim does not see
+                self._claimed_at = self._notified
+                self._claims += 1
+                claims = self._claims
                 t0 = time.perf_counter()
-                rows = await conn.run_sync(claim, self.batch_size, self.claim_lease)
+                if driver is not None:
+                    rows = await self._pipelined().claim(driver)
+                else:
+                    rows = await conn.run_sync(claim, self.batch_size, self.claim_lease)
             if not rows:
-                await conn.rollback()
+                await (driver.rollback() if driver is not None else conn.rollback())
                 return Outcome()
             t1 = time.perf_counter()
             outcome = await self._send(rows)
             t2 = time.perf_counter()
-            await self._mark(conn, outcome, rows)
-            await conn.commit()
+            await self._finish(conn, driver, outcome, rows)
         t3 = time.perf_counter()
+        # claim again at once: a full batch, a failure (retried or parked, the key's next
+        # row may go), or another claim begun meanwhile (it skipped the keys held here)
+        outcome.more = (
+            len(rows) >= self.batch_size or bool(outcome.failed) or self._claims != claims
+        )
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "cycle: %d rows (%d keys); claim %.1f ms, send %.1f ms, mark+commit %.1f ms",
@@ -409,6 +450,42 @@ class OutboxRelay:
         self.sent_total += len(outcome.sent)
         self.failed_total += len(outcome.failed)
         return outcome
+
+    async def _pipelined_driver(self, conn: AsyncConnection) -> Any:
+        """psycopg's own connection under ``conn``, when the cycle can use it (see
+        :class:`outbox.claim.Pipelined`), else None."""
+        if self._pipelines is None:
+            sync = conn.sync_connection
+            assert sync is not None
+            self._pipelines = {} if Pipelined.usable(sync) else False
+        if self._pipelines is False:
+            return None
+        raw = await conn.get_raw_connection()
+        return raw.driver_connection
+
+    def _pipelined(self) -> Pipelined:
+        assert self._pipelines is not None and self._pipelines is not False
+        found = self._pipelines.get(self.batch_size)
+        if found is None:
+            found = Pipelined(self.engine.dialect, self.batch_size)
+            self._pipelines[self.batch_size] = found
+        return found
+
+    async def _finish(
+        self, conn: AsyncConnection, driver: Any, outcome: Outcome, rows: list[Row]
+    ) -> None:
+        """Mark what became of the cycle's ``rows`` and commit: pipelined on ``driver``
+        (psycopg's connection under ``conn``, or None) when every row sent was sent."""
+        if driver is not None and not outcome.failed:
+            await self._pipelined().finish(
+                driver,
+                outcome.sent,
+                delete_sent=self.retention == timedelta(0),
+                async_commit=self._async_commit_each_cycle,
+            )
+            return
+        await self._mark(conn, outcome, rows)  # (in the transaction the driver began)
+        await conn.commit()
 
     async def _mark(self, conn: AsyncConnection, outcome: Outcome, rows: list[Row]) -> None:
         """Write the outcome of sending ``rows`` (committed by the caller)."""
@@ -541,7 +618,9 @@ class OutboxRelay:
         return _to(queue)
 
     def wake(self) -> None:
-        """Start the next cycle now (what a NOTIFY does): every idle worker claims."""
+        """Start the next cycle now (what a NOTIFY does): an idle worker claims (each
+        notification makes one claim, however many workers it wakes)."""
+        self._notified += 1
         self._wake.set()
         self._wake = anyio.Event()
 
