@@ -33,6 +33,7 @@ from txmq import (
 from txmq import sync as txsync
 from txmq.broker.server import EmbeddedBroker
 from txmq.broker.state.config import BrokerConfig
+from txmq.broker.store import FlushMode
 from txmq.broker.transactions.service import COMMIT, TransactionService
 from txmq.client.producer import SendResult
 from txmq.protocol.message import MessageExt, Prop, SysFlag
@@ -218,6 +219,37 @@ async def test_send_message_in_transaction(embedded_broker: Callable[..., Embedd
         p.listener = None
         with pytest.raises(ValueError, match="TransactionListener"):
             await p.send_message_in_transaction(Message("tx-st", b"x"))
+
+
+async def test_under_sync_flush_a_oneway_end_asks_for_no_fsync_a_waited_one_waits_for_it(
+    embedded_broker: Callable[..., EmbeddedBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer ends its transactions oneway (nobody waits for the answer): the broker
+    stores the commit without asking for an fsync of its own (the next group commit takes
+    it to disk).  An end that waits for the answer is answered once the commit is on disk."""
+    b = embedded_broker(flush=FlushMode.SYNC)
+    assert b.broker is not None
+    store = b.broker.store
+    asked: list[int] = []  # the end offsets whose fsync the broker waited for
+    flush_future = store.flush_future
+
+    def recording(end_offset: int) -> Any:
+        asked.append(end_offset)
+        return flush_future(end_offset)
+
+    monkeypatch.setattr(store, "flush_future", recording)
+    async with TransactionProducer(b.address, "tx-oneway") as p:
+        first = await p.send_half(Message("tx-ow", b"one"), transaction_id="O1")
+        assert asked and store.flushed_offset >= asked[-1] > first.transaction_offset
+        before = len(asked)
+        assert await p.end_transaction(first, S.COMMIT, wait=False) == "SENT"
+        assert [m.body for m in await until(lambda: read_topic(b.address, "tx-ow"))] == [b"one"]
+        assert await pending(b.address) == []  # its op record is stored too
+        assert len(asked) == before  # neither waited for an fsync
+        second = await p.send_half(Message("tx-ow", b"two"), transaction_id="O2")
+        before = len(asked)
+        assert await p.end_transaction(second, S.COMMIT) == "COMMITTED"
+        assert len(asked) == before + 1 and store.flushed_offset >= asked[-1]
 
 
 async def test_not_found_and_bad_requests(embedded_broker: Callable[..., EmbeddedBroker]) -> None:

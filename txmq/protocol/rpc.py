@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from txmq.protocol.connection import Connection, HandlerResult
 from txmq.protocol.wire.base import Request, decode, request_class
 from txmq.protocol.wire.errors import UnsupportedRequest
-from txmq.protocol.wire.frame import Frame
+from txmq.protocol.wire.frame import Frame, FrameKind
 
 
 class Gate(Protocol):
@@ -45,6 +45,9 @@ class Call:
     #: a :class:`txmq.security.acl.policy.User` (typed loosely: the client floor does not import
     #: the servers' access control)
     user: Any = None
+    #: the request came oneway: nobody waits for its answer (a handler need not wait for
+    #: what only the answer would have said, such as a flush)
+    oneway: bool = False
 
 
 class Router:
@@ -82,9 +85,10 @@ class Router:
                 f"{kind.__name__} (request code {frame.code}) is not supported by {self.who}"
             )
         guard = self.guard
+        oneway = frame.kind == FrameKind.ONEWAY
         if guard is None:
-            return handler(decode(kind, frame.header), Call(conn, frame.body))
+            return handler(decode(kind, frame.header), Call(conn, frame.body, None, oneway))
         user = guard.authenticate(conn, frame, kind)
         request = decode(kind, frame.header)
         guard.authorize(user, request, conn)
-        return handler(request, Call(conn, frame.body, user))
+        return handler(request, Call(conn, frame.body, user, oneway))

@@ -556,6 +556,14 @@ class TransactionService:
         if op is not None:
             end = op.end_offset
         log.debug("END %s for %s (offset %d, group %s)", state, msg.msg_id, offset, group)
+        if call is not None and call.oneway:
+            # nobody waits for this answer (RocketMQ's endTransactionOneway, what the
+            # producer sends after its local transaction): no flush is asked for it.  Under
+            # SYNC flush the next group commit (or the flush interval) takes it to disk; a
+            # machine crash before that may lose the commit and its op record, and the
+            # check-back settles the half again, as after a lost request (the message keeps
+            # its id, which consumers deduplicate on)
+            return answer
         return self.ctx.acks.after_flush(end, answer)
 
     def _may_end(self, msg: MessageExt, call: Call) -> None:
