@@ -475,7 +475,7 @@ class OutboxRelay:
         self, conn: AsyncConnection, driver: Any, outcome: Outcome, rows: list[Row]
     ) -> None:
         """Mark what became of the cycle's ``rows`` and commit: pipelined on ``driver``
-        (psycopg's connection under ``conn``, or None) when every row sent was sent."""
+        (psycopg's connection under ``conn``, or None) unless a row failed."""
         if driver is not None and not outcome.failed:
             await self._pipelined().finish(
                 driver,
