@@ -4,9 +4,12 @@ when none could copy it), slaves refuse writes, and metadata reaches them."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import pytest
 
 from tests.conftest import wait_for
@@ -148,3 +151,29 @@ def test_a_slave_stopped_and_started_again_catches_up(
         assert producer.send(Message("t", b"c")).status == "SEND_OK"
     _caught_up(master, again)
     assert _log(again) == _log(master)
+
+
+def test_a_promotion_handed_on_before_its_duties_start_ends_quietly(
+    embedded_broker: Callable[..., EmbeddedBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker told to step down (or to stop) while it is being promoted cancels the
+    master's duties before they have started: the promotion ends, no error (it ended the
+    broker with "Child exited without calling task_status.started()" in a CI run)."""
+    b = embedded_broker()
+    broker, loop = b.broker, b.loop
+    assert broker is not None and loop is not None
+    starting = asyncio.Event()  # (made here, used on the broker's loop only)
+
+    async def slow_schedule(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        starting.set()
+        await anyio.sleep_forever()  # never says it started
+
+    async def scenario() -> None:
+        await broker.became_slave()  # the duties of the master it started as
+        monkeypatch.setattr(broker.schedule, "run", slow_schedule)
+        promotion = asyncio.ensure_future(broker._start_duties())
+        await asyncio.wait_for(starting.wait(), 10)
+        await broker.became_slave()  # handed on mid-promotion
+        await asyncio.wait_for(promotion, 10)
+
+    asyncio.run_coroutine_threadsafe(scenario(), loop).result(20)

@@ -410,11 +410,17 @@ class Broker(Stoppable):
         scope = self._duties = anyio.CancelScope()
 
         async def duties(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            started = False
             with scope:
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.schedule.run)
                     await tg.start(self.transaction_checker.run)
                     task_status.started()
+                    started = True
+            if not started:
+                # stopped before they had started (the broker stops, or hands the role on,
+                # while it is being promoted): nothing runs, and the promotion just ends
+                task_status.started()
 
         await self._tg.start(duties)
 
