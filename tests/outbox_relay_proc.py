@@ -19,7 +19,7 @@ from txmq.outbox import OutboxRelay, Outcome, Row
 
 class HangBeforeMark(OutboxRelay):
     async def _finish(
-        self, conn: AsyncConnection, driver: Any, outcome: Outcome, rows: list[Row]
+        self, conn: AsyncConnection, on: Any, outcome: Outcome, rows: list[Row]
     ) -> None:
         print("SENT " + ",".join(map(str, sorted(outcome.sent))), flush=True)
         await anyio.sleep_forever()

@@ -54,6 +54,7 @@ from sqlalchemy.util import await_only
 
 from txmq.outbox.store import utcnow
 from txmq.sqla.checker import begin_immediate
+from txmq.sqla.db import on_psycopg
 from txmq.sqla.tables import OUTBOX_PARKED, OUTBOX_PENDING, OUTBOX_SENT, outbox
 
 __all__ = ["ASYNC_COMMIT", "Outcome", "Pipelined", "Row", "claim", "mark"]
@@ -257,21 +258,26 @@ def _unprepared(conn: Connection, stmt: Any, ids: list[int]) -> None:
     took 10 ms per mark after 10,000 rows, until an ANALYZE (autovacuum's, a minute or
     more later) replaces it.  On psycopg's own connection (another driver, or a
     connection that maps schemas, through SQLAlchemy: its driver decides)."""
-    dialect = conn.dialect
-    if dialect.driver != "psycopg" or conn.get_execution_options().get("schema_translate_map"):
+    if not on_psycopg(conn):
         conn.execute(stmt, {"ids": ids})
         return
-    compiled = _COMPILED.get((dialect, stmt))
-    if compiled is None:
-        compiled = _COMPILED[(dialect, stmt)] = stmt.compile(dialect=dialect)
-    params = {**compiled.params, "ids": ids}
+    sql, params = _driver_statement(conn.dialect, stmt)
     driver: Any = conn.connection.driver_connection
-    done = driver.execute(str(compiled), params, prepare=False)
+    done = driver.execute(sql, {**params, "ids": ids}, prepare=False)
     if inspect.isawaitable(done):  # psycopg's AsyncConnection, in SQLAlchemy's run_sync
         await_only(done)
 
 
-_COMPILED: dict[tuple[Any, Any], Any] = {}
+def _driver_statement(dialect: Any, stmt: Any) -> tuple[str, dict[str, Any]]:
+    """``stmt``'s SQL for ``dialect``'s driver and its bound values, compiled once."""
+    found = _COMPILED.get((dialect, stmt))
+    if found is None:
+        compiled = stmt.compile(dialect=dialect)
+        found = _COMPILED[(dialect, stmt)] = (str(compiled), dict(compiled.params))
+    return found
+
+
+_COMPILED: dict[tuple[Any, Any], tuple[str, dict[str, Any]]] = {}
 
 
 ASYNC_COMMIT = "synchronous_commit TO OFF"
@@ -319,19 +325,13 @@ class Pipelined:
         claim_stmt = _claim_statement("postgresql", batch_size).compile(dialect=dialect)
         self._claim = str(claim_stmt)
         self._claim_params = dict(claim_stmt.params)
-        self._mark: dict[bool, tuple[str, dict[str, Any]]] = {}
-        for delete_sent, stmt in ((True, _DELETE_SENT[True]), (False, _MARK_SENT[True])):
-            compiled = stmt.compile(dialect=dialect)
-            self._mark[delete_sent] = (str(compiled), dict(compiled.params))
+        self._dialect = dialect
 
     @staticmethod
     def usable(conn: Connection) -> bool:
         """Whether ``conn`` (the sync side of an async connection) is psycopg's, to
         PostgreSQL, with pipelines (libpq 14), and maps no schemas."""
-        dialect = conn.dialect
-        if dialect.name != "postgresql" or dialect.driver != "psycopg":
-            return False
-        if conn.get_execution_options().get("schema_translate_map"):
+        if conn.dialect.name != "postgresql" or not on_psycopg(conn):
             return False
         import psycopg
 
@@ -355,7 +355,8 @@ class Pipelined:
         """Mark (or delete) the ``sent`` rows, then commit: in one round trip."""
         async with driver.pipeline():
             if sent:
-                sql, params = self._mark[delete_sent]
+                stmt = _DELETE_SENT[True] if delete_sent else _MARK_SENT[True]
+                sql, params = _driver_statement(self._dialect, stmt)
                 await driver.execute(sql, {**params, "ids": sorted(sent)}, prepare=False)
             if async_commit:
                 await driver.execute(f"SET LOCAL {ASYNC_COMMIT}")

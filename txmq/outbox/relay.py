@@ -230,9 +230,9 @@ class OutboxRelay:
         #: again at once: that one skipped the keys it held)
         self._claims = 0
         self._claiming = anyio.Lock()
-        #: the cycle's statements for psycopg's own connection, by batch size (False: the
-        #: engine's connections are not psycopg's to PostgreSQL; None: not known yet)
-        self._pipelines: dict[int, Pipelined] | Literal[False] | None = None
+        #: the cycle's statements for psycopg's own connection (False: the engine's
+        #: connections are not psycopg's to PostgreSQL; None: not known yet)
+        self._pipelined: Pipelined | Literal[False] | None = None
         self._limiter = anyio.CapacityLimiter(max(1, send_concurrency))
         self._lifetime: asyncio.Task[None] | None = None
         self._stop: anyio.Event | None = None
@@ -411,7 +411,7 @@ class OutboxRelay:
         begun since the notification has covered it: then nothing."""
         async with self.engine.connect() as conn:
             # psycopg on PostgreSQL: the cycle's statements on its own connection, pipelined
-            driver = await self._pipelined_driver(conn)
+            on = await self._pipelined_driver(conn)
             async with self._claiming:
                 if not polled and self._notified <= self._claimed_at:
                     return Outcome()
@@ -420,17 +420,17 @@ class OutboxRelay:
                 self._claims += 1
                 claims = self._claims
                 t0 = time.perf_counter()
-                if driver is not None:
-                    rows = await self._pipelined().claim(driver)
+                if on is not None:
+                    rows = await on[0].claim(on[1])
                 else:
                     rows = await conn.run_sync(claim, self.batch_size, self.claim_lease)
             if not rows:
-                await (driver.rollback() if driver is not None else conn.rollback())
+                await (on[1].rollback() if on is not None else conn.rollback())
                 return Outcome()
             t1 = time.perf_counter()
             outcome = await self._send(rows)
             t2 = time.perf_counter()
-            await self._finish(conn, driver, outcome, rows)
+            await self._finish(conn, on, outcome, rows)
         t3 = time.perf_counter()
         # claim again at once: a full batch, a failure (retried or parked, the key's next
         # row may go), or another claim begun meanwhile (it skipped the keys held here)
@@ -451,33 +451,31 @@ class OutboxRelay:
         self.failed_total += len(outcome.failed)
         return outcome
 
-    async def _pipelined_driver(self, conn: AsyncConnection) -> Any:
-        """psycopg's own connection under ``conn``, when the cycle can use it (see
-        :class:`outbox.claim.Pipelined`), else None."""
-        if self._pipelines is None:
+    async def _pipelined_driver(self, conn: AsyncConnection) -> tuple[Pipelined, Any] | None:
+        """The cycle's statements and psycopg's own connection under ``conn``, when the
+        cycle can use them (see :class:`outbox.claim.Pipelined`), else None."""
+        if self._pipelined is None:
             sync = conn.sync_connection
             assert sync is not None
-            self._pipelines = {} if Pipelined.usable(sync) else False
-        if self._pipelines is False:
+            usable = Pipelined.usable(sync)
+            self._pipelined = Pipelined(self.engine.dialect, self.batch_size) if usable else False
+        if self._pipelined is False:
             return None
         raw = await conn.get_raw_connection()
-        return raw.driver_connection
-
-    def _pipelined(self) -> Pipelined:
-        assert self._pipelines is not None and self._pipelines is not False
-        found = self._pipelines.get(self.batch_size)
-        if found is None:
-            found = Pipelined(self.engine.dialect, self.batch_size)
-            self._pipelines[self.batch_size] = found
-        return found
+        return self._pipelined, raw.driver_connection
 
     async def _finish(
-        self, conn: AsyncConnection, driver: Any, outcome: Outcome, rows: list[Row]
+        self,
+        conn: AsyncConnection,
+        on: tuple[Pipelined, Any] | None,
+        outcome: Outcome,
+        rows: list[Row],
     ) -> None:
-        """Mark what became of the cycle's ``rows`` and commit: pipelined on ``driver``
-        (psycopg's connection under ``conn``, or None) unless a row failed."""
-        if driver is not None and not outcome.failed:
-            await self._pipelined().finish(
+        """Mark what became of the cycle's ``rows`` and commit: pipelined ``on`` psycopg's
+        connection under ``conn`` (None: through SQLAlchemy) unless a row failed."""
+        if on is not None and not outcome.failed:
+            pipelined, driver = on
+            await pipelined.finish(
                 driver,
                 outcome.sent,
                 delete_sent=self.retention == timedelta(0),

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 # SQLAlchemy (and asyncio) are imported when a function runs, not with this module (the CLI
 # imports it).
 
-__all__ = ["async_url", "describe_db_error", "with_connection"]
+__all__ = ["async_url", "describe_db_error", "on_psycopg", "with_connection"]
 
 R = TypeVar("R")
 
@@ -33,6 +33,16 @@ def async_url(db: str | URL) -> URL:
     if url.get_dialect().is_async:
         return url
     raise ValueError(f"no async driver for {url.drivername}: use postgresql+psycopg or sqlite")
+
+
+def on_psycopg(conn: Connection) -> bool:
+    """Whether a statement for ``conn`` may run on psycopg's own connection under it (in
+    the transaction SQLAlchemy began there): the driver is psycopg and the connection maps
+    no schemas (``schema_translate_map``: SQLAlchemy's compiler applies it, so those go
+    through SQLAlchemy)."""
+    return conn.dialect.driver == "psycopg" and not conn.get_execution_options().get(
+        "schema_translate_map"
+    )
 
 
 def with_connection(url: str, fn: Callable[[Connection], R]) -> R:

@@ -41,6 +41,7 @@ from sqlalchemy.orm import sessionmaker
 from txmq.consumer.push import ConsumeResult
 from txmq.observability import hooks as observe
 from txmq.protocol.message import MessageExt
+from txmq.sqla.db import on_psycopg
 from txmq.sqla.tables import CONSUMING, DONE, consumed_keys, insert_if_absent, inserted
 
 __all__ = [
@@ -185,9 +186,9 @@ def _driver_sql(conn: Connection) -> str | None:
     statement costs a consumer about half the CPU it costs through SQLAlchemy's
     execution (async: its greenlet hop and result objects) — the one statement that
     ``txmq.idempotent`` adds to a handler's transaction."""
-    dialect = conn.dialect
-    if dialect.driver != "psycopg" or conn.get_execution_options().get("schema_translate_map"):
+    if not on_psycopg(conn):
         return None
+    dialect = conn.dialect
     sql = _DRIVER_SQL.get(dialect)
     if sql is None:
         sql = _DRIVER_SQL[dialect] = str(_insert(dialect.name).compile(dialect=dialect))
