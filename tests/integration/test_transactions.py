@@ -221,13 +221,18 @@ async def test_send_message_in_transaction(embedded_broker: Callable[..., Embedd
             await p.send_message_in_transaction(Message("tx-st", b"x"))
 
 
+@pytest.mark.parametrize("transport", [None, "loopback"])
 async def test_under_sync_flush_a_oneway_end_asks_for_no_fsync_a_waited_one_waits_for_it(
-    embedded_broker: Callable[..., EmbeddedBroker], monkeypatch: pytest.MonkeyPatch
+    embedded_broker: Callable[..., EmbeddedBroker],
+    monkeypatch: pytest.MonkeyPatch,
+    transport: str | None,
 ) -> None:
     """The producer ends its transactions oneway (nobody waits for the answer): the broker
     stores the commit without asking for an fsync of its own (the next group commit takes
-    it to disk).  An end that waits for the answer is answered once the commit is on disk."""
-    b = embedded_broker(flush=FlushMode.SYNC)
+    it to disk).  An end that waits for the answer is answered once the commit is on disk.
+    Over a connection and in process alike."""
+    in_process = "127.0.0.2:19001" if transport == "loopback" else None
+    b = embedded_broker(flush=FlushMode.SYNC, in_process=in_process)
     assert b.broker is not None
     store = b.broker.store
     asked: list[int] = []  # the end offsets whose fsync the broker waited for
@@ -238,7 +243,7 @@ async def test_under_sync_flush_a_oneway_end_asks_for_no_fsync_a_waited_one_wait
         return flush_future(end_offset)
 
     monkeypatch.setattr(store, "flush_future", recording)
-    async with TransactionProducer(b.address, "tx-oneway") as p:
+    async with TransactionProducer(in_process or b.address, "tx-oneway", transport=transport) as p:
         first = await p.send_half(Message("tx-ow", b"one"), transaction_id="O1")
         assert asked and store.flushed_offset >= asked[-1] > first.transaction_offset
         before = len(asked)

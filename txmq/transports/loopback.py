@@ -90,15 +90,18 @@ class Served:
                     return fault
         return None
 
-    async def request(self, peer: _Peer, request: Request[Any], body: bytes) -> WithBody[Any]:
+    async def request(
+        self, peer: _Peer, request: Request[Any], body: bytes, *, oneway: bool = False
+    ) -> WithBody[Any]:
         """``request`` through the broker's router, on the broker's loop: its answer, or the
-        error the client of a real connection would get.  Between threads the request and
+        error the client of a real connection would get (``oneway``: the handler is told
+        nobody waits for the answer, as for a oneway frame).  Between threads the request and
         its answer cross by a callback each (no task, no concurrent future: half the
         time of ``run_coroutine_threadsafe`` here)."""
         here = asyncio.get_running_loop()
         answered: asyncio.Future[WithBody[Any]] = here.create_future()
         if here is self.loop:
-            _handle(self, peer, request, body, lambda outcome: _settle(answered, outcome))
+            _handle(self, peer, request, body, oneway, lambda outcome: _settle(answered, outcome))
         else:
 
             def back(outcome: WithBody[Any] | BaseException) -> None:
@@ -108,7 +111,7 @@ class Served:
                     pass
 
             try:
-                self.loop.call_soon_threadsafe(_handle, self, peer, request, body, back)
+                self.loop.call_soon_threadsafe(_handle, self, peer, request, body, oneway, back)
             except RuntimeError:  # its loop has ended: the broker stopped
                 gone = BrokerUnavailable(f"the broker served at {self.address} has stopped")
                 gone.sent = False
@@ -253,12 +256,13 @@ def _handle(
     peer: _Peer,
     request: Request[Any],
     body: bytes,
+    oneway: bool,
     done: Callable[[WithBody[Any] | BaseException], None],
 ) -> None:
     """On the broker's loop: ``request`` through its router; ``done`` gets the answer or
     the error (at once, or when a held request is answered)."""
     try:
-        result: Any = served.router.serve(request, Call(peer, body))
+        result: Any = served.router.serve(request, Call(peer, body, None, oneway))
     except Exception as exc:
         done(_failure(request, exc))
         return
@@ -341,7 +345,7 @@ class _LoopbackRemote:
 
     async def _oneway(self, peer: _Peer, request: Request[Any], body: bytes) -> None:
         try:
-            await peer.served.request(peer, request, body)
+            await peer.served.request(peer, request, body, oneway=True)
         except TxmqError as exc:  # (nobody waits for the answer of a oneway request)
             log.debug("oneway %s failed: %s", type(request).__name__, exc)
 
