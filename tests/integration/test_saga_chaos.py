@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -47,6 +48,23 @@ BROKER_SETTINGS = {
 def dbs() -> Iterator[dict[str, str]]:
     with ExitStack() as stack:
         yield {r: stack.enter_context(pg_schema()) for r in ROLES}
+
+
+def _unfinished(url: str) -> list[tuple[Any, ...]]:
+    """(saga id, state, step, op, command id) of up to 10 sagas not ended: where a stuck
+    one stopped, for the failure's message."""
+    c = sagas.c
+    query = (
+        sa.select(c.saga_id, c.state, c.step, c.op, c.command_id)
+        .where(c.state.not_in(("COMPLETED", "COMPENSATED")))
+        .limit(10)
+    )
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+    finally:
+        engine.dispose()
 
 
 def _scalar(url: str, query: sa.Select[tuple[int]]) -> int:
@@ -137,7 +155,8 @@ def test_a_thousand_sagas_through_process_and_master_kills(
     while _scalar(shop_db, ended) < SAGAS:
         stuck = _scalar(shop_db, done.where(sagas.c.state == "PARKED"))
         assert stuck == 0 and time.monotonic() < limit, (
-            f"seed {seed}: {_scalar(shop_db, ended)} of {SAGAS} sagas ended ({stuck} parked)"
+            f"seed {seed}: {_scalar(shop_db, ended)} of {SAGAS} sagas ended ({stuck} parked); "
+            f"not ended: {_unfinished(shop_db)}"
         )
         time.sleep(0.5)
 
