@@ -17,7 +17,8 @@ HTTP: ``POST /orders[?wait=S] {"product", "quantity", "customer"[, "id"]}`` (``i
 32-hex-digit id chosen by the client, so that a retried request cannot place the order
 twice; with ``wait``: the answer waits up to S seconds for the saga to end and shows the
 order as it is then), ``GET /orders[?state=]``, ``GET /orders/<id>`` (with its saga's
-steps), ``GET /stats``, ``POST /faults {"crash": point}``.
+steps, and ``checked_back``: how often a broker checked its transaction back),
+``GET /stats``, ``POST /faults {"crash": point}``.
 Crash points: ``before-db-commit`` (the half message is sent, the order not committed: the
 check-back rolls it back), ``after-db-commit`` (the order is committed, the broker not
 told: the check-back commits it) and ``between-steps`` (an answer taken and the next
@@ -35,6 +36,7 @@ import re
 import threading
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -59,7 +61,7 @@ from examples.orders.models import (
 from examples.orders.web import JsonServer, Request
 from txmq.client.producer import SendResult
 from txmq.client.transaction import LocalTransactionState
-from txmq.protocol.message import Message
+from txmq.protocol.message import Message, MessageExt
 from txmq.protocol.wire.errors import TxmqError
 from txmq.saga import Coordinator, Ended, Participant, Refuse, saga_info
 from txmq.sqla import SqlTransactionChecker
@@ -127,6 +129,20 @@ class _FaultyProducer(txmq.sync.TransactionProducer):
             raise
 
 
+class _CountingChecker(SqlTransactionChecker):
+    """Answers check-backs from the transaction log, and counts them by order: a COMMIT
+    sent without waiting (oneway) to a broker that has just died can vanish without an
+    error, so the check-back, not a failed send, shows that the broker settled it."""
+
+    checked: Counter[str]
+
+    async def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        state = await super().check_local_transaction(msg)
+        if msg.keys:  # a saga's command: "<saga id (the order's)>/<step>/<op>"
+            self.checked[msg.keys[0].partition("/")[0]] += 1
+        return state
+
+
 class OrderService:
     """``broker``: one broker's ``HOST:PORT``; or ``namesrv``: a cluster's name servers
     (``"h1:9876;h2:9876"``), whose routes spread the sagas over its broker sets.
@@ -161,6 +177,8 @@ class OrderService:
         )
         self._current = threading.local()
         self.counters = Counters()
+        self.checker = _CountingChecker(self.engine)
+        self.checker.checked = Counter()
         # sharding="available": a saga's messages are answered one at a time, so their
         # order cannot break; while the broker set a saga id hashes to is down, its command
         # goes to another set at once instead of being refused (one broker: no other set)
@@ -168,7 +186,7 @@ class OrderService:
             broker,
             GROUP,
             namesrv=namesrv,
-            listener=SqlTransactionChecker(self.engine),
+            listener=self.checker,
             sharding="available",
             heartbeat_interval=heartbeat_interval,
             route_ttl=route_ttl,
@@ -383,4 +401,5 @@ class OrderService:
                         for e in info.steps
                     ],
                 }
-            return 200, {**order.as_dict(), "saga": saga}
+            checked = self.checker.checked.get(order_id, 0)
+            return 200, {**order.as_dict(), "saga": saga, "checked_back": checked}
