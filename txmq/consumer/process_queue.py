@@ -34,10 +34,11 @@ class ProcessQueue:
 
     @property
     def span(self) -> int:
-        first = self._first()
+        first = self.first()
         return 0 if first < 0 else self.max_offset - first
 
-    def _first(self) -> int:
+    def first(self) -> int:
+        """The smallest offset pulled and not yet consumed (-1: none)."""
         firsts = [next(iter(d)) for d in (self.consuming, self.msgs) if d]
         return min(firsts) if firsts else -1
 
@@ -58,7 +59,7 @@ class ProcessQueue:
         return self.commit_offset()
 
     def commit_offset(self) -> int:
-        first = self._first()
+        first = self.first()
         if first >= 0:
             return first
         return self.max_offset + 1 if self.max_offset >= 0 else -1

@@ -23,7 +23,7 @@ from txmq.consumer.allocate import AllocateStrategy
 from txmq.consumer.model import ConsumeFrom, ConsumeResult, MessageModel
 from txmq.consumer.offsets import OffsetStore
 from txmq.consumer.process_queue import ProcessQueue
-from txmq.consumer.pull import Puller, PullStatus
+from txmq.consumer.pull import Puller, PullResult, PullStatus
 from txmq.protocol.message import MessageExt, MessageQueue, Prop, used_up_reason
 from txmq.protocol.wire import LockBatchMq, UnlockBatchMq
 from txmq.protocol.wire.base import R, Request
@@ -366,14 +366,39 @@ class PullMode:
                     for m in msgs:
                         c.submit(functools.partial(self._consume, mq, pq, m))
             elif res.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning("offset %d of %s is illegal; moving to %d", offset, mq, res.next_offset)
-                c.offsets.update(mq, res.next_offset)
+                self._moved(mq, pq, offset, res)
+                return
             elif not pq.msgs and not pq.consuming:
                 # an empty answer with nothing in flight: everything up to here is consumed
                 # (also moves past messages filtered out by tag)
                 if res.next_offset > offset and pq.max_offset < res.next_offset:
                     c.offsets.update(mq, res.next_offset)
             offset = res.next_offset
+
+    def _moved(self, mq: MessageQueue, pq: ProcessQueue, offset: int, res: PullResult) -> None:
+        """The broker says ``offset`` is outside ``mq`` and to go on at ``res.next_offset``:
+        the records there were deleted (it is ahead), or a new master lacks the last records
+        the old one had (it is behind: they were never acknowledged, and the new master
+        writes its own at those offsets).  The queue starts again, with a new process
+        queue, from the first message pulled and not yet consumed when that comes earlier:
+        those are delivered again (at least once).  Committing ``next_offset`` over them
+        would skip them for good should this process die before they are consumed — a
+        saga's replies did, after a failover under load."""
+        first = pq.first()
+        restart = res.next_offset if first < 0 else min(first, res.next_offset)
+        log.warning(
+            "offset %d of %s is outside the queue (%d to %d); consuming again from %d%s",
+            offset,
+            mq,
+            res.min_offset,
+            res.max_offset,
+            restart,
+            f" ({pq.count} message(s) in flight delivered again)" if first >= 0 else "",
+        )
+        self.consumer.offsets.reset(mq, restart)
+        lock = (pq.locked, pq.last_lock_time) if self.consumer.orderly else None
+        self.drop(mq)  # what is still being consumed commits nothing
+        self.start_queue(mq, restart, lock)
 
     # -- consuming -------------------------------------------------------------------------
 
