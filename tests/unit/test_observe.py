@@ -91,6 +91,30 @@ def test_a_message_that_carries_a_context_continues_it(
     assert props["traceparent"] != row["traceparent"]  # now: the send span's own
 
 
+def test_inside_an_unsampled_message_user_spans_and_sends_stay_in_its_trace(
+    spans: InMemorySpanExporter, no_metrics: None
+) -> None:
+    """The carried context of an unsampled message is made current without building its
+    span context (built when asked for): a span the listener starts joins the trace, and a
+    send from the listener carries the trace on, unsampled."""
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    props = {**_props(), "traceparent": f"00-{trace_id}-{span_id}-00"}
+    tracer = observe.tracer()
+    out = _props("ID2")
+    with observe.consuming("billing", "orders", "ID1", props) as c:
+        current = trace.get_current_span().get_span_context()
+        assert (current.trace_id, current.span_id) == (int(trace_id, 16), int(span_id, 16))
+        assert current.is_remote and not current.trace_flags.sampled
+        with tracer.start_as_current_span("charge") as mine:
+            assert mine.get_span_context().trace_id == int(trace_id, 16)
+            assert not mine.is_recording()  # ParentBased: an unsampled parent's child
+        with observe.sending("payments", "billing", [out], 8):
+            pass
+        c.result("success")
+    assert spans.get_finished_spans() == ()
+    assert out["traceparent"].startswith(f"00-{trace_id}-") and out["traceparent"][-2:] == "00"
+
+
 def test_a_failed_send_or_listener_marks_its_span(
     spans: InMemorySpanExporter, no_metrics: None
 ) -> None:
