@@ -628,7 +628,11 @@ def run_fastapi_service(folder: Folder, block: Block) -> None:
     assert post(5000) == (422, {"detail": "amount over the limit"})
     status, placed = post(42)
     assert status == 200, placed
-    assert read_line(proc, "billed ") == f"billed {placed['order']}"
+    try:
+        billed = read_line(proc, "billed ")
+    except AssertionError as exc:  # where it stopped, in the service's own words
+        raise AssertionError(f"{exc}; the service's log:\n{folder.stderr(proc)[-4000:]}") from None
+    assert billed == f"billed {placed['order']}"
     assert folder.topic_messages("orders") == 1  # the one over the limit never committed
     assert "billed" not in folder.stop(proc)
     assert rows(folder, "SELECT id, amount FROM orders") == [(placed["order"], 42)]
