@@ -40,7 +40,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, Self
 
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -134,7 +134,10 @@ class _CountingChecker(SqlTransactionChecker):
     sent without waiting (oneway) to a broker that has just died can vanish without an
     error, so the check-back, not a failed send, shows that the broker settled it."""
 
-    checked: Counter[str]
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        #: check-backs by order id
+        self.checked: Counter[str] = Counter()
 
     async def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
         state = await super().check_local_transaction(msg)
@@ -178,7 +181,6 @@ class OrderService:
         self._current = threading.local()
         self.counters = Counters()
         self.checker = _CountingChecker(self.engine)
-        self.checker.checked = Counter()
         # sharding="available": a saga's messages are answered one at a time, so their
         # order cannot break; while the broker set a saga id hashes to is down, its command
         # goes to another set at once instead of being refused (one broker: no other set)
