@@ -158,34 +158,29 @@ def _span_context(trace: Any, found: re.Match[str]) -> Any:
     return trace.SpanContext(int(found[1], 16), int(found[2], 16), True, flags)
 
 
-_carried: Any = None
-
-
 def _carried_span_type(trace: Any) -> Any:
     """The span a consumer makes current for a carried, unsampled ``traceparent``: a
     ``NonRecordingSpan`` whose span context is built when first asked for (by a span
     started under it, or a send that carries it on).  Most listeners ask for none; building
     it at once (two hex ids to ints, a SpanContext and its TraceFlags) made reading the
-    ``traceparent`` 2.1 µs instead of 1.2, of a consumed message's ~16."""
-    global _carried
-    if _carried is None:
+    ``traceparent`` 2.1 µs instead of 1.2, of a consumed message's ~16.  (Made once, by
+    :class:`Otel`: the API is imported there.)"""
 
-        class Carried(trace.NonRecordingSpan):  # type: ignore[misc]
-            def __init__(self, found: re.Match[str]) -> None:
-                self._found = found
-                self._context = None
+    class Carried(trace.NonRecordingSpan):  # type: ignore[misc]
+        def __init__(self, found: re.Match[str]) -> None:
+            self._found = found
+            self._context = None
 
-            def get_span_context(self) -> Any:
-                context = self._context
-                if context is None:
-                    context = self._context = _span_context(trace, self._found)
-                return context
+        def get_span_context(self) -> Any:
+            context = self._context
+            if context is None:
+                context = self._context = _span_context(trace, self._found)
+            return context
 
-            def __repr__(self) -> str:
-                return f"NonRecordingSpan({self.get_span_context()!r})"
+        def __repr__(self) -> str:
+            return f"NonRecordingSpan({self.get_span_context()!r})"
 
-        _carried = Carried
-    return _carried
+    return Carried
 
 
 class _Drawn:
