@@ -25,6 +25,7 @@ from tests.conftest import Spawner, read_line, wait_for
 from tests.replicaset import ReplicaSet, replica_sets
 from tests.saga_service import BALANCE, STOCK, accounts, stock
 from tests.sqla_support import pg_schema
+from txmq.sqla.db import with_connection
 from txmq.sqla.tables import sagas
 from txmq.sync import AdminClient
 
@@ -59,21 +60,11 @@ def _unfinished(url: str) -> list[tuple[Any, ...]]:
         .where(c.state.not_in(("COMPLETED", "COMPENSATED")))
         .limit(10)
     )
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(query)]
-    finally:
-        engine.dispose()
+    return with_connection(url, lambda conn: [tuple(r) for r in conn.execute(query)])
 
 
 def _scalar(url: str, query: sa.Select[tuple[int]]) -> int:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(query).scalar() or 0)
-    finally:
-        engine.dispose()
+    return with_connection(url, lambda conn: int(conn.execute(query).scalar() or 0))
 
 
 def test_a_thousand_sagas_through_process_and_master_kills(
@@ -160,10 +151,8 @@ def test_a_thousand_sagas_through_process_and_master_kills(
         )
         time.sleep(0.5)
 
-    engine = sa.create_engine(shop_db)
-    with engine.connect() as conn:
-        outcome = dict(conn.execute(sa.select(sagas.c.saga_id, sagas.c.state)).all())
-    engine.dispose()
+    states = sa.select(sagas.c.saga_id, sagas.c.state)
+    outcome = with_connection(shop_db, lambda conn: dict(conn.execute(states).all()))
     completed = [flows[o] for o, s in outcome.items() if s == "COMPLETED"]
     assert all(not f["decline"] for f in completed)
     assert all(outcome[o] == "COMPENSATED" for o, f in flows.items() if f["decline"])
